@@ -1,0 +1,321 @@
+"""The judge: evaluates a candidate against a task and writes the report.
+
+The judge generates inputs on seeds drawn fresh for every evaluation, computes reference outputs in its
+own process, and lets the sandboxed worker see only inputs. Correctness, integrity and timing all use
+the one executable the worker compiled for the candidate.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from jaxbench import static_checks
+from jaxbench.candidate import source_sha
+from jaxbench.compare import compare_outputs, tree_leaves
+from jaxbench.interpret import InterpretMode, default_mode
+from jaxbench.pool import WorkerFailure, WorkerHandle, WorkerPool
+from jaxbench.report import CheckResult, EvalReport
+from jaxbench.task import SUITE_DIR, Task, load_task
+from jaxbench.timing import round_scale, scaled, stats
+
+SUSPICIOUS_SPEEDUP = 20.0
+
+
+@dataclass
+class EvalConfig:
+    correctness_seeds: int = 3
+    timing_rounds: int = 10
+    warmup_rounds: int = 2
+    timeout_s: float = 120.0
+    timing: bool = True
+
+
+@dataclass
+class _Reference:
+    """Compiled reference for one (task, size): the judge's trusted side."""
+
+    task: Task
+    static: dict[str, Any]
+    arg_specs: list[dict[str, Any]]
+    compiled: Any
+    jaxpr: str
+    flops: float | None
+    bytes: float | None
+
+    def inputs(self, seed: int) -> list[np.ndarray]:
+        args, _ = self.task.get_inputs(jax.random.key(seed), self.size)
+        return [np.asarray(a) for a in args]
+
+    size: str = "cpu"
+
+    def run(self, inputs: list[np.ndarray]) -> Any:
+        out = self.compiled(*[jax.device_put(a) for a in inputs])
+        return jax.tree_util.tree_map(np.asarray, jax.block_until_ready(out))
+
+    def time_once(self, inputs: list[np.ndarray]) -> float:
+        args = jax.block_until_ready([jax.device_put(a) for a in inputs])
+        t0 = time.perf_counter()
+        jax.block_until_ready(self.compiled(*args))
+        return (time.perf_counter() - t0) * 1e3
+
+
+def _cost(compiled: Any) -> tuple[float | None, float | None]:
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:
+        return None, None
+    if isinstance(cost, list):
+        cost = cost[0] if cost else {}
+    cost = cost or {}
+    flops, nbytes = cost.get("flops"), cost.get("bytes accessed")
+    return (float(flops) if flops is not None else None, float(nbytes) if nbytes is not None else None)
+
+
+def shifted(inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """The same shapes with another value distribution: float inputs scaled by 1.25 and shifted by a
+    tenth of their mean magnitude (positive inputs stay positive)."""
+    out = []
+    for a in inputs:
+        if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
+            f = a.astype(np.float32)
+            f = f * np.float32(1.25) + np.float32(0.1) * np.float32(np.mean(np.abs(f)))
+            a = f.astype(a.dtype)
+        out.append(a)
+    return out
+
+
+class Evaluator:
+    """Owns a worker pool and the compiled references; thread-safe per call."""
+
+    def __init__(self, pool: WorkerPool | None = None, config: EvalConfig | None = None) -> None:
+        self.pool = pool or WorkerPool(1)
+        self.config = config or EvalConfig()
+        self._refs: dict[tuple[str, str, str], _Reference] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- reference side --------------------------------------------------------------------------
+
+    def reference(self, task: Task, size: str) -> _Reference:
+        key = (str(task.path), task.source_digest, size)
+        with self._lock:
+            if key in self._refs:
+                return self._refs[key]
+        args, static = task.get_inputs(jax.random.key(0), size)
+        fn = partial(task.reference, **static)
+        closed = jax.make_jaxpr(fn)(*args)
+        compiled = jax.jit(fn).lower(*args).compile()
+        flops, nbytes = _cost(compiled)
+        specs = [{"shape": list(a.shape), "dtype": str(a.dtype)} for a in args]
+        ref = _Reference(task, static, specs, compiled, str(closed.jaxpr), flops, nbytes, size)
+        with self._lock:
+            self._refs[key] = ref
+        return ref
+
+    # --- one evaluation --------------------------------------------------------------------------
+
+    def evaluate(
+        self,
+        task: Task | str | Path,
+        candidate_source: str,
+        target: str = "cpu",
+        size: str = "cpu",
+        interpret: InterpretMode | None = None,
+        filename: str = "candidate.py",
+        progress: Callable[[str], None] | None = None,
+    ) -> EvalReport:
+        started = time.monotonic()
+        task = task if isinstance(task, Task) else load_task(task)
+        report = EvalReport(task=task.id, target=target, size=size, status="ok", candidate_sha=source_sha(candidate_source))
+        note = progress or (lambda _msg: None)
+        try:
+            self._evaluate(task, candidate_source, report, interpret or default_mode(target), filename, note)
+        finally:
+            report.duration_s = round(time.monotonic() - started, 3)
+        return report
+
+    def _evaluate(self, task: Task, source: str, report: EvalReport, interpret: InterpretMode,
+                  filename: str, note: Callable[[str], None]) -> None:
+        cfg = self.config
+        findings, claims_pallas = static_checks.scan(source)
+        report.checks.append(CheckResult(name="static", passed=not findings, detail="; ".join(map(str, findings))))
+        if findings:
+            return _fail(report, "rejected", f"static check: {findings[0]}")
+
+        note("reference")
+        ref = self.reference(task, report.size)
+        report.ref_flops, report.ref_bytes = ref.flops, ref.bytes
+        seeds = [secrets.randbits(31) for _ in range(cfg.correctness_seeds)]
+        sets = [ref.inputs(s) for s in seeds]
+        sets.append(shifted(ref.inputs(secrets.randbits(31))))
+        expected = [ref.run(s) for s in sets]
+
+        deadline = time.monotonic() + cfg.timeout_s
+        worker = self.pool.acquire()
+        recycle = False
+        try:
+            note("compile")
+            loaded = worker.request(
+                {
+                    "op": "load", "source": source, "filename": filename, "static": ref.static,
+                    "arg_specs": ref.arg_specs, "interpret": interpret, "cpu_budget_s": cfg.timeout_s * 2,
+                    "protected": [str(SUITE_DIR), str(task.path)],
+                },
+                _left(deadline),
+            )
+            if not loaded.get("ok"):
+                recycle = loaded.get("status") == "rejected"
+                return _fail(report, loaded.get("status", "runtime_error"), loaded.get("reason", ""))
+            report.kernel_flops, report.kernel_bytes = loaded.get("flops"), loaded.get("bytes")
+            is_pallas = "pallas_call" in loaded.get("primitives", [])
+            if claims_pallas and not is_pallas:
+                report.checks.append(CheckResult(name="pallas_runs", passed=False, detail="imports Pallas but no pallas_call is traced"))
+                return _fail(report, "rejected", "claims to be a Pallas kernel but its jaxpr has no pallas_call")
+            report.label = "pallas-kernel" if is_pallas else ("reference-equivalent" if loaded.get("jaxpr") == ref.jaxpr else "jax")
+            report.checks.append(CheckResult(name="pallas_runs", passed=True, detail=report.label))
+
+            note("correctness")
+            ran = worker.request({"op": "run", "inputs": sets + [sets[0]]}, _left(deadline))
+            if not ran.get("ok"):
+                recycle = ran.get("status") == "rejected"
+                return _fail(report, ran.get("status", "runtime_error"), ran.get("reason", ""))
+            if not self._judge_outputs(task, report, expected, list(ran["outputs"]), bool(ran.get("mutated"))):
+                return
+
+            if self.config.timing:
+                note("timing")
+                self._time(ref, worker, sets, report, deadline)
+        except WorkerFailure as failure:
+            recycle = True
+            return _fail(report, failure.status, failure.reason)
+        finally:
+            if recycle and worker.alive:
+                worker.kill()
+            elif worker.alive:
+                try:
+                    worker.request({"op": "unload"}, 30)
+                except WorkerFailure:
+                    pass
+            self.pool.release(worker)
+
+    def _judge_outputs(self, task: Task, report: EvalReport, expected: list[Any], actual: list[Any], mutated: bool) -> bool:
+        tol = task.spec.tolerance
+        worst = 0.0
+        names = [f"inputs_seed_{i}" for i in range(len(expected) - 1)] + ["inputs_shifted"]
+        for name, exp, act in zip(names, expected, actual):
+            cmp = compare_outputs(exp, act, tol.atol, tol.rtol)
+            report.checks.append(CheckResult(name=f"correct_{name}", passed=cmp.ok, detail=cmp.reason))
+            worst = max(worst, cmp.max_abs_err)
+            if not cmp.ok:
+                report.max_abs_err = cmp.max_abs_err
+                reason = f"{name}: {cmp.reason}"
+                status = "incorrect"
+                if "dtype" in cmp.reason:
+                    reason = f"{name}: {cmp.reason} (outputs must keep the task's dtypes)"
+                _fail(report, status, reason)
+                return False
+        report.max_abs_err = worst
+        # Input dependence: where the reference's outputs differ, the candidate's must too.
+        dependent = all(
+            _differs(actual[i], actual[0]) for i in range(1, len(actual) - 1) if _differs(expected[i], expected[0])
+        )
+        report.checks.append(CheckResult(name="input_dependence", passed=dependent))
+        if not dependent:
+            _fail(report, "rejected", "outputs do not change when inputs change")
+            return False
+        repeat = compare_outputs(actual[0], actual[-1], tol.atol * 1e-3, tol.rtol * 1e-3)
+        report.checks.append(CheckResult(name="deterministic", passed=repeat.ok, detail=repeat.reason))
+        if not repeat.ok:
+            _fail(report, "rejected", f"two runs on identical inputs disagree: {repeat.reason}")
+            return False
+        report.checks.append(CheckResult(name="inputs_unchanged", passed=not mutated))
+        if mutated:
+            _fail(report, "rejected", "the candidate mutated its inputs")
+            return False
+        report.correct = True
+        return True
+
+    def _time(self, ref: _Reference, worker: WorkerHandle, sets: list[list[np.ndarray]], report: EvalReport, deadline: float) -> None:
+        cfg = self.config
+        timing_sets = sets[: max(1, len(sets) - 1)]
+
+        def measure(rounds: int, offset: int) -> tuple[list[float], list[float]]:
+            ref_ms, cand_ms = [], []
+            for r in range(rounds):
+                inputs = timing_sets[r % len(timing_sets)]
+                scale = round_scale(offset + r)
+                reply = worker.request({"op": "time", "inputs": inputs, "scale": scale}, _left(deadline))
+                if not reply.get("ok"):
+                    raise WorkerFailure(reply.get("status", "runtime_error"), reply.get("reason", ""))
+                cand_ms.append(float(reply["ms"]))
+                ref_ms.append(ref.time_once(scaled(inputs, scale)))
+            return ref_ms, cand_ms
+
+        measure(cfg.warmup_rounds, 0)
+        ref_ms, cand_ms = measure(cfg.timing_rounds, cfg.warmup_rounds)
+        r, c = stats(ref_ms), stats(cand_ms)
+        speedup = r.median_ms / c.median_ms if c.median_ms > 0 else float("inf")
+        if speedup > SUSPICIOUS_SPEEDUP:
+            ref_ms2, cand_ms2 = measure(cfg.timing_rounds, cfg.warmup_rounds + cfg.timing_rounds)
+            r, c = stats(ref_ms + ref_ms2), stats(cand_ms + cand_ms2)
+            speedup = r.median_ms / c.median_ms if c.median_ms > 0 else float("inf")
+            flop_ratio = (report.ref_flops or 0) / max(report.kernel_flops or 0, 1.0)
+            explained = flop_ratio >= speedup / 4
+            detail = (f"speedup {speedup:.1f}x re-measured; reference {report.ref_flops or 0:.3g} FLOPs vs "
+                      f"candidate {report.kernel_flops or 0:.3g} FLOPs (XLA cost analysis)")
+            report.checks.append(CheckResult(name="speedup_plausible", passed=explained, detail=detail))
+            if not explained:
+                report.flags.append(f"suspicious speedup: {detail}; no algebraic reduction explains it")
+        report.ref_ms, report.kernel_ms = round(r.median_ms, 4), round(c.median_ms, 4)
+        report.cv, report.ref_cv = round(c.cv, 4), round(r.cv, 4)
+        report.speedup = round(speedup, 4)
+        report.basis = "measured"
+
+
+def _differs(a: Any, b: Any) -> bool:
+    return any(not np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(tree_leaves(a), tree_leaves(b)))
+
+
+def _left(deadline: float) -> float:
+    return max(1.0, deadline - time.monotonic())
+
+
+def _fail(report: EvalReport, status: str, reason: str) -> None:
+    report.status = status  # type: ignore[assignment]
+    report.reason = reason
+    report.correct = False
+
+
+_default: Evaluator | None = None
+_default_lock = threading.Lock()
+
+
+def default_evaluator() -> Evaluator:
+    """A process-wide evaluator with one persistent worker, created on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Evaluator()
+        return _default
+
+
+def evaluate(task: Task | str | Path, candidate_source: str, target: str = "cpu", size: str = "cpu", **kwargs: Any) -> EvalReport:
+    """Evaluate one candidate with the process-wide evaluator (see :class:`Evaluator`)."""
+    return default_evaluator().evaluate(task, candidate_source, target=target, size=size, **kwargs)

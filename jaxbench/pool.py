@@ -1,0 +1,204 @@
+"""A pool of persistent candidate workers, owned by the judge.
+
+A worker that overruns its deadline, dies, or sends a malformed message is killed with its whole process
+group and replaced; the caller only ever sees a status and a reason.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from jaxbench import wire
+
+STARTUP_TIMEOUT_S = 120.0
+
+
+class WorkerFailure(Exception):
+    """The worker could not answer; ``status`` is the report status this earns the candidate."""
+
+    def __init__(self, status: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass
+class _Pipes:
+    rx: Connection
+    tx: Connection
+
+    def send_bytes(self, data: bytes) -> None:
+        self.tx.send_bytes(data)
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes:
+        return self.rx.recv_bytes(maxlength)
+
+    def poll(self, timeout: float) -> bool:
+        return self.rx.poll(timeout)
+
+    def close(self) -> None:
+        for c in (self.rx, self.tx):
+            try:
+                c.close()
+            except OSError:
+                pass
+
+
+class WorkerHandle:
+    """One worker process and its pipes."""
+
+    def __init__(self, memory_bytes: int) -> None:
+        self.memory_bytes = memory_bytes
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        env = dict(os.environ)
+        env.setdefault("JAX_PLATFORMS", "cpu")
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jaxbench.worker", str(to_child_r), str(from_child_w), str(memory_bytes)],
+            pass_fds=(to_child_r, from_child_w),
+            start_new_session=True,  # its own process group: a kill takes every child with it
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd="/",
+        )
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self.pipes = _Pipes(Connection(from_child_r, writable=False), Connection(to_child_w, readable=False))
+        self._stderr_tail: list[str] = []
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        hello = self._receive(STARTUP_TIMEOUT_S)
+        self.layers: dict[str, str] = hello.get("layers", {})
+
+    def _drain_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in iter(self.proc.stderr.readline, b""):
+            self._stderr_tail = (self._stderr_tail + [line.decode(errors="replace").rstrip()])[-20:]
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        try:
+            wire.send(self.pipes, message)  # type: ignore[arg-type]
+        except (BrokenPipeError, OSError) as exc:
+            self.kill()
+            raise WorkerFailure("runtime_error", f"worker died before the request: {exc}") from exc
+        return self._receive(timeout_s)
+
+    def _receive(self, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise WorkerFailure("timeout", f"no answer within {timeout_s:.0f} s wall-clock; worker killed")
+            try:
+                if self.pipes.poll(min(remaining, 0.5)):
+                    reply = wire.recv(self.pipes)  # type: ignore[arg-type]
+                    if not isinstance(reply, dict):
+                        raise wire.WireError("reply is not a mapping")
+                    return reply
+            except (EOFError, OSError):
+                raise self._death() from None
+            except wire.WireError as exc:
+                self.kill()
+                raise WorkerFailure("rejected", f"worker sent a malformed reply ({exc})") from exc
+            if not self.alive:
+                raise self._death()
+
+    def _death(self) -> WorkerFailure:
+        code = self.proc.wait(timeout=10) if self.proc.poll() is None else self.proc.returncode
+        self.kill()
+        tail = " | ".join(line for line in self._stderr_tail[-3:] if line)
+        if code is not None and code < 0:
+            sig = -code
+            if sig == signal.SIGXCPU:
+                return WorkerFailure("timeout", "CPU-time limit exceeded; worker killed")
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            hint = " (likely the address-space limit)" if sig in (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS) else ""
+            return WorkerFailure("runtime_error", f"worker died by {name}{hint}" + (f": {tail}" if tail else ""))
+        return WorkerFailure("runtime_error", f"worker exited with code {code}" + (f": {tail}" if tail else ""))
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.pipes.close()
+
+    def close(self) -> None:
+        if self.alive:
+            try:
+                self.request({"op": "exit"}, timeout_s=5)
+            except WorkerFailure:
+                pass
+        self.kill()
+
+
+class WorkerPool:
+    """``size`` persistent workers; ``acquire`` hands one out, replacing dead ones transparently."""
+
+    def __init__(self, size: int = 1, memory_bytes: int = 8 << 30) -> None:
+        self.size = max(1, size)
+        self.memory_bytes = memory_bytes
+        self._idle: list[WorkerHandle] = []
+        self._lock = threading.Condition()
+        self._started = 0
+        self.replaced = 0
+
+    def acquire(self) -> WorkerHandle:
+        with self._lock:
+            while not self._idle and self._started >= self.size:
+                self._lock.wait()
+            if self._idle:
+                handle = self._idle.pop()
+                if handle.alive:
+                    return handle
+                self._started -= 1
+                self.replaced += 1
+            self._started += 1
+        try:
+            return WorkerHandle(self.memory_bytes)
+        except BaseException:
+            with self._lock:
+                self._started -= 1
+                self._lock.notify()
+            raise
+
+    def release(self, handle: WorkerHandle) -> None:
+        with self._lock:
+            if handle.alive:
+                self._idle.append(handle)
+            else:
+                self._started -= 1
+                self.replaced += 1
+            self._lock.notify()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._started -= len(idle)
+        for handle in idle:
+            handle.close()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

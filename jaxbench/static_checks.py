@@ -1,0 +1,202 @@
+"""Static scan of candidate source: refuse what an honest kernel never needs.
+
+Every refusal names its rule, so reports say exactly which defence fired. The scan is a first line;
+the sandbox and the runtime checks catch what slips past it.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+ALLOWED_IMPORT_ROOTS = {
+    "jax", "numpy", "math", "functools", "itertools", "operator", "typing", "dataclasses", "enum",
+    "__future__", "ml_dtypes", "einops",
+}
+SYSTEM_MODULES = {
+    "os", "sys", "io", "pathlib", "socket", "subprocess", "shutil", "tempfile", "urllib", "http", "requests",
+    "pickle", "shelve", "sqlite3", "multiprocessing", "threading", "concurrent", "ctypes", "cffi", "signal",
+    "importlib", "builtins", "gc", "inspect", "time", "asyncio", "select", "mmap", "resource", "glob",
+    "marshal", "code", "runpy", "pty", "fcntl", "atexit", "weakref", "traceback", "linecache", "zipimport",
+    "webbrowser", "ftplib", "smtplib", "telnetlib", "ssl", "uuid", "random", "secrets", "datetime", "copyreg",
+}
+HARNESS_MODULES = {"jaxbench", "maxkernel", "reference", "conftest", "pytest"}
+FORBIDDEN_CALLS = {
+    "eval": "eval/exec", "exec": "eval/exec", "compile": "eval/exec", "__import__": "dynamic import",
+    "open": "file access", "globals": "introspection", "locals": "introspection", "vars": "introspection",
+    "setattr": "monkey-patching", "delattr": "monkey-patching", "getattr": "introspection",
+    "breakpoint": "debugger", "input": "reading standard input", "memoryview": "raw memory access",
+}
+FORBIDDEN_ATTRS = {
+    "__globals__", "__code__", "__builtins__", "__subclasses__", "__dict__", "__class__", "__bases__",
+    "__mro__", "__closure__", "__getattribute__", "__setattr__", "__import__", "__loader__", "__spec__",
+    "f_globals", "f_locals", "f_back", "gi_frame", "tb_frame", "__self__", "__func__", "__wrapped__",
+    "cr_frame", "ag_frame", "f_builtins",
+}
+CALLBACK_ATTRS = {"pure_callback", "io_callback", "callback", "host_callback", "debug_callback", "id_tap"}
+CACHE_DECORATORS = {"lru_cache", "cache", "cached_property"}
+MUTABLE_FACTORIES = {"dict", "list", "set", "defaultdict", "OrderedDict", "Counter", "deque", "bytearray"}
+
+
+@dataclass
+class Finding:
+    rule: str
+    line: int
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.detail} (line {self.line})"
+
+
+def _root_name(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.value if not isinstance(node, ast.Call) else node.func
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+class _Scanner(ast.NodeVisitor):
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+        self.module_aliases: set[str] = set()
+        self.imports_pallas = False
+        self.depth = 0
+
+    def add(self, rule: str, node: ast.AST, detail: str) -> None:
+        self.findings.append(Finding(rule, getattr(node, "lineno", 0), detail))
+
+    def _check_module(self, name: str, node: ast.AST) -> None:
+        root = name.split(".")[0]
+        if root in HARNESS_MODULES or "reference" in name.split("."):
+            self.add("imports-reference-or-harness", node, f"import of {name}")
+        elif root in SYSTEM_MODULES:
+            self.add("system-access", node, f"import of {name} (file, network, process or timer access)")
+        elif root not in ALLOWED_IMPORT_ROOTS:
+            self.add("disallowed-import", node, f"import of {name} (allowed: {', '.join(sorted(ALLOWED_IMPORT_ROOTS))})")
+        if name.startswith("jax.experimental.pallas"):
+            self.imports_pallas = True
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._check_module(alias.name, node)
+            self.module_aliases.add(alias.asname or alias.name.split(".")[0])
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            self.add("imports-reference-or-harness", node, "relative import")
+            return
+        module = node.module or ""
+        self._check_module(module, node)
+        for alias in node.names:
+            if module == "jax.experimental" and alias.name == "pallas":
+                self.imports_pallas = True
+            if alias.name in CALLBACK_ATTRS:
+                self.add("host-callback", node, f"import of {module}.{alias.name}")
+            self.module_aliases.add(alias.asname or alias.name)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if isinstance(node.func, ast.Name) and node.func.id in FORBIDDEN_CALLS:
+            self.add(FORBIDDEN_CALLS[node.func.id].replace("/", "-").replace(" ", "-"), node, f"call to {node.func.id}()")
+        dotted = _dotted(node.func)
+        if dotted.endswith("config.update") or dotted.startswith("jax.config"):
+            self.add("monkey-patching", node, f"{dotted}() changes JAX for every later candidate")
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if node.attr in FORBIDDEN_ATTRS:
+            self.add("introspection", node, f"access to .{node.attr}")
+        if node.attr in CALLBACK_ATTRS:
+            self.add("host-callback", node, f"use of {_dotted(node)} (Python running inside the timed kernel)")
+        self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id in ("__builtins__", "__import__", "__loader__", "__spec__"):
+            self.add("introspection", node, f"use of {node.id}")
+
+    def _check_target(self, target: ast.AST, node: ast.AST) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for elt in target.elts:
+                self._check_target(elt, node)
+            return
+        if isinstance(target, (ast.Attribute, ast.Subscript)):
+            root = _root_name(target)
+            if root in self.module_aliases:
+                self.add("monkey-patching", node, f"assignment to {_dotted(target) if isinstance(target, ast.Attribute) else root + '[...]'}")
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for t in node.targets:
+            self._check_target(t, node)
+        if self.depth == 0:
+            self._check_module_value(node.value, node)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self._check_target(node.target, node)
+        if self.depth == 0 and node.value is not None:
+            self._check_module_value(node.value, node)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self._check_target(node.target, node)
+        self.generic_visit(node)
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        for t in node.targets:
+            self._check_target(t, node)
+        self.generic_visit(node)
+
+    def _check_module_value(self, value: ast.AST, node: ast.AST) -> None:
+        mutable = isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp))
+        if isinstance(value, ast.Call):
+            name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", "")
+            mutable = name in MUTABLE_FACTORIES
+        if mutable:
+            self.add("module-level-cache", node, "module-level mutable container (could carry results between calls)")
+
+    def visit_Global(self, node: ast.Global) -> None:
+        self.add("module-level-cache", node, f"global statement ({', '.join(node.names)})")
+
+    def visit_Nonlocal(self, node: ast.Nonlocal) -> None:
+        self.add("module-level-cache", node, f"nonlocal statement ({', '.join(node.names)})")
+
+    def _visit_scope(self, node: ast.AST) -> None:
+        for deco in getattr(node, "decorator_list", []):
+            name = deco.func if isinstance(deco, ast.Call) else deco
+            last = name.attr if isinstance(name, ast.Attribute) else getattr(name, "id", "")
+            if last in CACHE_DECORATORS:
+                self.add("module-level-cache", deco, f"@{last} memoizes results between calls")
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_FunctionDef = _visit_scope
+    visit_AsyncFunctionDef = _visit_scope
+    visit_Lambda = _visit_scope
+    visit_ClassDef = _visit_scope
+
+    def visit_Try(self, node: ast.Try) -> None:
+        if node.handlers:
+            self.add("try-fallback", node, "try/except can hide a fallback path; let errors surface")
+        self.generic_visit(node)
+
+    visit_TryStar = visit_Try
+
+
+def scan(source: str) -> tuple[list[Finding], bool]:
+    """Findings (empty when clean) and whether the candidate claims to be a Pallas kernel."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return [], False  # the loader reports syntax errors with their own status
+    scanner = _Scanner()
+    scanner.visit(tree)
+    return scanner.findings, scanner.imports_pallas

@@ -1,0 +1,176 @@
+"""Loading JaxBench tasks: a folder holding ``task.yaml`` and ``reference.py``.
+
+A task may be named by its suite id (``12p_RMSNorm``) or by any folder path; both load the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from functools import cached_property
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SUITE_DIR = Path(__file__).parent / "tasks"
+
+Category = Literal[
+    "matmul",
+    "attention",
+    "normalization",
+    "reduction",
+    "elementwise",
+    "conv",
+    "moe",
+    "recurrence",
+    "gather",
+]
+
+
+class TaskError(Exception):
+    """A task folder that cannot be used: missing files, bad YAML, a broken reference."""
+
+
+class Tolerance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    atol: float = Field(gt=0)
+    rtol: float = Field(ge=0)
+
+
+class TaskSpec(BaseModel):
+    """The content of ``task.yaml``."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    name: str
+    category: Category
+    description: str
+    dtype: Literal["float32", "bfloat16", "float16"]
+    tolerance: Tolerance
+    sizes: dict[str, dict[str, Any]]
+
+
+class Task:
+    """A loaded task: its spec, its folder, and (lazily) its reference module."""
+
+    def __init__(self, spec: TaskSpec, path: Path) -> None:
+        self.spec = spec
+        self.path = path
+
+    def __repr__(self) -> str:
+        return f"Task({self.id!r}, path={str(self.path)!r})"
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def reference_path(self) -> Path:
+        return self.path / "reference.py"
+
+    @cached_property
+    def source_digest(self) -> str:
+        """Hash of task.yaml + reference.py: keys caches of reference outputs and task checks."""
+        h = hashlib.sha256()
+        h.update((self.path / "task.yaml").read_bytes())
+        h.update(self.reference_path.read_bytes())
+        return h.hexdigest()[:16]
+
+    def size(self, name: str) -> dict[str, Any]:
+        if name not in self.spec.sizes:
+            raise TaskError(f"{self.path}/task.yaml: no size {name!r} (has {sorted(self.spec.sizes)})")
+        return dict(self.spec.sizes[name])
+
+    @cached_property
+    def module(self) -> ModuleType:
+        """Import ``reference.py`` under a name unique to this folder."""
+        name = f"jaxbench_ref_{self.spec.id}_{self.source_digest}"
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, self.reference_path)
+        if spec is None or spec.loader is None:
+            raise TaskError(f"{self.reference_path}: cannot be imported")
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:  # a broken reference is the task's fault: say where
+            raise TaskError(f"{self.reference_path}: import failed: {type(exc).__name__}: {exc}") from exc
+        for attr in ("get_inputs", "reference"):
+            if not callable(getattr(module, attr, None)):
+                raise TaskError(f"{self.reference_path}: does not define {attr}()")
+        sys.modules[name] = module
+        return module
+
+    def get_inputs(self, key: Any, size: str = "cpu") -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Call the task's ``get_inputs(key, **size)`` and check the shape of what it returns."""
+        try:
+            result = self.module.get_inputs(key, **self.size(size))
+        except TaskError:
+            raise
+        except Exception as exc:
+            raise TaskError(f"{self.reference_path}: get_inputs failed: {type(exc).__name__}: {exc}") from exc
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise TaskError(f"{self.reference_path}: get_inputs must return (args, static)")
+        args, static = result
+        if not isinstance(args, tuple) or not isinstance(static, dict):
+            raise TaskError(f"{self.reference_path}: get_inputs must return (tuple, dict)")
+        return args, static
+
+    @property
+    def reference(self) -> Any:
+        return self.module.reference
+
+
+def _read_spec(folder: Path) -> TaskSpec:
+    yaml_path = folder / "task.yaml"
+    if not yaml_path.is_file():
+        raise TaskError(f"{folder}: no task.yaml")
+    if not (folder / "reference.py").is_file():
+        raise TaskError(f"{folder}: no reference.py")
+    try:
+        raw = yaml.safe_load(yaml_path.read_text())
+    except yaml.YAMLError as exc:
+        raise TaskError(f"{yaml_path}: invalid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise TaskError(f"{yaml_path}: expected a mapping at the top level")
+    try:
+        spec = TaskSpec.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise TaskError(f"{yaml_path}: {where}: {first['msg']}") from exc
+    for required in ("cpu", "full"):
+        if required not in spec.sizes:
+            raise TaskError(f"{yaml_path}: sizes must include {required!r}")
+    return spec
+
+
+def resolve_task_path(name_or_path: str | Path) -> Path:
+    """A suite id, or a path to a task folder."""
+    candidate = Path(name_or_path)
+    if candidate.is_dir():
+        return candidate.resolve()
+    suite = SUITE_DIR / str(name_or_path)
+    if suite.is_dir():
+        return suite
+    raise TaskError(f"{name_or_path}: no such suite task or task folder")
+
+
+def load_task(name_or_path: str | Path) -> Task:
+    folder = resolve_task_path(name_or_path)
+    return Task(_read_spec(folder), folder)
+
+
+def _suite_order(path: Path) -> tuple[int, str]:
+    digits = "".join(ch for ch in path.name.split("_")[0] if ch.isdigit())
+    return (int(digits) if digits else 10**6, path.name)
+
+
+def list_tasks() -> list[Task]:
+    """All tasks of the suite in their numeric order."""
+    folders = sorted((p for p in SUITE_DIR.iterdir() if (p / "task.yaml").is_file()), key=_suite_order)
+    return [load_task(p) for p in folders]
