@@ -37,6 +37,7 @@ class EvalConfig:
     warmup_rounds: int = 2
     timeout_s: float = 120.0
     timing: bool = True
+    static_checks: bool = True  # off only to prove that the sandbox alone still holds
 
 
 @dataclass
@@ -155,6 +156,8 @@ class Evaluator:
                   filename: str, note: Callable[[str], None]) -> None:
         cfg = self.config
         findings, claims_pallas = static_checks.scan(source)
+        if not cfg.static_checks:
+            findings = []
         report.checks.append(CheckResult(name="static", passed=not findings, detail="; ".join(map(str, findings))))
         if findings:
             return _fail(report, "rejected", f"static check: {findings[0]}")
@@ -181,7 +184,7 @@ class Evaluator:
                 _left(deadline),
             )
             if not loaded.get("ok"):
-                recycle = loaded.get("status") == "rejected"
+                recycle = bool(loaded.get("poisoned"))
                 return _fail(report, loaded.get("status", "runtime_error"), loaded.get("reason", ""))
             report.kernel_flops, report.kernel_bytes = loaded.get("flops"), loaded.get("bytes")
             is_pallas = "pallas_call" in loaded.get("primitives", [])
@@ -194,14 +197,17 @@ class Evaluator:
             note("correctness")
             ran = worker.request({"op": "run", "inputs": sets + [sets[0]]}, _left(deadline))
             if not ran.get("ok"):
-                recycle = ran.get("status") == "rejected"
+                recycle = bool(ran.get("poisoned"))
                 return _fail(report, ran.get("status", "runtime_error"), ran.get("reason", ""))
             if not self._judge_outputs(task, report, expected, list(ran["outputs"]), bool(ran.get("mutated"))):
                 return
+            executable = ran.get("executable")
+            # XLA's cost analysis counts a loop body once, so FLOPs of looping candidates explain nothing.
+            flops_reliable = not ({"while", "scan", "pallas_call"} & set(loaded.get("primitives", [])))
 
             if self.config.timing:
                 note("timing")
-                self._time(ref, worker, sets, report, deadline)
+                self._time(ref, worker, sets, report, deadline, executable, flops_reliable)
         except WorkerFailure as failure:
             recycle = True
             return _fail(report, failure.status, failure.reason)
@@ -240,10 +246,11 @@ class Evaluator:
         if not dependent:
             _fail(report, "rejected", "outputs do not change when inputs change")
             return False
-        repeat = compare_outputs(actual[0], actual[-1], tol.atol * 1e-3, tol.rtol * 1e-3)
-        report.checks.append(CheckResult(name="deterministic", passed=repeat.ok, detail=repeat.reason))
-        if not repeat.ok:
-            _fail(report, "rejected", f"two runs on identical inputs disagree: {repeat.reason}")
+        # One executable on identical inputs must give bit-identical outputs.
+        same = not _differs(actual[0], actual[-1])
+        report.checks.append(CheckResult(name="deterministic", passed=same))
+        if not same:
+            _fail(report, "rejected", "two runs on identical inputs disagree (bit-for-bit)")
             return False
         report.checks.append(CheckResult(name="inputs_unchanged", passed=not mutated))
         if mutated:
@@ -252,9 +259,11 @@ class Evaluator:
         report.correct = True
         return True
 
-    def _time(self, ref: _Reference, worker: WorkerHandle, sets: list[list[np.ndarray]], report: EvalReport, deadline: float) -> None:
+    def _time(self, ref: _Reference, worker: WorkerHandle, sets: list[list[np.ndarray]], report: EvalReport,
+              deadline: float, executable: Any, flops_reliable: bool) -> None:
         cfg = self.config
         timing_sets = sets[: max(1, len(sets) - 1)]
+        executables: set[Any] = set()
 
         def measure(rounds: int, offset: int) -> tuple[list[float], list[float]]:
             ref_ms, cand_ms = [], []
@@ -265,11 +274,17 @@ class Evaluator:
                 if not reply.get("ok"):
                     raise WorkerFailure(reply.get("status", "runtime_error"), reply.get("reason", ""))
                 cand_ms.append(float(reply["ms"]))
+                executables.add(reply.get("executable"))
                 ref_ms.append(ref.time_once(scaled(inputs, scale)))
             return ref_ms, cand_ms
 
         measure(cfg.warmup_rounds, 0)
         ref_ms, cand_ms = measure(cfg.timing_rounds, cfg.warmup_rounds)
+        same = executables == {executable}
+        report.checks.append(CheckResult(name="timed_what_was_checked", passed=same,
+                                         detail="" if same else "the timed executable differs from the one checked"))
+        if not same:
+            raise WorkerFailure("rejected", "the timed executable is not the one whose outputs were checked")
         r, c = stats(ref_ms), stats(cand_ms)
         speedup = r.median_ms / c.median_ms if c.median_ms > 0 else float("inf")
         if speedup > SUSPICIOUS_SPEEDUP:
@@ -277,9 +292,10 @@ class Evaluator:
             r, c = stats(ref_ms + ref_ms2), stats(cand_ms + cand_ms2)
             speedup = r.median_ms / c.median_ms if c.median_ms > 0 else float("inf")
             flop_ratio = (report.ref_flops or 0) / max(report.kernel_flops or 0, 1.0)
-            explained = flop_ratio >= speedup / 4
+            explained = flops_reliable and flop_ratio >= speedup / 4
             detail = (f"speedup {speedup:.1f}x re-measured; reference {report.ref_flops or 0:.3g} FLOPs vs "
-                      f"candidate {report.kernel_flops or 0:.3g} FLOPs (XLA cost analysis)")
+                      f"candidate {report.kernel_flops or 0:.3g} FLOPs (XLA cost analysis"
+                      f"{'' if flops_reliable else '; loop bodies counted once, so no reduction can be shown'})")
             report.checks.append(CheckResult(name="speedup_plausible", passed=explained, detail=detail))
             if not explained:
                 report.flags.append(f"suspicious speedup: {detail}; no algebraic reduction explains it")

@@ -33,6 +33,10 @@ FORBIDDEN_ATTRS = {
     "f_globals", "f_locals", "f_back", "gi_frame", "tb_frame", "__self__", "__func__", "__wrapped__",
     "cr_frame", "ag_frame", "f_builtins",
 }
+FILE_IO_ATTRS = {
+    "load", "save", "savez", "savez_compressed", "fromfile", "tofile", "memmap", "loadtxt", "savetxt",
+    "genfromtxt", "DataSource", "fromregex", "open_memmap",
+}
 CALLBACK_ATTRS = {"pure_callback", "io_callback", "callback", "host_callback", "debug_callback", "id_tap"}
 CACHE_DECORATORS = {"lru_cache", "cache", "cached_property"}
 MUTABLE_FACTORIES = {"dict", "list", "set", "defaultdict", "OrderedDict", "Counter", "deque", "bytearray"}
@@ -114,6 +118,8 @@ class _Scanner(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr in FORBIDDEN_ATTRS:
             self.add("introspection", node, f"access to .{node.attr}")
+        if node.attr in FILE_IO_ATTRS and _root_name(node) in self.module_aliases:
+            self.add("file-access", node, f"use of {_dotted(node)} (reads or writes files)")
         if node.attr in CALLBACK_ATTRS:
             self.add("host-callback", node, f"use of {_dotted(node)} (Python running inside the timed kernel)")
         self.generic_visit(node)

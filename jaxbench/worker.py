@@ -82,10 +82,7 @@ class Worker:
             if handler is None:
                 self.wire.send(self.conn, {"ok": False, "status": "runtime_error", "reason": f"unknown op {op!r}"})
                 continue
-            try:
-                reply = self._guard(handler, request)
-            except BaseException as exc:  # a candidate may raise anything, SystemExit included
-                reply = self._error_reply(exc, request)
+            reply = self._guard(handler, request)
             self.wire.send(self.conn, reply)
             if op == "exit":
                 return
@@ -97,20 +94,23 @@ class Worker:
             self.sandbox.arm(Path(tmp), [Path(p) for p in self.state.get("protected", [])])
         try:
             reply = handler(request)
+        except BaseException as exc:  # a candidate may raise anything, SystemExit included
+            reply = self._error_reply(exc, request)
         finally:
             violations = self.sandbox.disarm()
             os.chdir("/")
         tampered = self._tampered()
         if tampered:
-            return {"ok": False, "status": "rejected", "reason": f"patched harness functions: {', '.join(tampered)}"}
+            # The worker's own functions are no longer trustworthy: the judge must replace it.
+            return {"ok": False, "status": "rejected", "poisoned": True,
+                    "reason": f"patched harness functions: {', '.join(tampered)}"}
         if violations:
-            return {"ok": False, "status": "rejected", "reason": violations[0]}
+            return {"ok": False, "status": "rejected", "reason": f"sandbox: {violations[0]} is not allowed"}
         return reply
 
     def _error_reply(self, exc: BaseException, request: dict[str, Any]) -> dict[str, Any]:
-        violations = self.sandbox.disarm()
-        if isinstance(exc, self.sandbox.SandboxViolation) or violations:
-            return {"ok": False, "status": "rejected", "reason": violations[0] if violations else str(exc)}
+        if isinstance(exc, self.sandbox.SandboxViolation):
+            return {"ok": False, "status": "rejected", "reason": str(exc)}
         status = "compile_error" if request.get("op") == "load" else "runtime_error"
         if isinstance(exc, MemoryError):
             return {"ok": False, "status": "runtime_error", "reason": "out of memory (worker address-space limit)"}
@@ -154,7 +154,7 @@ class Worker:
         compiled = jax.jit(fn).lower(*specs).compile()
         cost = _cost(compiled)
         out_shapes = jax.tree_util.tree_leaves(jax.eval_shape(fn, *specs))
-        self.state.update(module=loaded.module, compiled=compiled)
+        self.state.update(module=loaded.module, compiled=compiled, executable=f"{id(compiled):x}-{loaded.sha}")
         return {
             "ok": True,
             "primitives": prims,
@@ -178,21 +178,21 @@ class Worker:
             after = [np.asarray(d) for d in device]
             if any(not np.array_equal(b, a, equal_nan=True) for b, a in zip(before, after)):
                 mutated = True
-        return {"ok": True, "outputs": outputs, "mutated": mutated}
+        return {"ok": True, "outputs": outputs, "mutated": mutated, "executable": self.state["executable"]}
 
     def op_time(self, request: dict[str, Any]) -> dict[str, Any]:
         """One timed call on fresh device arrays (scaled by the round's factor so values are new)."""
         from jaxbench.timing import scaled
 
         jax = self.jax
-        compiled = self.state["compiled"]
+        compiled = self.state["compiled"]  # the very executable whose outputs op_run returned
         args = jax.block_until_ready([jax.device_put(a) for a in scaled(request["inputs"], float(request["scale"]))])
         t0 = _perf_counter()
         out = compiled(*args)
         jax.block_until_ready(out)
         ms = (_perf_counter() - t0) * 1e3
         del out
-        return {"ok": True, "ms": ms}
+        return {"ok": True, "ms": ms, "executable": self.state["executable"]}
 
     def op_unload(self, request: dict[str, Any]) -> dict[str, Any]:
         self._drop_candidate()

@@ -1,0 +1,26 @@
+"""Linear layer, training-mode BatchNorm1d, scalar bias add, divide, Swish (KernelBench level 2 #97)."""
+
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, batch, in_features, out_features):
+    kx, kw, kb, kg, kbeta, kbias = jax.random.split(key, 6)
+    bound = 1.0 / in_features**0.5
+    x = jax.random.normal(kx, (batch, in_features), jnp.float32)
+    weight = jax.random.uniform(kw, (out_features, in_features), jnp.float32, -bound, bound)
+    linear_bias = jax.random.uniform(kb, (out_features,), jnp.float32, -bound, bound)
+    bn_weight = 1.0 + 0.2 * jax.random.normal(kg, (out_features,), jnp.float32)
+    bn_bias = 0.2 * jax.random.normal(kbeta, (out_features,), jnp.float32)
+    bias = jax.random.normal(kbias, (1,), jnp.float32)
+    args = (x, weight, linear_bias, bn_weight, bn_bias, bias)
+    return args, {"eps": 1e-5, "divide_value": 1.0}
+
+
+def reference(x, weight, linear_bias, bn_weight, bn_bias, bias, *, eps, divide_value):
+    h = jnp.matmul(x, weight.T, precision=jax.lax.Precision.HIGHEST) + linear_bias
+    mean = jnp.mean(h, axis=0, keepdims=True)
+    var = jnp.mean(jnp.square(h - mean), axis=0, keepdims=True)
+    h = (h - mean) * jax.lax.rsqrt(var + eps) * bn_weight + bn_bias
+    h = (h + bias) / divide_value
+    return h * jax.nn.sigmoid(h)

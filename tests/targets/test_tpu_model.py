@@ -1,0 +1,194 @@
+"""The TPU roofline cost model: hand-computed expectations and monotonic, sane behaviour."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from target_kernels import (
+    GATHER_PREFETCH,
+    PLAIN_JAX_RMSNORM,
+    matmul_source,
+    rmsnorm_in_scan_source,
+    rmsnorm_source,
+    rmsnorm_with_glue_source,
+    with_parallel_grid,
+)
+
+from jaxbench.report import EvalReport
+from jaxbench.task import Task
+from maxkernel.targets import VmemBudgetError, load_tpu_spec, model_candidate, model_reference
+from maxkernel.targets import grid as grid_module
+
+MIB = 2**20
+
+
+def test_tiled_matmul_matches_hand_computation(matmul_task: Task) -> None:
+    """m, k, n = 1024, 2048, 512 in bf16 with blocks (256, 256, 512): grid (4, 2, 4), k innermost."""
+    spec = load_tpu_spec("v5e")
+    est = model_candidate(matmul_source(256, 256, 512), matmul_task, "v5e")
+    (kernel,) = est.kernels
+    x_block, y_block, out_block = 256 * 512 * 2, 512 * 256 * 2, 256 * 256 * 2
+    # x's index (i, k) and y's (k, j) change every step: 32 fetches each; the output block (i, j) changes
+    # when k wraps: 8 write-backs. That is x read twice (n / bn), y four times (m / bm), out written once.
+    assert (est.kind, est.basis, kernel.grid, est.grid_steps) == ("pallas", "modelled", [4, 2, 4], 32)
+    assert est.bytes == 32 * x_block + 32 * y_block + 8 * out_block == 17 * MIB
+    assert est.mxu_flops == 2 * 1024 * 512 * 2048
+    # Every step adds the dot into the f32 accumulator (256*256 adds); the pl.when store on the last k step
+    # casts it to bf16 (256*256 converts) on 8 of the 32 steps; zeroing it is a broadcast (free).
+    assert est.vpu_ops == 32 * 65536 + 8 * 65536
+    assert est.transcendentals == 0
+    assert est.vmem_bytes == 2 * (x_block + y_block + out_block) + 256 * 256 * 4
+
+    bw, vpu = spec.hbm_bandwidth, spec.vpu_ops
+    step_add = 2 * 256 * 256 * 512 / spec.peak_bf16_flops + 65536 / vpu
+    steady = 0.0
+    for t, (i, j, k) in enumerate(np.ndindex(4, 2, 4)):
+        compute = step_add + (65536 / vpu if k == 3 else 0.0)
+        moved = 0 if t == 0 else x_block + y_block + (out_block if k == 0 else 0)
+        steady += max(compute, moved / bw)
+    expected = (x_block + y_block + out_block) / bw + steady + 32 * spec.step_overhead_s
+    assert est.time_ms == pytest.approx(expected * 1e3, rel=1e-9)
+    assert est.bound == kernel.bound == "memory"
+    # The ideal does the same work at peak and moves only x, y and the output once.
+    work = 32 * step_add + 8 * 65536 / vpu
+    ideal = max(work, (1024 * 2048 + 2048 * 512 + 1024 * 512) * 2 / bw)
+    assert est.roofline_fraction == pytest.approx(ideal / expected, rel=1e-9)
+
+
+def test_rowwise_kernel_matches_hand_computation(rmsnorm_task: Task) -> None:
+    """4096 x 1024 f32 rows in blocks of 256: the weight's block index never changes, so it is fetched once."""
+    spec = load_tpu_spec("v5e")
+    est = model_candidate(rmsnorm_source(256), rmsnorm_task, "v5e")
+    block = 256 * 1024 * 4
+    assert est.grid_steps == 16
+    assert est.bytes == 16 * block + 4096 + 16 * block
+    # Per step: x*x, the row sums (one op per input element), x*r and *w: 4 * 256*1024 VPU ops, plus
+    # (1/h) and +eps on 256 row values; rsqrt on 256 values goes to the EUP.
+    per_step_vpu = 4 * 256 * 1024 + 2 * 256
+    assert (est.vpu_ops, est.transcendentals, est.mxu_flops) == (16 * per_step_vpu, 16 * 256, 0)
+    assert est.vmem_bytes == 2 * block + 2 * 4096 + 2 * block
+    compute = per_step_vpu / spec.vpu_ops + 256 / spec.eup_ops
+    bw = spec.hbm_bandwidth
+    expected = (block + 4096 + block) / bw + compute + 15 * max(compute, 2 * block / bw) + 16 * spec.step_overhead_s
+    assert est.time_ms == pytest.approx(expected * 1e3, rel=1e-9)
+    assert est.bound == "memory"
+
+
+def test_bigger_blocks_mean_fewer_steps_and_less_time(matmul_task: Task, rmsnorm_task: Task) -> None:
+    mm = [model_candidate(matmul_source(*b), matmul_task, "v5e") for b in [(128, 128, 128), (256, 256, 512),
+                                                                            (512, 512, 1024)]]
+    assert [e.grid_steps for e in mm] == [512, 32, 4]
+    assert mm[0].bytes > mm[1].bytes > mm[2].bytes
+    assert mm[0].time_ms > mm[1].time_ms > mm[2].time_ms
+    assert mm[0].bound == "overhead"
+    rows = [model_candidate(rmsnorm_source(b), rmsnorm_task, "v5e") for b in (8, 64, 256)]
+    assert [e.grid_steps for e in rows] == [512, 64, 16]
+    assert rows[0].bytes == rows[1].bytes == rows[2].bytes  # every row is read and written once regardless
+    assert rows[0].time_ms > rows[1].time_ms > rows[2].time_ms
+
+
+def test_over_budget_vmem_is_rejected(rmsnorm_task: Task) -> None:
+    with pytest.raises(VmemBudgetError) as info:
+        model_candidate(rmsnorm_source(4096), rmsnorm_task, "v6e")
+    assert (info.value.vmem_bytes, info.value.budget_bytes) == (64 * MIB + 2 * 4096, 32 * MIB)
+    assert "tpu-v6e" in str(info.value)
+    fits = model_candidate(rmsnorm_source(4096, vmem_limit=100 * MIB), rmsnorm_task, "v6e")
+    assert fits.vmem_budget_bytes == 100 * MIB and fits.grid_steps == 1
+
+
+def test_newer_generations_are_faster(matmul_task: Task) -> None:
+    source = matmul_source(512, 512, 1024)
+    times = {g: model_candidate(source, matmul_task, g).time_ms for g in ("v5e", "v6e", "v7")}
+    assert times["v5e"] > times["v6e"] > times["v7"]
+
+
+def test_megacore_splits_parallel_grid_dimensions(matmul_task: Task) -> None:
+    serial = model_candidate(matmul_source(256, 256, 512), matmul_task, "v5p")
+    split = model_candidate(with_parallel_grid(matmul_source(256, 256, 512), ("parallel", "parallel", "arbitrary")),
+                            matmul_task, "v5p")
+    assert (serial.kernels[0].cores, split.kernels[0].cores) == (1, 2)
+    assert split.time_ms < serial.time_ms
+    assert split.bytes == serial.bytes
+    single_core_chip = model_candidate(with_parallel_grid(matmul_source(256, 256, 512), ("parallel",) * 3),
+                                       matmul_task, "v5e")
+    assert single_core_chip.kernels[0].cores == 1
+
+
+def test_scalar_prefetch_index_maps_use_the_drawn_indices(gather_task: Task) -> None:
+    """The table block at idx[b] is re-fetched only when idx changes between consecutive steps."""
+    est = model_candidate(GATHER_PREFETCH, gather_task, "v5e")
+    (table, idx), _ = gather_task.get_inputs(jax.random.key(0), "full")
+    idx = np.asarray(idx)
+    block = 8 * 128 * 4
+    fetches = 1 + int(np.sum(idx[1:] != idx[:-1]))
+    assert fetches < len(idx)  # four rows: repeats happen, and must not be charged
+    assert est.bytes == fetches * block + len(idx) * block
+    assert est.notes == []
+
+
+def test_large_grids_are_sampled_close_to_exact(matmul_task: Task, monkeypatch: pytest.MonkeyPatch) -> None:
+    exact = model_candidate(matmul_source(128, 128, 128), matmul_task, "v5e")
+    monkeypatch.setattr(grid_module, "EXACT_STEPS", 64)
+    monkeypatch.setattr(grid_module, "SAMPLED_STEPS", 4096)
+    sampled = model_candidate(matmul_source(128, 128, 128), matmul_task, "v5e")
+    assert not exact.kernels[0].sampled and sampled.kernels[0].sampled
+    assert sampled.bytes == pytest.approx(exact.bytes, rel=0.03)
+    assert sampled.vpu_ops == pytest.approx(exact.vpu_ops, rel=0.03)
+    assert sampled.time_ms == pytest.approx(exact.time_ms, rel=0.03)
+
+
+def test_xla_code_around_kernels_is_priced(rmsnorm_task: Task) -> None:
+    bare = model_candidate(rmsnorm_source(256), rmsnorm_task, "v5e")
+    glued = model_candidate(rmsnorm_with_glue_source(256), rmsnorm_task, "v5e")
+    x_bytes = 4096 * 1024 * 4
+    # x * 0.5 reads x and writes a copy; * 2.0 reads the kernel's output and writes the result.
+    assert glued.bytes - bare.bytes >= 4 * x_bytes * 0.99
+    assert glued.time_ms > bare.time_ms
+    assert glued.kernels[0].bytes == bare.kernels[0].bytes
+
+
+def test_kernel_inside_a_loop_counts_every_run(rmsnorm_task: Task) -> None:
+    once = model_candidate(rmsnorm_source(256), rmsnorm_task, "v5e")
+    thrice = model_candidate(rmsnorm_in_scan_source(256, 3), rmsnorm_task, "v5e")
+    assert thrice.kernels[0].count == 3
+    assert thrice.time_ms == pytest.approx(3 * once.time_ms, rel=1e-9)
+    assert thrice.grid_steps == 3 * once.grid_steps
+    assert any("inside a loop" in note for note in thrice.notes)
+
+
+def test_plain_jax_candidate_and_references_use_the_xla_roofline(rmsnorm_task: Task, matmul_task: Task) -> None:
+    spec = load_tpu_spec("v5e")
+    io_bytes = 2 * 4096 * 1024 * 4 + 1024 * 4
+    plain = model_candidate(PLAIN_JAX_RMSNORM, rmsnorm_task, "v5e")
+    assert (plain.kind, plain.basis, plain.grid_steps, plain.vmem_bytes) == ("xla", "modelled", 0, None)
+    assert plain.bytes == pytest.approx(io_bytes, rel=0.01)  # XLA fuses it into one pass over x
+    assert plain.time_ms == pytest.approx(plain.bytes / spec.hbm_bandwidth * 1e3)
+    ref = model_reference(matmul_task, "v5e")
+    assert ref.kind == "xla" and ref.mxu_flops == 2 * 1024 * 2048 * 512
+    assert ref.bound == "compute" or ref.time_ms == pytest.approx(ref.memory_ms)
+    assert ref.time_ms >= ref.mxu_flops / spec.peak_bf16_flops * 1e3
+
+
+def test_estimate_fits_the_eval_report(rmsnorm_task: Task) -> None:
+    est = model_candidate(rmsnorm_source(256), rmsnorm_task, "v6e")
+    fields = est.as_report_fields()
+    json.dumps(fields)
+    report = EvalReport(task=rmsnorm_task.id, target=est.target, status="ok", basis=est.basis,
+                        kernel_ms=est.time_ms, model=fields)
+    assert report.model is not None and report.model["basis"] == "modelled"
+    assert report.model["kernels"][0]["grid"] == [16]
+
+
+def test_when_blocks_driven_by_prefetch_values_are_charged_where_they_run(gather_task: Task) -> None:
+    source = GATHER_PREFETCH.replace(
+        "    o_ref[...] = t_ref[...]\n",
+        "    @pl.when(idx_ref[pl.program_id(0)] == 0)\n    def _():\n        o_ref[...] = t_ref[...] * 2.0\n")
+    est = model_candidate(source, gather_task, "v5e")
+    (_, idx), _ = gather_task.get_inputs(jax.random.key(0), "full")
+    runs = int(np.sum(np.asarray(idx) == 0))
+    assert 0 < runs < len(idx)
+    assert est.vpu_ops == runs * 8 * 128  # one multiply per element of the (8, 128) block, only where idx == 0
+    assert est.notes == []

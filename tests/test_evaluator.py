@@ -1,0 +1,106 @@
+"""The evaluator's statuses and reasons, on real tasks, through real worker processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import EXAMPLES, reference_candidate
+
+RMS = "12p_RMSNorm"
+GEMM = "41k_Gemm_Add_ReLU"
+
+
+def example(name: str) -> str:
+    return (EXAMPLES / name).read_text()
+
+
+@pytest.mark.parametrize(
+    "task_id, file",
+    [(RMS, "rmsnorm_12p.py"), (GEMM, "gemm_add_relu_41k.py")],
+)
+def test_example_kernels_are_ok_with_a_measured_speedup(evaluator, task_id, file):
+    report = evaluator.evaluate(task_id, example(file))
+    assert report.status == "ok", report.reason
+    assert report.correct and report.label == "pallas-kernel"
+    assert report.basis == "measured"
+    assert report.ref_ms > 0 and report.kernel_ms > 0
+    assert report.speedup == pytest.approx(report.ref_ms / report.kernel_ms, rel=1e-3)
+    names = {c.name for c in report.checks}
+    assert {"static", "correct_inputs_shifted", "deterministic", "inputs_unchanged", "input_dependence"} <= names
+
+
+def test_broken_rmsnorm_copy_is_incorrect(evaluator):
+    broken = example("rmsnorm_12p.py").replace("* w_ref[...]", "")  # drops the learned scale
+    report = evaluator.evaluate(RMS, broken)
+    assert report.status == "incorrect"
+    assert "outside tolerance" in report.reason and not report.correct
+
+
+def test_broken_gemm_copy_is_incorrect(evaluator):
+    broken = example("gemm_add_relu_41k.py").replace("jnp.maximum(acc + b_ref[...], 0.0)", "acc + b_ref[...]")
+    report = evaluator.evaluate(GEMM, broken)
+    assert report.status == "incorrect" and "outside tolerance" in report.reason
+
+
+def test_reference_against_itself_is_ok_and_labelled(evaluator):
+    report = evaluator.evaluate(RMS, reference_candidate(RMS))
+    assert report.status == "ok" and report.correct
+    assert report.label == "reference-equivalent"
+    assert 0.2 < report.speedup < 5
+
+
+@pytest.mark.parametrize(
+    "source, status, fragment",
+    [
+        ("def kernel(x, weight, *, eps)\n    return x\n", "compile_error", "syntax error at line 1"),
+        ("import jax.numpy as jnp\n\ndef kernel(x):\n    return x\n", "compile_error", "wrong signature"),
+        ("import jax.numpy as jnp\n\ndef kernell(x, weight, *, eps):\n    return x\n", "compile_error", "defines no kernel"),
+        ("import jax.numpy as jnp\n\ndef kernel(x, weight, *, eps):\n    return x[:, :1]\n", "incorrect", "shape"),
+        ("import jax.numpy as jnp\n\ndef kernel(x, weight, *, eps):\n    return x.astype(jnp.bfloat16)\n", "incorrect", "dtype"),
+        ("import jax.numpy as jnp\n\ndef kernel(x, weight, *, eps):\n    return x @ jnp.ones((3, 3))\n", "compile_error", "TypeError"),
+        ("import jax.numpy as jnp\n\ndef kernel(x, weight, *, eps):\n    raise ValueError('boom')\n", "compile_error", "ValueError: boom"),
+    ],
+    ids=["syntax", "signature", "no-kernel", "shape", "dtype", "trace-error", "exception"],
+)
+def test_each_failure_gets_its_own_status_and_reason(quick_evaluator, source, status, fragment):
+    report = quick_evaluator.evaluate(RMS, source)
+    assert report.status == status, report.reason
+    assert fragment in report.reason
+
+
+def test_runtime_error_inside_the_compiled_kernel(quick_evaluator):
+    # Traces fine, fails only when run: a Pallas block index past the end of the array.
+    src = example("rmsnorm_12p.py").replace("lambda i: (i, 0)),\n            pl.BlockSpec((1, hidden)", "lambda i: (i + 10**9, 0)),\n            pl.BlockSpec((1, hidden)")
+    report = quick_evaluator.evaluate(RMS, src)
+    assert report.status in ("runtime_error", "incorrect", "compile_error")
+    assert not report.correct
+
+
+def test_timeout_kills_the_worker_and_the_pool_recovers(quick_evaluator):
+    from jaxbench.evaluate import EvalConfig, Evaluator
+
+    with Evaluator(config=EvalConfig(timing=False, timeout_s=8)) as ev:
+        hang = "import jax.numpy as jnp\n\ndef kernel(x, weight, *, eps):\n    while True:\n        pass\n"
+        report = ev.evaluate(RMS, hang)
+        assert report.status == "timeout"
+        again = ev.evaluate(RMS, reference_candidate(RMS))
+        assert again.status == "ok"
+        assert ev.pool.replaced >= 1
+
+
+def test_a_crashing_candidate_never_takes_down_the_caller(quick_evaluator):
+    crash = "import jax.numpy as jnp\nimport numpy as np\n\ndef kernel(x, weight, *, eps):\n    return np.ones((1 << 40,), np.float64)\n"
+    report = quick_evaluator.evaluate(RMS, crash)
+    assert report.status in ("runtime_error", "compile_error") and not report.correct
+    assert quick_evaluator.evaluate(RMS, reference_candidate(RMS)).status == "ok"
+
+
+def test_task_outside_the_suite_works_like_a_suite_id(quick_evaluator, tmp_path):
+    import shutil
+
+    from jaxbench.task import load_task
+
+    folder = tmp_path / "my_rmsnorm"
+    shutil.copytree(load_task(RMS).path, folder)
+    report = quick_evaluator.evaluate(load_task(folder), example("rmsnorm_12p.py"))
+    assert report.status == "ok" and report.task == RMS

@@ -1,0 +1,36 @@
+"""Every JaxBench task is sound and its own reference passes the full evaluator."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import reference_candidate
+from jaxbench.task import SUITE_DIR, list_tasks
+from jaxbench.task_check import check_task
+
+TASK_IDS = [t.id for t in list_tasks()]
+
+
+def test_the_suite_has_fifty_tasks_with_unique_ids_in_order():
+    assert len(TASK_IDS) == 50
+    assert len(set(TASK_IDS)) == 50
+    numbers = [int("".join(c for c in tid.split("_")[0] if c.isdigit())) for tid in TASK_IDS]
+    assert numbers == list(range(1, 51))
+    for tid in TASK_IDS:
+        assert (SUITE_DIR / tid / "task.yaml").is_file()
+        tier = tid.split("_")[0][-1]
+        assert tier == ("p" if int(tid.split("_")[0][:-1]) <= 17 else "k")
+
+
+@pytest.mark.parametrize("task_id", TASK_IDS)
+def test_task_is_sound_and_its_reference_passes_the_evaluator(quick_evaluator, task_id):
+    from jaxbench.task import load_task
+
+    task = load_task(task_id)
+    check = check_task(task, timing=False)
+    assert check.ok, check.problems
+    if task.spec.dtype == "float32":
+        assert not check.notes, check.notes  # tolerance must catch a silent drop to bf16
+    report = quick_evaluator.evaluate(task, reference_candidate(task_id))
+    assert report.status == "ok", report.reason
+    assert report.correct and report.label == "reference-equivalent"
