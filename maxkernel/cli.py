@@ -34,7 +34,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from jaxbench.task import TaskError
         from maxkernel.config import ConfigError
-        from maxkernel.evaluation import TargetError
+        from maxkernel.targets.names import TargetError
 
         try:
             return fn(*args, **kwargs)

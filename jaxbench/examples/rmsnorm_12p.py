@@ -1,7 +1,9 @@
 """RMSNorm as a Pallas row-block kernel (candidate for 12p_RMSNorm).
 
-Rows are flattened from the leading axes; each grid step normalizes ``block_rows`` full rows, so the
-mean of squares is computed on-chip in one pass and the scale is applied before the block is written.
+Rows are flattened from the leading axes; each grid step normalizes a block of full rows, so the mean of
+squares is computed on-chip in one pass and the scale is applied before the block is written. The block
+holds as many rows as fit a VMEM budget (input and output blocks, double-buffered), so the same source
+runs interpreted on a CPU and lowers for TPU at the task's full size.
 """
 
 import functools
@@ -25,10 +27,11 @@ def _block(rows, preferred):
     return max(block, 1)
 
 
-def kernel(x, weight, *, eps, block_rows=1024):
+def kernel(x, weight, *, eps, vmem_budget_bytes=8 * 2**20):
     hidden = x.shape[-1]
     rows = math.prod(x.shape[:-1])
-    block = _block(rows, block_rows)
+    fit = vmem_budget_bytes // (4 * hidden * x.dtype.itemsize)  # in + out blocks, double-buffered
+    block = _block(rows, max(8, fit))
     out = pl.pallas_call(
         functools.partial(_rms_rows, eps=eps),
         out_shape=jax.ShapeDtypeStruct((rows, hidden), x.dtype),

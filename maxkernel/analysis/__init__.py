@@ -1,0 +1,1 @@
+"""Static analysis of reference computations (jaxpr-level), shared by planning and memory."""

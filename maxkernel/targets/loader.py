@@ -1,0 +1,62 @@
+"""Loading a candidate's source text into a fresh module (kept to one function so it can move to jaxbench)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import linecache
+import sys
+from types import ModuleType
+
+from maxkernel.targets.names import TargetError
+
+_serial = itertools.count()
+
+
+class CandidateLoadError(TargetError):
+    """The candidate source does not import, or defines no callable ``kernel``."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+def candidate_filename(source: str) -> str:
+    """The pseudo file name a candidate's code objects carry; tracebacks are matched against it."""
+    return f"<candidate-{hashlib.sha256(source.encode()).hexdigest()[:12]}>"
+
+
+def load_candidate(source: str) -> ModuleType:
+    """Execute ``source`` as a new module and return it; it must define a callable ``kernel``.
+
+    The code is compiled under :func:`candidate_filename` and its lines are registered with ``linecache``,
+    so tracebacks and JAX's source locations point into the candidate. Every call gives a new module.
+    """
+    filename = candidate_filename(source)
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    name = f"maxkernel_candidate_{filename[11:-1]}_{next(_serial)}"
+    module = ModuleType(name)
+    module.__file__ = filename
+    sys.modules[name] = module  # dataclasses and pickling look their module up here
+    try:
+        code = compile(source, filename, "exec")
+        exec(code, module.__dict__)
+    except SyntaxError as exc:
+        del sys.modules[name]
+        raise CandidateLoadError(f"candidate line {exc.lineno}: SyntaxError: {exc.msg}", exc.lineno) from exc
+    except Exception as exc:
+        del sys.modules[name]
+        line = next((ln for fr, ln in _frames(exc) if fr.f_code.co_filename == filename), None)
+        where = f"candidate line {line}: " if line else "candidate: "
+        raise CandidateLoadError(f"{where}import failed: {type(exc).__name__}: {exc}", line) from exc
+    if not callable(getattr(module, "kernel", None)):
+        del sys.modules[name]
+        raise CandidateLoadError("candidate does not define a callable kernel()")
+    return module
+
+
+def _frames(exc: BaseException):  # type: ignore[no-untyped-def]
+    tb = exc.__traceback__
+    while tb is not None:
+        yield tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next

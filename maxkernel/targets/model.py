@@ -1,0 +1,270 @@
+"""The TPU roofline cost model: a modelled time for a candidate or a reference on one TPU generation.
+
+A Pallas kernel is modelled as its grid pipeline: per grid step ``max(compute, memory) + overhead``, where
+compute is the kernel body's MXU/VPU/EUP work at peak and memory is the HBM traffic of the blocks whose index
+changes at that step (plus manual DMAs), then the first step's input fetch before and the last step's output
+write after. Work outside the kernels (and plain-JAX candidates and references) is an XLA roofline:
+``max(work at peak, bytes accessed / HBM bandwidth)``. All figures are ``basis="modelled"``.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any, Literal
+
+import jax
+import numpy as np
+from jax._src import core
+from pydantic import BaseModel, Field
+
+from jaxbench.task import Task
+from jaxbench.task_check import full_shapes
+from maxkernel.targets.blocks import check_vmem, compiler_param, step_traffic
+from maxkernel.targets.device import tpu_device
+from maxkernel.targets.grid import GridSample
+from maxkernel.targets.jaxpr_walk import PallasCall, find_pallas_calls
+from maxkernel.targets.loader import load_candidate
+from maxkernel.targets.names import TargetError
+from maxkernel.targets.ops import OpCounts
+from maxkernel.targets.prefetch import prefetch_values
+from maxkernel.targets.specs import TpuSpec, load_tpu_spec
+from maxkernel.targets.work import step_work
+from maxkernel.targets.xla_cost import XlaCost, glue_cost, xla_cost
+
+Bound = Literal["compute", "memory", "overhead"]
+
+
+class ModelError(TargetError):
+    """The candidate cannot be modelled (it does not trace at full size, or has a dynamic grid)."""
+
+
+class KernelEstimate(BaseModel):
+    """One pallas_call site; totals cover all its runs (``count``) per program run."""
+
+    name: str
+    grid: list[int]
+    grid_steps: int
+    count: float = Field(description="runs per program run (scan lengths multiplied)")
+    cores: int = Field(description="TensorCores the grid is split over")
+    time_ms: float
+    compute_ms: float
+    memory_ms: float
+    overhead_ms: float
+    bound: Bound
+    bytes: float = Field(description="HBM<->VMEM bytes moved")
+    flops: float
+    mxu_flops: float
+    vpu_ops: float
+    transcendentals: float
+    vmem_bytes: int
+    vmem_budget_bytes: int
+    sampled: bool = Field(description="index maps evaluated on a random sample of grid steps")
+
+
+class ModelEstimate(BaseModel):
+    """Modelled cost of one program (candidate or reference) on one TPU generation."""
+
+    target: str
+    generation: str
+    basis: Literal["modelled"] = "modelled"
+    kind: Literal["pallas", "xla"] = Field(description="pallas: grid pipeline model; xla: XLA roofline")
+    time_ms: float
+    bound: Bound
+    compute_ms: float
+    memory_ms: float
+    overhead_ms: float
+    vmem_bytes: int | None = Field(description="largest kernel VMEM footprint (None for XLA programs)")
+    vmem_budget_bytes: int
+    roofline_fraction: float = Field(description="max(work at peak, task I/O bytes / bandwidth) / time, <= 1")
+    grid_steps: int
+    bytes: float
+    flops: float
+    mxu_flops: float
+    vpu_ops: float
+    transcendentals: float
+    kernels: list[KernelEstimate] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+    def as_report_fields(self) -> dict[str, Any]:
+        """A JSON-ready dict for ``EvalReport.model``."""
+        return self.model_dump(mode="json")
+
+
+def model_candidate(candidate_source: str, task: Task, generation: str) -> ModelEstimate:
+    """Modelled cost of a candidate at the task's ``full`` size on ``generation``.
+
+    Raises (all TargetError, one-line messages): CandidateLoadError if the source does not load, ModelError
+    if it does not trace at full size or cannot be priced, VmemBudgetError if a kernel does not fit in VMEM.
+    """
+    spec = load_tpu_spec(generation)
+    module = load_candidate(candidate_source)
+    arg_shapes, static, out_shapes = full_shapes(task, "full")
+    fn = partial(module.kernel, **static)
+    with tpu_device(spec):
+        try:
+            closed = jax.jit(fn).trace(*arg_shapes).jaxpr
+        except Exception as exc:
+            raise ModelError(f"candidate does not trace at full size: {type(exc).__name__}: "
+                             f"{_first_line(exc)}") from exc
+    calls = find_pallas_calls(closed.jaxpr)
+    io_bytes = _io_bytes(arg_shapes, out_shapes)
+    if not calls:
+        try:
+            cost = xla_cost(fn, arg_shapes)
+        except Exception as exc:
+            raise ModelError(f"XLA cannot price the candidate: {type(exc).__name__}: {_first_line(exc)}") from exc
+        return _xla_estimate(cost, spec, io_bytes, ["plain JAX: XLA roofline"])
+    notes: list[str] = []
+    kernels = [_kernel_estimate(call, spec, prefetch=_prefetch(closed, call, task, notes), notes=notes)
+               for call in calls]
+    try:
+        glue = glue_cost(closed, calls)
+    except Exception as exc:  # pricing the surrounding code is best effort: say so rather than fail
+        notes.append(f"the XLA code around kernels is not priced ({type(exc).__name__}: {_first_line(exc)})")
+        glue = XlaCost(0.0, OpCounts(), 0.0)
+    if glue is None:
+        notes.append("a kernel runs inside a loop or branch: the XLA code around kernels is not priced")
+        glue = XlaCost(0.0, OpCounts(), 0.0)
+    return _combine(kernels, glue, spec, io_bytes, notes)
+
+
+def model_reference(task: Task, generation: str) -> ModelEstimate:
+    """Modelled cost of the task's reference (plain JAX) at ``full`` size on ``generation``."""
+    spec = load_tpu_spec(generation)
+    arg_shapes, static, out_shapes = full_shapes(task, "full")
+    fn = partial(task.reference, **static)
+    cost = xla_cost(fn, arg_shapes)
+    return _xla_estimate(cost, spec, _io_bytes(arg_shapes, out_shapes), ["reference: XLA roofline"])
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def _io_bytes(arg_shapes: Any, out_shapes: Any) -> float:
+    leaves = jax.tree_util.tree_leaves((arg_shapes, out_shapes))
+    return float(sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves))
+
+
+def _prefetch(closed: core.ClosedJaxpr, call: PallasCall, task: Task, notes: list[str]) -> list[np.ndarray] | None:
+    try:
+        values = prefetch_values(closed, call, task)
+    except Exception as exc:  # the stubbed re-run can fail on exotic programs: fall back, and say so
+        notes.append(f"{call.name}: scalar-prefetch values not computed ({type(exc).__name__})")
+        return None
+    if values is None:
+        notes.append(f"{call.name}: scalar-prefetch values depend on a loop or another kernel")
+    return values
+
+
+def _cores_used(spec: TpuSpec, call: PallasCall, grid: tuple[int, ...]) -> int:
+    """Megacore chips split a kernel's grid over both TensorCores only along a "parallel" dimension."""
+    if spec.cores_per_device == 1:
+        return 1
+    semantics = compiler_param(call.eqn, "dimension_semantics") or ()
+    for sem, extent in zip(semantics, grid):
+        if str(getattr(sem, "value", sem)).lower() in ("parallel", "core_parallel") and extent >= 2:
+            return spec.cores_per_device
+    return 1
+
+
+def _bound(compute: float, memory: float, overhead: float) -> Bound:
+    parts = {"compute": compute, "memory": memory, "overhead": overhead}
+    return max(parts, key=parts.__getitem__)  # type: ignore[return-value]
+
+
+def _kernel_estimate(call: PallasCall, spec: TpuSpec, prefetch: list[np.ndarray] | None,
+                     notes: list[str]) -> KernelEstimate:
+    grid_mapping = call.eqn.params["grid_mapping"]
+    try:
+        sample = GridSample.of(grid_mapping.grid)
+    except TargetError as exc:
+        raise ModelError(str(exc)) from exc
+    used, budget = check_vmem(call.eqn, call.name, spec)
+    work = step_work(call.eqn.params["jaxpr"], grid_mapping.num_index_operands, sample, prefetch)
+    traffic = step_traffic(grid_mapping, sample, prefetch)
+    totals = work.totals()
+    notes.extend(f"{call.name}: {note}" for note in [*dict.fromkeys(work.notes), *traffic.notes])
+    if totals.unbounded_loops:
+        notes.append(f"{call.name}: a while loop in the kernel body is counted once per grid step")
+    cores = _cores_used(spec, call, sample.grid)
+    bandwidth = spec.per_core(spec.hbm_bandwidth)
+    compute_first, compute_t = work.seconds(spec)
+    dma_first, dma_t = work.dma_bytes()
+    # Steps t >= 1 overlap their block transfers (and manual DMAs) with compute; step 0's inputs come first.
+    steady = max(compute_first, dma_first / bandwidth) + sample.weight * float(
+        np.maximum(compute_t, (traffic.step_bytes + dma_t) / bandwidth).sum())
+    edges = (traffic.first_bytes + traffic.last_bytes) / bandwidth
+    steps = sample.steps
+    time_s = (edges + (steady + steps * spec.step_overhead_s) / cores) * call.count
+    moved = traffic.total_bytes + dma_first + sample.weight * float(dma_t.sum())
+    compute_s = compute_first + sample.weight * float(compute_t.sum())
+    per_run = call.count / cores
+    return KernelEstimate(
+        name=call.name, grid=list(sample.grid), grid_steps=steps, count=call.count, cores=cores,
+        time_ms=time_s * 1e3,
+        compute_ms=compute_s * per_run * 1e3,
+        memory_ms=moved / bandwidth * per_run * 1e3,
+        overhead_ms=steps * spec.step_overhead_s * per_run * 1e3,
+        bound=_bound(compute_s, moved / bandwidth, steps * spec.step_overhead_s),
+        bytes=moved * call.count, flops=totals.flops * call.count, mxu_flops=totals.mxu_flops * call.count,
+        vpu_ops=totals.vpu * call.count, transcendentals=totals.transcendental * call.count,
+        vmem_bytes=used, vmem_budget_bytes=budget, sampled=sample.sampled,
+    )
+
+
+def _device_bandwidth(spec: TpuSpec) -> float:
+    return spec.per_core(spec.hbm_bandwidth) * spec.cores_per_device
+
+
+def _xla_parts(cost: XlaCost, spec: TpuSpec) -> tuple[float, float]:
+    return cost.counts.compute_seconds(spec, spec.cores_per_device), cost.bytes / _device_bandwidth(spec)
+
+
+def _ideal_seconds(counts: OpCounts, spec: TpuSpec, io_bytes: float) -> float:
+    return max(counts.compute_seconds(spec, spec.cores_per_device), io_bytes / _device_bandwidth(spec))
+
+
+def _xla_estimate(cost: XlaCost, spec: TpuSpec, io_bytes: float, notes: list[str]) -> ModelEstimate:
+    compute, memory = _xla_parts(cost, spec)
+    time_s = max(compute, memory, 1e-12)
+    counts = cost.counts
+    notes = [*notes, f"XLA (CPU) cost analysis: {cost.bytes:.4g} bytes accessed, {cost.xla_flops:.4g} flops"]
+    if counts.unbounded_loops:
+        notes.append("while loops counted once")
+    return ModelEstimate(
+        target=spec.target, generation=spec.name, kind="xla", time_ms=time_s * 1e3,
+        bound=_bound(compute, memory, 0.0), compute_ms=compute * 1e3, memory_ms=memory * 1e3, overhead_ms=0.0,
+        vmem_bytes=None, vmem_budget_bytes=spec.scoped_vmem_bytes,
+        roofline_fraction=min(1.0, _ideal_seconds(counts, spec, io_bytes) / time_s),
+        grid_steps=0, bytes=cost.bytes, flops=counts.flops, mxu_flops=counts.mxu_flops, vpu_ops=counts.vpu,
+        transcendentals=counts.transcendental, notes=notes,
+    )
+
+
+def _combine(kernels: list[KernelEstimate], glue: XlaCost, spec: TpuSpec, io_bytes: float,
+             notes: list[str]) -> ModelEstimate:
+    glue_compute, glue_memory = _xla_parts(glue, spec)
+    compute = sum(k.compute_ms for k in kernels) / 1e3 + glue_compute
+    memory = sum(k.memory_ms for k in kernels) / 1e3 + glue_memory
+    overhead = sum(k.overhead_ms for k in kernels) / 1e3
+    time_s = sum(k.time_ms for k in kernels) / 1e3 + max(glue_compute, glue_memory)
+    mxu = sum(k.mxu_flops for k in kernels) + glue.counts.mxu_flops
+    vpu = sum(k.vpu_ops for k in kernels) + glue.counts.vpu
+    trans = sum(k.transcendentals for k in kernels) + glue.counts.transcendental
+    # The ideal runs the same work on every core of the device, and moves only the task's inputs and outputs.
+    ideal_compute = sum(k.compute_ms * k.cores for k in kernels) / spec.cores_per_device / 1e3 + glue_compute
+    ideal = max(ideal_compute, io_bytes / _device_bandwidth(spec))
+    if glue.bytes:
+        notes.append(f"XLA code around the kernels: {glue.bytes:.4g} bytes accessed (CPU cost analysis)")
+    largest = max(kernels, key=lambda k: k.vmem_bytes)
+    return ModelEstimate(
+        target=spec.target, generation=spec.name, kind="pallas", time_ms=time_s * 1e3,
+        bound=_bound(compute, memory, overhead), compute_ms=compute * 1e3, memory_ms=memory * 1e3,
+        overhead_ms=overhead * 1e3, vmem_bytes=largest.vmem_bytes, vmem_budget_bytes=largest.vmem_budget_bytes,
+        roofline_fraction=min(1.0, ideal / time_s), grid_steps=sum(int(k.grid_steps * k.count) for k in kernels),
+        bytes=sum(k.bytes for k in kernels) + glue.bytes, flops=mxu + vpu + trans, mxu_flops=mxu, vpu_ops=vpu,
+        transcendentals=trans, kernels=kernels, notes=notes,
+    )

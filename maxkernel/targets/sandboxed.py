@@ -1,0 +1,86 @@
+"""TPU lowering and modelling of an untrusted candidate, in a one-shot sandboxed process.
+
+Lowering and modelling import and trace the candidate, so they must not run in the caller. This module
+runs as ``python -m maxkernel.targets.sandboxed`` with a JSON request on stdin: it loads the task first
+(trusted), then enters the JaxBench sandbox (rlimits, no network, audit hook refusing writes, process
+creation and reads of task references) before the candidate's code is touched, and prints one JSON
+reply line. The process is thrown away afterwards, so nothing the candidate did survives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+SANDBOX_MEMORY_BYTES = 16 << 30
+
+
+class TpuStageResult(BaseModel):
+    lowering: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None
+    model_error: str | None = None
+    failure: str | None = None  # the sandboxed process itself failed (timeout, crash, refusal)
+
+
+def run_tpu_stage(task_path: Path, source: str, generation: str, timeout_s: float = 300) -> TpuStageResult:
+    """Validate lowering and model the candidate for ``generation`` in a fresh sandboxed process."""
+    request = json.dumps({"task": str(task_path), "source": source, "generation": generation})
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONDONTWRITEBYTECODE="1")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "maxkernel.targets.sandboxed"], input=request, capture_output=True,
+            text=True, timeout=timeout_s, env=env, start_new_session=True, cwd="/",
+        )
+    except subprocess.TimeoutExpired:
+        return TpuStageResult(failure=f"TPU lowering did not finish within {timeout_s:.0f} s")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return TpuStageResult(failure=f"TPU lowering process failed (exit {proc.returncode}): {tail}")
+    try:
+        return TpuStageResult.model_validate_json(lines[-1])
+    except ValueError as exc:
+        return TpuStageResult(failure=f"TPU lowering process sent a malformed reply: {exc}")
+
+
+def _main() -> None:
+    request = json.loads(sys.stdin.read())
+    from jaxbench import sandbox
+    from jaxbench.task import SUITE_DIR, load_task
+    from maxkernel.targets.lowering import validate_tpu
+    from maxkernel.targets.model import model_candidate
+    from maxkernel.targets.names import TargetError
+
+    task = load_task(request["task"])
+    _ = task.module  # the reference is imported before the sandbox closes its file
+    sandbox.enter(SANDBOX_MEMORY_BYTES)
+    workdir = Path(tempfile.mkdtemp(prefix="mk_tpu_"))
+    os.chdir(workdir)
+    sandbox.arm(workdir, [SUITE_DIR, task.path])
+    result = TpuStageResult()
+    try:
+        lowering = validate_tpu(request["source"], task, request["generation"])
+        result.lowering = lowering.model_dump(mode="json")
+        if lowering.ok:
+            try:
+                result.model = model_candidate(request["source"], task, request["generation"]).as_report_fields()
+            except TargetError as exc:
+                result.model_error = str(exc)
+    except sandbox.SandboxViolation as exc:
+        result.failure = str(exc)
+    violations = sandbox.disarm()
+    if violations:
+        result.failure = f"sandbox: {violations[0]} is not allowed"
+    sys.stdout.write(result.model_dump_json() + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    _main()
