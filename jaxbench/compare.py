@@ -44,24 +44,29 @@ def compare_outputs(expected: Any, actual: Any, atol: float, rtol: float) -> Com
             if mismatched:
                 return Comparison(False, f"output {i}: {mismatched} integer element(s) differ", float("inf"))
             continue
-        e64, a64 = e.astype(np.float64), a.astype(np.float64)
-        bad_special = (~np.isfinite(a64)) & np.isfinite(e64)
-        if bad_special.any():
-            return Comparison(False, f"output {i}: {int(bad_special.sum())} NaN/Inf where the reference is finite", float("inf"))
-        both_finite = np.isfinite(e64) & np.isfinite(a64)
-        same_special = (~np.isfinite(e64)) & ((e64 == a64) | (np.isnan(e64) & np.isnan(a64)))
-        if not (both_finite | same_special).all():
-            return Comparison(False, f"output {i}: NaN/Inf pattern differs from the reference", float("inf"))
-        diff = np.where(both_finite, np.abs(a64 - e64), 0.0)
-        err = float(diff.max()) if diff.size else 0.0
-        worst = max(worst, err)
-        allowed = atol + rtol * np.abs(np.where(both_finite, e64, 0.0))
-        over = diff > allowed
-        if over.any():
-            n = int(over.sum())
-            return Comparison(
-                False,
-                f"output {i}: {n} of {diff.size} element(s) outside tolerance (max abs err {err:.3g}, atol {atol:g}, rtol {rtol:g})",
-                err,
-            )
+        work = np.float64 if e.dtype.itemsize > 4 else np.float32
+        ew, aw = e.astype(work, copy=False), a.astype(work, copy=False)
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.abs(aw - ew)
+            bad = ~(diff <= atol + rtol * np.abs(ew))  # NaN differences land here too
+        if bad.any():
+            eb, ab = ew[bad], aw[bad]
+            same_special = (eb == ab) | (np.isnan(eb) & np.isnan(ab))
+            if (~np.isfinite(ab) & np.isfinite(eb)).any():
+                n = int((~np.isfinite(ab) & np.isfinite(eb)).sum())
+                return Comparison(False, f"output {i}: {n} NaN/Inf where the reference is finite", float("inf"))
+            if (~np.isfinite(eb) & ~same_special).any():
+                return Comparison(False, f"output {i}: NaN/Inf pattern differs from the reference", float("inf"))
+            over = ~same_special
+            if over.any():
+                finite = np.isfinite(diff)
+                err = float(diff[finite].max()) if finite.any() else float("inf")
+                return Comparison(
+                    False,
+                    f"output {i}: {int(over.sum())} of {diff.size} element(s) outside tolerance (max abs err {err:.3g}, atol {atol:g}, rtol {rtol:g})",
+                    err,
+                )
+        finite = np.isfinite(diff)
+        if diff.size:
+            worst = max(worst, float(diff.max()) if finite.all() else float(diff[finite].max(initial=0.0)))
     return Comparison(True, "", worst)

@@ -162,27 +162,29 @@ class Evaluator:
         if findings:
             return _fail(report, "rejected", f"static check: {findings[0]}")
 
-        note("reference")
+        note("compile")
         ref = self.reference(task, report.size)
         report.ref_flops, report.ref_bytes = ref.flops, ref.bytes
-        seeds = [secrets.randbits(31) for _ in range(cfg.correctness_seeds)]
-        sets = [ref.inputs(s) for s in seeds]
-        sets.append(shifted(ref.inputs(secrets.randbits(31))))
-        expected = [ref.run(s) for s in sets]
-
         deadline = time.monotonic() + cfg.timeout_s
         worker = self.pool.acquire()
         recycle = False
         try:
-            note("compile")
-            loaded = worker.request(
+            # The worker compiles the candidate while the judge draws inputs and computes the answers.
+            # Until its reply is read the pipe is mid-conversation: any failure here retires the worker.
+            recycle = True
+            worker.send(
                 {
                     "op": "load", "source": source, "filename": filename, "static": ref.static,
                     "arg_specs": ref.arg_specs, "interpret": interpret, "cpu_budget_s": cfg.timeout_s * 2,
                     "protected": [str(SUITE_DIR), str(task.path)],
-                },
-                _left(deadline),
+                }
             )
+            seeds = [secrets.randbits(31) for _ in range(cfg.correctness_seeds)]
+            sets = [ref.inputs(s) for s in seeds]
+            sets.append(shifted(ref.inputs(secrets.randbits(31))))
+            expected = [ref.run(s) for s in sets]
+            loaded = worker.receive(_left(deadline))
+            recycle = False
             if not loaded.get("ok"):
                 recycle = bool(loaded.get("poisoned"))
                 return _fail(report, loaded.get("status", "runtime_error"), loaded.get("reason", ""))

@@ -90,11 +90,18 @@ class WorkerHandle:
         return self.proc.poll() is None
 
     def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        self.send(message)
+        return self._receive(timeout_s)
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Send without waiting, so the judge can work while the worker does (see ``receive``)."""
         try:
             wire.send(self.pipes, message)  # type: ignore[arg-type]
         except (BrokenPipeError, OSError) as exc:
             self.kill()
             raise WorkerFailure("runtime_error", f"worker died before the request: {exc}") from exc
+
+    def receive(self, timeout_s: float) -> dict[str, Any]:
         return self._receive(timeout_s)
 
     def _receive(self, timeout_s: float) -> dict[str, Any]:
