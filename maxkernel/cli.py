@@ -169,6 +169,18 @@ def _fmt_sci(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
+@app.command(
+    "memory",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def memory_cmd(ctx: typer.Context) -> None:
+    """The memory of verified kernels and notes: list | search | show | export | import | stats | reindex."""
+    from memory.cli import app as memory_app  # imported on use: Chroma and the store are heavy to load
+
+    memory_app(args=list(ctx.args), prog_name="maxkernel memory")
+
+
 def run() -> None:
     app()
 

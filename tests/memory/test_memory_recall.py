@@ -82,6 +82,12 @@ def test_recall_filters_by_target(memory: Memory, task_dir, make_report, make_co
     cpu_hits = memory.recall_kernels(task, k=10, target="cpu")
     assert len(cpu_hits) == 7 and on_cpu.id in {h.kernel.id for h in cpu_hits}
     assert memory.recall_kernels(task, k=3, target="gpu") == []
+    # a target whose only kernel is far from the query: the 4k nearest are all cpu kernels, so
+    # recall must fall back to a filtered search rather than return nothing
+    far = memory.remember_kernel(
+        make_report("t_cumsum", target="gpu"), make_code("far"), task=load_task(task_dir("t_cumsum"))
+    )
+    assert [h.kernel.id for h in memory.recall_kernels(task, k=1, target="gpu")] == [far.id]
 
 
 def test_the_same_kernel_is_remembered_once(memory: Memory, task_dir, make_report, make_code) -> None:
@@ -167,3 +173,21 @@ def test_changing_the_embedding_needs_a_reindex(local_settings: Settings, task_d
     with Memory.open(smaller) as memory:
         assert memory.stats().embedding == "structural-v1-64"
         assert memory.recall_kernels("t_rmsnorm", k=1)[0].kernel.id == ids["t_rmsnorm"]
+
+
+def test_bulk_remember_is_all_or_nothing_and_pages_cleanly(memory: Memory, task_dir, make_report, make_code) -> None:
+    from memory import NewKernel
+
+    task = load_task(task_dir("t_gemm_relu"))
+    entries = [NewKernel(task_id="t_gemm_relu", code=make_code(f"k{i}"), report=make_report("t_gemm_relu")) for i in range(7)]
+    bad = entries[:3] + [NewKernel(task_id="t_gemm_relu", code="x", report=EvalReport(task="t_gemm_relu", status="timeout"))]
+    with pytest.raises(UnverifiedKernelError):
+        memory.remember_kernels(bad, tasks=[task] * len(bad))
+    assert memory.store.stats().kernels == 0
+
+    records = memory.remember_kernels(entries, tasks=[task] * 7)
+    assert [r.id for r in records] == [e.id for e in entries]
+    assert len({r.created_at for r in records}) == 1  # one batch, one timestamp: pages must still split cleanly
+    pages = list(memory.store.iter_kernels(batch=3))
+    assert [len(p) for p in pages] == [3, 3, 1]
+    assert sorted(k.id for page in pages for k in page) == sorted(e.id for e in entries)
