@@ -51,12 +51,11 @@ class _Reference:
     jaxpr: str
     flops: float | None
     bytes: float | None
+    size: str
 
     def inputs(self, seed: int) -> list[np.ndarray]:
         args, _ = self.task.get_inputs(jax.random.key(seed), self.size)
         return [np.asarray(a) for a in args]
-
-    size: str = "cpu"
 
     def run(self, inputs: list[np.ndarray]) -> Any:
         out = self.compiled(*[jax.device_put(a) for a in inputs])

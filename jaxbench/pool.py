@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -28,28 +27,6 @@ class WorkerFailure(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
-
-
-@dataclass
-class _Pipes:
-    rx: Connection
-    tx: Connection
-
-    def send_bytes(self, data: bytes) -> None:
-        self.tx.send_bytes(data)
-
-    def recv_bytes(self, maxlength: int | None = None) -> bytes:
-        return self.rx.recv_bytes(maxlength)
-
-    def poll(self, timeout: float) -> bool:
-        return self.rx.poll(timeout)
-
-    def close(self) -> None:
-        for c in (self.rx, self.tx):
-            try:
-                c.close()
-            except OSError:
-                pass
 
 
 class WorkerHandle:
@@ -74,7 +51,7 @@ class WorkerHandle:
         )
         os.close(to_child_r)
         os.close(from_child_w)
-        self.pipes = _Pipes(Connection(from_child_r, writable=False), Connection(to_child_w, readable=False))
+        self.pipes = wire.Duplex(Connection(from_child_r, writable=False), Connection(to_child_w, readable=False))
         self._stderr_tail: list[str] = []
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         hello = self._receive(STARTUP_TIMEOUT_S)
@@ -96,7 +73,7 @@ class WorkerHandle:
     def send(self, message: dict[str, Any]) -> None:
         """Send without waiting, so the judge can work while the worker does (see ``receive``)."""
         try:
-            wire.send(self.pipes, message)  # type: ignore[arg-type]
+            wire.send(self.pipes, message)
         except (BrokenPipeError, OSError) as exc:
             self.kill()
             raise WorkerFailure("runtime_error", f"worker died before the request: {exc}") from exc
@@ -113,7 +90,7 @@ class WorkerHandle:
                 raise WorkerFailure("timeout", f"no answer within {timeout_s:.0f} s wall-clock; worker killed")
             try:
                 if self.pipes.poll(min(remaining, 0.5)):
-                    reply = wire.recv(self.pipes)  # type: ignore[arg-type]
+                    reply = wire.recv(self.pipes)
                     if not isinstance(reply, dict):
                         raise wire.WireError("reply is not a mapping")
                     return reply

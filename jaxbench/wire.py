@@ -7,6 +7,7 @@ must not be able to run code in the judge.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -62,7 +63,7 @@ def _decode(obj: Any, arrays: list[np.ndarray]) -> Any:
     return obj
 
 
-def send(conn: Connection, obj: Any) -> None:
+def send(conn: "Connection | Duplex", obj: Any) -> None:
     arrays: list[np.ndarray] = []
     header = _encode(obj, arrays)
     specs = [{"dtype": str(a.dtype), "shape": list(a.shape)} for a in arrays]
@@ -71,7 +72,7 @@ def send(conn: Connection, obj: Any) -> None:
         conn.send_bytes(arr.tobytes())
 
 
-def recv(conn: Connection) -> Any:
+def recv(conn: "Connection | Duplex") -> Any:
     try:
         header = json.loads(conn.recv_bytes(MAX_FRAME_BYTES).decode())
         specs = header["arrays"]
@@ -87,3 +88,27 @@ def recv(conn: Connection) -> Any:
         return _decode(header["body"], arrays)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise WireError(f"malformed message: {exc}") from exc
+
+
+@dataclass
+class Duplex:
+    """Two one-way pipe ends used as one connection (each side holds a read end and a write end)."""
+
+    rx: Connection
+    tx: Connection
+
+    def send_bytes(self, data: bytes) -> None:
+        self.tx.send_bytes(data)
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes:
+        return self.rx.recv_bytes(maxlength)
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        return self.rx.poll(timeout)
+
+    def close(self) -> None:
+        for end in (self.rx, self.tx):
+            try:
+                end.close()
+            except OSError:
+                pass

@@ -35,7 +35,7 @@ def _primitives(jaxpr: Any, acc: set[str]) -> set[str]:
 
 
 class Worker:
-    def __init__(self, conn: Connection, memory_bytes: int) -> None:
+    def __init__(self, conn: Any, memory_bytes: int) -> None:
         import jax
         import numpy as np
 
@@ -230,30 +230,10 @@ def _to_numpy(out: Any, jax: Any, np: Any) -> Any:
 def main() -> None:
     read_fd, write_fd, memory_bytes = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    conn_in = Connection(read_fd, writable=False)
-    conn_out = Connection(write_fd, readable=False)
-    conn = _Duplex(conn_in, conn_out)
-    Worker(conn, memory_bytes).serve()  # type: ignore[arg-type]
+    from jaxbench.wire import Duplex
 
-
-class _Duplex:
-    """Two one-way pipe ends used as one connection."""
-
-    def __init__(self, rx: Connection, tx: Connection) -> None:
-        self.rx, self.tx = rx, tx
-
-    def send_bytes(self, data: bytes) -> None:
-        self.tx.send_bytes(data)
-
-    def recv_bytes(self, maxlength: int | None = None) -> bytes:
-        return self.rx.recv_bytes(maxlength)
-
-    def poll(self, timeout: float = 0.0) -> bool:
-        return self.rx.poll(timeout)
-
-    def close(self) -> None:
-        self.rx.close()
-        self.tx.close()
+    conn = Duplex(Connection(read_fd, writable=False), Connection(write_fd, readable=False))
+    Worker(conn, memory_bytes).serve()
 
 
 if __name__ == "__main__":
