@@ -24,7 +24,7 @@ from jaxbench.compare import compare_outputs, tree_leaves
 from jaxbench.interpret import InterpretMode, default_mode
 from jaxbench.pool import WorkerFailure, WorkerHandle, WorkerPool
 from jaxbench.report import CheckResult, EvalReport
-from jaxbench.task import SUITE_DIR, Task, load_task
+from jaxbench.task import SUITE_DIR, Task, TaskError, load_task
 from jaxbench.timing import round_scale, scaled, stats
 
 SUSPICIOUS_SPEEDUP = 20.0
@@ -120,8 +120,12 @@ class Evaluator:
                 return self._refs[key]
         args, static = task.get_inputs(jax.random.key(0), size)
         fn = partial(task.reference, **static)
-        closed = jax.make_jaxpr(fn)(*args)
-        compiled = jax.jit(fn).lower(*args).compile()
+        try:
+            closed = jax.make_jaxpr(fn)(*args)
+            compiled = jax.jit(fn).lower(*args).compile()
+        except Exception as exc:  # a broken reference is the task's fault, not the candidate's
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise TaskError(f"{task.reference_path}: reference() fails at size {size!r}: {type(exc).__name__}: {first}") from exc
         flops, nbytes = _cost(compiled)
         specs = [{"shape": list(a.shape), "dtype": str(a.dtype)} for a in args]
         ref = _Reference(task, static, specs, compiled, str(closed.jaxpr), flops, nbytes, size)

@@ -70,3 +70,16 @@ def test_bench_one_task_with_json(tmp_path: Path):
     rows = json.loads(out.read_text())
     assert rows[0]["task"] == "12p_RMSNorm" and rows[0]["ms"] > 0 and rows[0]["flops"] > 0
     assert "GFLOP/s" in proc.stdout
+
+
+def test_a_task_whose_reference_breaks_is_reported_as_the_tasks_fault(tmp_path: Path):
+    from jaxbench.task import load_task
+
+    folder = tmp_path / "bad_reference"
+    folder.mkdir()
+    src = load_task("12p_RMSNorm").path
+    (folder / "task.yaml").write_text((src / "task.yaml").read_text())
+    (folder / "reference.py").write_text((src / "reference.py").read_text().replace("* weight", "@ weight[:3]"))
+    proc = run("eval", str(folder), str(EXAMPLES / "rmsnorm_12p.py"))
+    assert proc.returncode == 2
+    assert "reference.py" in proc.stderr and "reference() fails" in proc.stderr
