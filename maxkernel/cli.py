@@ -34,11 +34,12 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from jaxbench.task import TaskError
         from maxkernel.config import ConfigError
+        from maxkernel.llm.errors import LlmError
         from maxkernel.targets.names import TargetError
 
         try:
             return fn(*args, **kwargs)
-        except (TaskError, ConfigError, UserError, TargetError) as exc:
+        except (TaskError, ConfigError, UserError, TargetError, LlmError) as exc:
             fail(str(exc))
         except FileNotFoundError as exc:
             fail(f"{exc.filename}: no such file")

@@ -10,10 +10,6 @@ import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "jaxbench" / "examples"
-
-
 @pytest.fixture(scope="session")
 def evaluator() -> Iterator["object"]:
     from jaxbench.evaluate import EvalConfig, Evaluator
@@ -37,10 +33,3 @@ def quick_evaluator() -> Iterator["object"]:
 def _isolated_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Never touch the user's real data dir from a test."""
     monkeypatch.setenv("MAXKERNEL_DATA_DIR", str(tmp_path / "maxkernel-data"))
-
-
-def reference_candidate(task_id: str) -> str:
-    """The task's own reference, as a candidate file (the honest baseline)."""
-    from jaxbench.task import load_task
-
-    return load_task(task_id).reference_path.read_text() + "\n\nkernel = reference\n"

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import EXAMPLES
+from support import EXAMPLES
 
 
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:

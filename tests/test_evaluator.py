@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import EXAMPLES, reference_candidate
+from support import EXAMPLES, reference_candidate
 
 RMS = "12p_RMSNorm"
 GEMM = "41k_Gemm_Add_ReLU"

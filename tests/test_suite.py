@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import reference_candidate
+from support import reference_candidate
 from jaxbench.task import SUITE_DIR, list_tasks
 from jaxbench.task_check import check_task
 

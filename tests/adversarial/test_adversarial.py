@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import EXAMPLES, reference_candidate
+from support import EXAMPLES, reference_candidate
 
 HACKS = Path(__file__).parent / "hacks"
 

@@ -1,0 +1,88 @@
+"""The rules brain: the model-free optimizer (jaxpr analysis, rewrites, templates, known fixes, tuning)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from actors.brains.base import Brain, Diagnosis, PlanOutcome, TuneOutcome
+from actors.profile_facts import gather, rules_diagnosis
+from jaxbench.report import EvalReport as JudgeReport
+from maxkernel.messages import EvalReport, FixRequest, OptimizeRequest, Plan, ProfileReport, Recall, StrategyRef, TuneTrial
+
+RECALLED = "recalled"
+
+
+def _strategy(ref: StrategyRef) -> Any:
+    from maxkernel.rules import Strategy
+
+    return Strategy(name=ref.name, kind=ref.kind, params=dict(ref.params), space=dict(ref.space),
+                    rationale=ref.rationale, target=ref.target, extents=dict(ref.extents))
+
+
+class RulesBrain(Brain):
+    async def plan(self, request: OptimizeRequest, recall: Recall) -> PlanOutcome:
+        from maxkernel.analysis import analyze_task
+        from maxkernel.rules import propose_strategies
+
+        task = self.tools.task
+        analysis = await asyncio.to_thread(analyze_task, task, request.target, request.size)
+        proposed = await asyncio.to_thread(propose_strategies, task, analysis, request.target)
+        strategies = [StrategyRef(name=s.name, kind=s.kind, params=dict(s.params), space=dict(s.space),
+                                  rationale=s.rationale, target=s.target, extents=dict(s.extents)) for s in proposed]
+        # A kernel already verified for this very task (and target: recall filters by it) is tried first:
+        # it costs one evaluation. Similarity scores mix in the code, so the task id decides, not the score.
+        same = [k for k in recall.kernels if k.task_id == task.id]
+        if same:
+            best = max(same, key=lambda k: k.speedup or 0.0)
+            strategies.insert(0, StrategyRef(name=f"recall:{best.id}", kind=RECALLED, params={"source": best.code},
+                                             rationale=f"verified before for this task ({best.speedup}x)"))
+        notes = "\n".join(n.text for n in recall.notes)
+        return PlanOutcome(analysis=analysis.summary(), strategies=strategies, notes=notes)
+
+    async def draft(self, plan: Plan, feedback: str | None = None) -> str:
+        from maxkernel.rules import render
+
+        ref = plan.current
+        if ref.kind == RECALLED:
+            return str(ref.params["source"])
+        return await asyncio.to_thread(render, self.tools.task, _strategy(ref), dict(ref.params))
+
+    async def fix(self, request: FixRequest) -> str | None:
+        from maxkernel.rules import fix_known_error
+
+        return await asyncio.to_thread(fix_known_error, request.draft.source, request.report)
+
+    async def profile(self, report: EvalReport) -> Diagnosis:
+        facts = gather(report.report)
+        diagnosis, tries = rules_diagnosis(facts, self.tools.target)
+        return Diagnosis(bound=facts.bound, diagnosis=diagnosis, suggestions=tries)
+
+    async def tune(self, profile: ProfileReport) -> TuneOutcome:
+        from maxkernel.rules import tune
+
+        ref = profile.draft.plan.current
+        budget = profile.draft.plan.budget
+        if ref.kind == RECALLED or not ref.space:
+            return TuneOutcome(best_source=profile.draft.source, best_report=profile.report, best_params=dict(ref.params))
+        loop = asyncio.get_running_loop()
+
+        def evaluate(source: str) -> JudgeReport:
+            # rules.tune runs in a worker thread; each trial goes to the tester through the bus.
+            return asyncio.run_coroutine_threadsafe(self.tools.evaluate(source, True), loop).result()
+
+        result = await asyncio.to_thread(tune, self.tools.task, _strategy(ref), self.tools.target, evaluate,
+                                         budget.tune_budget_s, 0, budget.tune_max_trials)
+        return _outcome(self.tools.task, ref, result, profile)
+
+
+def _outcome(task: Any, ref: StrategyRef, result: Any, profile: ProfileReport) -> TuneOutcome:
+    """The tuned kernel if it beats the profiled one, else the profiled one; every trial kept."""
+    trials = [TuneTrial(params=dict(t.params), status=t.report.status, speedup=t.report.speedup,
+                        kernel_ms=t.report.kernel_ms) for t in result.trials]
+    best_report = result.best_report
+    base = profile.report
+    if best_report is not None and best_report.passed and (best_report.speedup or 0) > (base.speedup or 0):
+        return TuneOutcome(best_source=result.best_source, best_report=best_report,
+                           best_params=dict(result.best_params or {}), trials=trials)
+    return TuneOutcome(best_source=profile.draft.source, best_report=base, best_params=dict(ref.params), trials=trials)

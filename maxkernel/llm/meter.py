@@ -1,0 +1,90 @@
+"""Token and money accounting per actor and session, and the budget gate in front of every model call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, AsyncGenerator, Sequence
+
+from autogen_core.models import ChatCompletionClient, CreateResult, LLMMessage
+
+from maxkernel.llm.delegate import DelegatingClient
+from maxkernel.llm.errors import BudgetExceeded
+from maxkernel.llm.presets import Price
+
+
+@dataclass
+class UsageRecord:
+    actor: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    session_tokens: int
+    session_cost_usd: float
+
+
+@dataclass
+class Ledger:
+    """What one session has spent. ``pending`` holds records not yet published on the bus."""
+
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+    tokens: int = 0
+    cost_usd: float = 0.0
+    by_actor: dict[str, dict[str, float]] = field(default_factory=dict)
+    pending: list[UsageRecord] = field(default_factory=list)
+
+    def exhausted(self) -> str | None:
+        """Why no further call may be made, or None."""
+        if self.max_tokens is not None and self.tokens >= self.max_tokens:
+            return f"token budget spent: {self.tokens} of {self.max_tokens} tokens"
+        if self.max_cost_usd is not None and self.cost_usd >= self.max_cost_usd:
+            return f"money budget spent: ${self.cost_usd:.4f} of ${self.max_cost_usd:.4f}"
+        return None
+
+    def check(self) -> None:
+        reason = self.exhausted()
+        if reason:
+            raise BudgetExceeded(reason)
+
+    def add(self, actor: str, model: str, prompt: int, completion: int, price: Price) -> UsageRecord:
+        cost = price.cost(prompt, completion)
+        self.tokens += prompt + completion
+        self.cost_usd += cost
+        mine = self.by_actor.setdefault(actor, {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0})
+        mine["prompt_tokens"] += prompt
+        mine["completion_tokens"] += completion
+        mine["cost_usd"] += cost
+        record = UsageRecord(actor, model, prompt, completion, cost, self.tokens, self.cost_usd)
+        self.pending.append(record)
+        return record
+
+    def drain(self, actor: str | None = None) -> list[UsageRecord]:
+        """Take the unpublished records (of one actor, or all)."""
+        taken = [r for r in self.pending if actor is None or r.actor == actor]
+        self.pending = [r for r in self.pending if not (actor is None or r.actor == actor)]
+        return taken
+
+
+class MeteredClient(DelegatingClient):
+    """Refuses a call once the budget is spent; books every reply's usage to the actor."""
+
+    def __init__(self, inner: ChatCompletionClient, ledger: Ledger, actor: str, model: str, price: Price) -> None:
+        super().__init__(inner)
+        self.ledger, self.actor, self.model, self.price = ledger, actor, model, price
+
+    def _book(self, result: CreateResult) -> None:
+        self.ledger.add(self.actor, self.model, result.usage.prompt_tokens, result.usage.completion_tokens, self.price)
+
+    async def create(self, messages: Sequence[LLMMessage], **kwargs: Any) -> CreateResult:  # type: ignore[override]
+        self.ledger.check()
+        result = await self.inner.create(messages, **kwargs)
+        self._book(result)
+        return result
+
+    async def create_stream(self, messages: Sequence[LLMMessage], **kwargs: Any) -> AsyncGenerator[Any, None]:  # type: ignore[override]
+        self.ledger.check()
+        async for chunk in self.inner.create_stream(messages, **kwargs):
+            if isinstance(chunk, CreateResult):
+                self._book(chunk)
+            yield chunk
