@@ -182,6 +182,22 @@ def memory_cmd(ctx: typer.Context) -> None:
     memory_app(args=list(ctx.args), prog_name="maxkernel memory")
 
 
+@app.command("host", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
+def host_cmd(ctx: typer.Context) -> None:
+    """Run the gRPC host that actors on many machines connect to (ADDRESS, e.g. 0.0.0.0:50051)."""
+    from actors.host import main as host_main
+
+    raise typer.Exit(host_main(list(ctx.args)))
+
+
+@app.command("worker", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
+def worker_cmd(ctx: typer.Context) -> None:
+    """Run actors on this machine against a gRPC host (--host HOST:PORT --roles tester,... --config FILE)."""
+    from actors.worker import main as worker_main
+
+    raise typer.Exit(worker_main(list(ctx.args)))
+
+
 def run() -> None:
     app()
 
