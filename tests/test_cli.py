@@ -83,3 +83,11 @@ def test_a_task_whose_reference_breaks_is_reported_as_the_tasks_fault(tmp_path: 
     proc = run("eval", str(folder), str(EXAMPLES / "rmsnorm_12p.py"))
     assert proc.returncode == 2
     assert "reference.py" in proc.stderr and "reference() fails" in proc.stderr
+
+
+def test_memory_commands_are_reachable_from_the_main_cli(tmp_path: Path):
+    env_dir = tmp_path / "data"
+    proc = subprocess.run([sys.executable, "-m", "maxkernel.cli", "memory", "stats"], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu", COLUMNS="200", MAXKERNEL_DATA_DIR=str(env_dir)))
+    assert proc.returncode == 0, proc.stderr
+    assert "schema revision" in proc.stdout and (env_dir / "maxkernel.db").is_file()
