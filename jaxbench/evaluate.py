@@ -25,7 +25,7 @@ from jaxbench.interpret import InterpretMode, default_mode
 from jaxbench.pool import WorkerFailure, WorkerHandle, WorkerPool
 from jaxbench.report import CheckResult, EvalReport
 from jaxbench.task import SUITE_DIR, Task, TaskError, load_task
-from jaxbench.timing import round_scale, scaled, stats
+from jaxbench.timing import round_scale, stats
 
 SUSPICIOUS_SPEEDUP = 20.0
 
@@ -61,12 +61,6 @@ class _Reference:
         out = self.compiled(*[jax.device_put(a) for a in inputs])
         return jax.tree_util.tree_map(np.asarray, jax.block_until_ready(out))
 
-    def time_once(self, inputs: list[np.ndarray]) -> float:
-        args = jax.block_until_ready([jax.device_put(a) for a in inputs])
-        t0 = time.perf_counter()
-        jax.block_until_ready(self.compiled(*args))
-        return (time.perf_counter() - t0) * 1e3
-
 
 def _cost(compiled: Any) -> tuple[float | None, float | None]:
     try:
@@ -101,9 +95,35 @@ class Evaluator:
         self.config = config or EvalConfig()
         self._refs: dict[tuple[str, str, str], _Reference] = {}
         self._lock = threading.Lock()
+        # The reference is timed in a worker of its own, built exactly like the candidate's (same
+        # process set-up, same input path, same compile path), so neither side has a home advantage.
+        self._ref_worker: WorkerHandle | None = None
+        self._ref_worker_holds: tuple[str, str, str] | None = None
+        self._timing_lock = threading.Lock()
 
     def close(self) -> None:
+        if self._ref_worker is not None:
+            self._ref_worker.close()
+            self._ref_worker = None
         self.pool.close()
+
+    def _reference_timer(self, ref: _Reference, deadline: float) -> WorkerHandle:
+        """The reference worker, loaded with this task's reference (reloaded only when the task changes)."""
+        key = (str(ref.task.path), ref.task.source_digest, ref.size)
+        if self._ref_worker is None or not self._ref_worker.alive:
+            self._ref_worker = WorkerHandle(self.pool.memory_bytes)
+            self._ref_worker_holds = None
+        if self._ref_worker_holds != key:
+            source = ref.task.reference_path.read_text() + "\n\nkernel = reference\n"
+            reply = self._ref_worker.request(
+                {"op": "load", "source": source, "filename": str(ref.task.reference_path), "static": ref.static,
+                 "arg_specs": ref.arg_specs, "interpret": "plain", "cpu_budget_s": 3600, "protected": []},
+                _left(deadline),
+            )
+            if not reply.get("ok"):
+                raise TaskError(f"{ref.task.reference_path}: reference cannot be timed: {reply.get('reason', '')}")
+            self._ref_worker_holds = key
+        return self._ref_worker
 
     def __enter__(self) -> "Evaluator":
         return self
@@ -266,21 +286,34 @@ class Evaluator:
 
     def _time(self, ref: _Reference, worker: WorkerHandle, sets: list[list[np.ndarray]], report: EvalReport,
               deadline: float, executable: Any, flops_reliable: bool) -> None:
+        with self._timing_lock:  # one timing at a time: concurrent rounds would disturb each other
+            self._time_locked(ref, worker, sets, report, deadline, executable, flops_reliable)
+
+    def _time_locked(self, ref: _Reference, worker: WorkerHandle, sets: list[list[np.ndarray]], report: EvalReport,
+                     deadline: float, executable: Any, flops_reliable: bool) -> None:
         cfg = self.config
         timing_sets = sets[: max(1, len(sets) - 1)]
         executables: set[Any] = set()
+        try:
+            ref_timer = self._reference_timer(ref, deadline)
+        except WorkerFailure as failure:
+            raise TaskError(f"{ref.task.reference_path}: reference timing worker failed: {failure.reason}") from failure
 
         def measure(rounds: int, offset: int) -> tuple[list[float], list[float]]:
             ref_ms, cand_ms = [], []
             for r in range(rounds):
                 inputs = timing_sets[r % len(timing_sets)]
                 scale = round_scale(offset + r)
+                reference_first = (offset + r) % 2 == 1  # ABBA order: neither side always goes first
+                if reference_first:
+                    ref_ms.append(_time_reference(ref_timer, inputs, scale, deadline))
                 reply = worker.request({"op": "time", "inputs": inputs, "scale": scale}, _left(deadline))
                 if not reply.get("ok"):
                     raise WorkerFailure(reply.get("status", "runtime_error"), reply.get("reason", ""))
                 cand_ms.append(float(reply["ms"]))
                 executables.add(reply.get("executable"))
-                ref_ms.append(ref.time_once(scaled(inputs, scale)))
+                if not reference_first:
+                    ref_ms.append(_time_reference(ref_timer, inputs, scale, deadline))
             return ref_ms, cand_ms
 
         measure(cfg.warmup_rounds, 0)
@@ -308,6 +341,16 @@ class Evaluator:
         report.cv, report.ref_cv = round(c.cv, 4), round(r.cv, 4)
         report.speedup = round(speedup, 4)
         report.basis = "measured"
+
+
+def _time_reference(timer: WorkerHandle, inputs: list[np.ndarray], scale: float, deadline: float) -> float:
+    try:
+        reply = timer.request({"op": "time", "inputs": inputs, "scale": scale}, _left(deadline))
+    except WorkerFailure as failure:
+        raise TaskError(f"reference timing worker failed: {failure.reason}") from failure
+    if not reply.get("ok"):
+        raise TaskError(f"reference timing failed: {reply.get('reason', '')}")
+    return float(reply["ms"])
 
 
 def _differs(a: Any, b: Any) -> bool:
