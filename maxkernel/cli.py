@@ -198,6 +198,29 @@ def worker_cmd(ctx: typer.Context) -> None:
     raise typer.Exit(worker_main(list(ctx.args)))
 
 
+def _register_commands() -> None:
+    """Commands whose modules import their heavy parts (rules, actors, orchestrators) only when run."""
+    from maxkernel.commands.analyze import analyze_command
+    from maxkernel.commands.chat import chat_command
+    from maxkernel.commands.daemon import cancel_command, daemon_command, jobs_command, submit_command
+    from maxkernel.commands.optimize import optimize_command
+    from maxkernel.commands.report import report_command
+    from maxkernel.commands.search import search_command
+
+    app.command("analyze")(analyze_command)
+    app.command("optimize")(optimize_command)
+    app.command("search")(search_command)
+    app.command("chat")(chat_command)
+    app.command("daemon")(daemon_command)
+    app.command("submit")(submit_command)
+    app.command("jobs")(jobs_command)
+    app.command("cancel")(cancel_command)
+    app.command("report")(report_command)
+
+
+_register_commands()
+
+
 def run() -> None:
     app()
 

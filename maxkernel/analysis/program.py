@@ -1,0 +1,248 @@
+"""A small, editable program IR built from a jaxpr: the common ground of analysis, rewrites and emitters.
+
+A jaxpr is immutable and nests calls (jit, custom_jvp); rewrites want a flat list of equations they can
+replace. ``Program`` is that flat list: calls are inlined, literals and closed-over constants become
+``Const`` operands, and every node keeps its primitive so the program can still be evaluated.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+from jax._src import core
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
+
+# Wrappers whose body is the computation: inlined so rewrites see through them.
+INLINED = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+                     "custom_vjp_call_jaxpr", "remat", "checkpoint", "named_call"})
+
+
+@dataclass(frozen=True, eq=False)
+class Var:
+    """A value produced by a node or passed in as an argument."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+
+@dataclass(frozen=True, eq=False)
+class Const:
+    """A literal or captured constant (a scalar, or a small array)."""
+
+    value: Any
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    weak: bool = False
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    def scalar(self) -> float | int | bool | None:
+        """The Python value of a scalar constant (or of a uniform array), else None."""
+        arr = np.asarray(self.value)
+        if arr.size == 0:
+            return None
+        flat = arr.reshape(-1)
+        if not np.all(flat == flat[0]):
+            return None
+        return flat[0].item()
+
+
+Operand = Var | Const
+
+
+@dataclass(eq=False)
+class Node:
+    """One equation: ``outs = primitive.bind(*ins, **params)``."""
+
+    primitive: core.Primitive
+    ins: list[Operand]
+    outs: list[Var]
+    params: dict[str, Any]
+
+    @property
+    def prim(self) -> str:
+        return self.primitive.name
+
+    @property
+    def out(self) -> Var:
+        return self.outs[0]
+
+
+@dataclass
+class Program:
+    """A flat program: named inputs, nodes in execution order, outputs."""
+
+    inputs: list[Var]
+    nodes: list[Node]
+    outputs: list[Operand]
+    out_tree: Any = None  # the reference's output pytree structure (None: a single array)
+    _counter: itertools.count = field(default_factory=lambda: itertools.count(10_000), repr=False)
+
+    def fresh(self, shape: tuple[int, ...], dtype: Any) -> Var:
+        return Var(f"t{next(self._counter)}", tuple(int(d) for d in shape), np.dtype(dtype))
+
+    def producers(self) -> dict[Var, Node]:
+        return {out: node for node in self.nodes for out in node.outs}
+
+    def users(self) -> dict[Var, list[Node]]:
+        found: dict[Var, list[Node]] = {}
+        for node in self.nodes:
+            for op in node.ins:
+                if isinstance(op, Var):
+                    found.setdefault(op, []).append(node)
+        return found
+
+    def primitives(self) -> list[str]:
+        return [n.prim for n in self.nodes]
+
+    def copy(self) -> "Program":
+        nodes = [Node(n.primitive, list(n.ins), list(n.outs), dict(n.params)) for n in self.nodes]
+        return Program(list(self.inputs), nodes, list(self.outputs), self.out_tree, self._counter)
+
+    def substitute(self, old: Var, new: Operand) -> None:
+        """Every use of ``old`` (in nodes and outputs) now reads ``new``."""
+        for node in self.nodes:
+            node.ins = [new if op is old else op for op in node.ins]
+        self.outputs = [new if op is old else op for op in self.outputs]
+
+    def dce(self) -> "Program":
+        """Drop nodes whose results never reach an output (dead computation)."""
+        live: set[Var] = {op for op in self.outputs if isinstance(op, Var)}
+        kept: list[Node] = []
+        for node in reversed(self.nodes):
+            if any(out in live for out in node.outs):
+                kept.append(node)
+                live.update(op for op in node.ins if isinstance(op, Var))
+        self.nodes = list(reversed(kept))
+        return self
+
+
+def read(env: dict[Var, Any], op: Operand) -> Any:
+    if isinstance(op, Const):
+        return np.asarray(op.value, dtype=op.dtype) if op.shape or not op.weak else op.value
+    return env[op]
+
+
+class ProgramBuilder:
+    """Flattens a closed jaxpr into a Program, inlining calls."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.counter = itertools.count()
+
+    def var(self, aval: Any) -> Var:
+        return Var(f"v{next(self.counter)}", tuple(int(d) for d in aval.shape), _dtype(aval.dtype))
+
+    def build(self, closed: core.ClosedJaxpr, names: list[str]) -> Program:
+        jaxpr = closed.jaxpr
+        inputs = [Var(name, tuple(int(d) for d in v.aval.shape), np.dtype(v.aval.dtype)) for name, v in zip(names, jaxpr.invars)]
+        env: dict[core.Var, Operand] = dict(zip(jaxpr.invars, inputs))
+        env.update((cv, _const(c)) for cv, c in zip(jaxpr.constvars, closed.consts))
+        outs = self._inline(jaxpr, env)
+        return Program(inputs, self.nodes, outs)
+
+    def _operand(self, env: dict[core.Var, Operand], atom: Any) -> Operand:
+        if isinstance(atom, core.Literal):
+            return Const(atom.val, tuple(np.shape(atom.val)), np.dtype(atom.aval.dtype), bool(getattr(atom.aval, "weak_type", False)))
+        return env[atom]
+
+    def _inline(self, jaxpr: core.Jaxpr, env: dict[core.Var, Operand]) -> list[Operand]:
+        for eqn in jaxpr.eqns:
+            ins = [self._operand(env, a) for a in eqn.invars]
+            body = _callee(eqn)
+            if body is not None:
+                sub_env: dict[core.Var, Operand] = dict(zip(body.jaxpr.invars, ins))
+                sub_env.update((cv, _const(c)) for cv, c in zip(body.jaxpr.constvars, body.consts))
+                results = self._inline(body.jaxpr, sub_env)
+                env.update(zip(eqn.outvars, results))
+                continue
+            outs = [self.var(v.aval) for v in eqn.outvars]
+            self.nodes.append(Node(eqn.primitive, ins, outs, dict(eqn.params)))
+            env.update(zip(eqn.outvars, outs))
+        return [self._operand(env, a) for a in jaxpr.outvars]
+
+
+def _dtype(dtype: Any) -> Any:
+    """A numpy dtype, or JAX's own for extended types (PRNG keys) that numpy cannot name."""
+    return dtype if jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else np.dtype(dtype)
+
+
+def _callee(eqn: core.JaxprEqn) -> core.ClosedJaxpr | None:
+    if eqn.primitive.name not in INLINED:
+        return None
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        sub = eqn.params.get(key)
+        if isinstance(sub, core.ClosedJaxpr):
+            return sub
+        if isinstance(sub, core.Jaxpr):
+            return core.ClosedJaxpr(sub, ())
+    return None
+
+
+def _const(value: Any) -> Const:
+    arr = np.asarray(value)
+    return Const(arr, tuple(arr.shape), arr.dtype, False)
+
+
+def arg_names(task: "Task") -> list[str]:
+    """The reference's positional parameter names (``x``, ``weight`` ...), used as input names."""
+    params = inspect.signature(task.reference).parameters.values()
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def trace_program(task: "Task", size: str = "cpu", shapes: list[Any] | None = None) -> Program:
+    """Trace the reference at ``size`` (or at the given abstract argument shapes) into a Program.
+
+    Shapes are taken from ``jax.eval_shape`` of ``get_inputs``: nothing is allocated.
+    """
+    static = static_args(task, size)
+    if shapes is None:
+        shapes = list(input_shapes(task, size))
+    closed, out_shape = jax.make_jaxpr(functools.partial(task.reference, **static), return_shape=True)(*shapes)
+    names = arg_names(task)
+    names = names + [f"arg{i}" for i in range(len(names), len(shapes))]
+    program = ProgramBuilder().build(closed, names[: len(shapes)])
+    program.out_tree = jax.tree_util.tree_structure(out_shape)
+    return program
+
+
+# (task folder, source digest, size) -> (abstract argument shapes, static arguments)
+_INPUT_INFO: dict[tuple[str, str, str], tuple[tuple[Any, ...], dict[str, Any]]] = {}
+
+
+def _input_info(task: "Task", size: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    key = (str(task.path), task.source_digest, size)
+    if key not in _INPUT_INFO:
+        holder: dict[str, Any] = {}
+
+        def draw(k: Any) -> Any:
+            args, static = task.get_inputs(k, size)
+            holder["static"] = static
+            return args
+
+        shapes = jax.eval_shape(draw, jax.random.key(0))
+        _INPUT_INFO[key] = (tuple(shapes), dict(holder["static"]))
+    return _INPUT_INFO[key]
+
+
+def input_shapes(task: "Task", size: str = "cpu") -> tuple[jax.ShapeDtypeStruct, ...]:
+    return _input_info(task, size)[0]
+
+
+def static_args(task: "Task", size: str = "cpu") -> dict[str, Any]:
+    return dict(_input_info(task, size)[1])

@@ -1,0 +1,48 @@
+"""``maxkernel chat TASK [--resume ID]``: the HITL session in this terminal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def chat_command(
+    task: str = typer.Argument(..., help="suite id or task folder"),
+    brain: str = typer.Option("rules", help="rules | gemini | openai | replay"),
+    model: Optional[str] = typer.Option(None, help="model preset for an LLM brain"),
+    transcript: Optional[Path] = typer.Option(None, help="replay: the transcript the replies come from"),
+    target: str = typer.Option("cpu", help="cpu | gpu | tpu-v5e | ..."),
+    resume: Optional[str] = typer.Option(None, help="resume the chat session with this id"),
+) -> None:
+    """Work on a kernel with the agents, approving, editing or rejecting each step."""
+    from maxkernel.cli import guarded
+
+    guarded(_chat)(task, brain, model, transcript, target, resume)
+
+
+def _chat(task: str, brain: str, model: Optional[str], transcript: Optional[Path], target: str,
+          resume: Optional[str]) -> None:
+    import asyncio
+
+    from actors.session import check_keys, config_for_brain
+    from jaxbench.task import load_task
+    from maxkernel.cli import UserError
+    from maxkernel.targets.names import parse_target
+    from memory.errors import RecordNotFoundError
+    from orchestrators.hitl import run_chat
+
+    parse_target(target)
+    load_task(task)
+    try:
+        config = config_for_brain(brain, model=model, transcript=transcript)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    if brain == "replay" and transcript is None:
+        raise UserError("--brain replay needs --transcript PATH")
+    check_keys(config)
+    try:
+        asyncio.run(run_chat(task, config, resume=resume, target=target))
+    except RecordNotFoundError as exc:
+        raise UserError(f"--resume {resume}: {exc}") from exc

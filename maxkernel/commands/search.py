@@ -1,0 +1,127 @@
+"""``maxkernel search TASK... --algo parallel|beam|evolve``: a graph search, resumable with ``--resume``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def search_command(
+    tasks: List[str] = typer.Argument(None, help="suite ids or task folders (several: batch mode)"),
+    algo: str = typer.Option("beam", help="parallel | beam | evolve"),
+    seed: int = typer.Option(0, help="seed of every random choice (same seed, same search)"),
+    evals: int = typer.Option(30, help="evaluations per task"),
+    global_evals: Optional[int] = typer.Option(None, help="batch mode: evaluations for all tasks together"),
+    suite: bool = typer.Option(False, help="search every task of the suite"),
+    width: int = typer.Option(2, help="beam width"),
+    branching: int = typer.Option(2, help="beam: children per node"),
+    depth: int = typer.Option(3, help="beam depth"),
+    lanes: int = typer.Option(2, help="parallel: independent lanes"),
+    islands: int = typer.Option(2, help="evolve: islands"),
+    brain: str = typer.Option("rules", help="rules | gemini | openai | replay"),
+    transcript: Optional[Path] = typer.Option(None, help="replay: the transcript"),
+    target: str = typer.Option("cpu", help="cpu | gpu | tpu-v5e | ..."),
+    resume: Optional[str] = typer.Option(None, help="resume the search with this id (after a crash or kill)"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the results as JSON"),
+) -> None:
+    """Search a graph of candidates; the search is stored as it goes and resumes with --resume ID."""
+    from maxkernel.cli import guarded
+
+    guarded(_search)(tasks or [], algo, seed, evals, global_evals, suite, width, branching, depth, lanes, islands,
+                     brain, transcript, target, resume, json_out)
+
+
+def _search(tasks: list[str], algo: str, seed: int, evals: int, global_evals: Optional[int], suite: bool,
+            width: int, branching: int, depth: int, lanes: int, islands: int, brain: str,
+            transcript: Optional[Path], target: str, resume: Optional[str], json_out: Optional[Path]) -> None:
+    from actors.session import check_keys, config_for_brain
+    from jaxbench.task import list_tasks, load_task
+    from maxkernel.cli import UserError
+    from maxkernel.targets.names import parse_target
+    from orchestrators.search import DECIDERS, SearchConfig, run_search, run_suite
+
+    if algo not in DECIDERS:
+        raise UserError(f"--algo {algo}: choose parallel, beam or evolve")
+    if evals < 1:
+        raise UserError(f"--evals {evals}: must be at least 1")
+    parse_target(target)
+    if suite:
+        tasks = [t.id for t in list_tasks()]
+    if not tasks:
+        raise UserError("name a task (or several), or pass --suite")
+    if resume and len(tasks) != 1:
+        raise UserError("--resume continues one search: name its one task")
+    if resume:
+        from maxkernel.config import load_settings
+        from memory import Store
+        from orchestrators.search import search_id_exists
+        from orchestrators.tables import ensure
+
+        with Store.open(load_settings().resolved_store_url) as store:
+            ensure(store.engine)
+            if not search_id_exists(store, resume):
+                raise UserError(f"--resume {resume}: no such search in {store.where}")
+    if brain == "replay" and transcript is None:
+        raise UserError("--brain replay needs --transcript PATH")
+    loaded = [load_task(t).id for t in tasks]
+    try:
+        config_actor = config_for_brain(brain, transcript=transcript)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    check_keys(config_actor)
+    config = SearchConfig(algorithm=algo, seed=seed, target=target, max_evaluations=evals, width=width,  # type: ignore[arg-type]
+                          branching=branching, depth=depth, lanes=lanes, islands=islands)
+    err = Console(stderr=True)
+    with _progress(err) as (progress, on_event):
+        if len(loaded) == 1:
+            results = [asyncio.run(run_search(loaded[0], config, config_actor, search_id=resume, on_event=on_event))]
+        else:
+            results = asyncio.run(run_suite(loaded, config, config_actor, global_evaluations=global_evals,
+                                            on_event=on_event)).results
+    table = Table(title=f"{algo} search · seed {seed}")
+    for col in ("search", "task", "evaluations", "best strategy", "params", "speedup", "first correct at"):
+        table.add_column(col)
+    for r in results:
+        table.add_row(r.search_id[:12], escape(r.task_id), str(r.evaluations), escape(r.best_strategy),
+                      escape(str(r.best_params or "")), f"{r.best_speedup}x" if r.best_speedup else "-",
+                      str(r.first_correct_at or "-"))
+    Console().print(table)
+    if json_out:
+        json_out.write_text(json.dumps([r.model_dump(mode="json") for r in results], indent=2))
+    raise typer.Exit(0 if all(r.status == "scored" for r in results) else 1)
+
+
+class _progress:
+    """A rich progress line per search, fed by the search's events."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                 console=console, transient=False)
+        self.bar: Any = None
+
+    def __enter__(self) -> tuple[Any, Any]:
+        self.progress.__enter__()
+        self.bar = self.progress.add_task("planning", total=None)
+
+        def on_event(kind: str, data: dict[str, Any]) -> None:
+            if kind == "task":
+                self.progress.update(self.bar, description=f"{data['task']}: planning")
+            elif kind == "round":
+                self.progress.update(self.bar, description=f"round {data['round']}: {data['expansions']} expansions")
+            elif kind == "expansion":
+                self.progress.console.print(f"  #{data['n']} {data['edge']} {data['params'] or ''}", markup=False,
+                                            highlight=False)
+
+        return self.progress, on_event
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)  # type: ignore[arg-type]

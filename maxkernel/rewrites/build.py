@@ -1,0 +1,65 @@
+"""Making new nodes inside a Program: shapes come from the primitive itself, never from guesswork."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+
+from maxkernel.analysis.program import Const, Node, Operand, Program, Var
+
+
+def make(program: Program, primitive: Any, ins: list[Operand], **params: Any) -> tuple[Node, Var]:
+    """A node binding ``primitive`` to ``ins`` (not yet placed in the program) and its output."""
+    var_ins = [op for op in ins if isinstance(op, Var)]
+
+    def bind(*vals: Any) -> Any:
+        it = iter(vals)
+        args = [next(it) if isinstance(op, Var) else _const_value(op) for op in ins]
+        return primitive.bind(*args, **params)
+
+    out = jax.eval_shape(bind, *[jax.ShapeDtypeStruct(v.shape, v.dtype) for v in var_ins])
+    var = program.fresh(out.shape, out.dtype)
+    return Node(primitive, list(ins), [var], dict(params)), var
+
+
+def _const_value(c: Const) -> Any:
+    return np.asarray(c.value, dtype=c.dtype)
+
+
+def scalar(value: float, dtype: Any) -> Const:
+    return Const(np.asarray(value, dtype=dtype), (), np.dtype(dtype), False)
+
+
+class Splice:
+    """Collects the nodes that replace one node, then puts them where it stood."""
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.nodes: list[Node] = []
+
+    def add(self, primitive: Any, ins: list[Operand], **params: Any) -> Var:
+        node, var = make(self.program, primitive, ins, **params)
+        self.nodes.append(node)
+        return var
+
+    def reduce_sum(self, x: Operand, axes: tuple[int, ...]) -> Operand:
+        if not axes:
+            return x
+        return self.add(lax.reduce_sum_p, [x], axes=tuple(sorted(axes)), out_sharding=None)
+
+    def mul(self, x: Operand, c: Operand) -> Var:
+        return self.add(lax.mul_p, [x, c])
+
+    def reshape(self, x: Var, shape: tuple[int, ...]) -> Operand:
+        if tuple(x.shape) == tuple(shape):
+            return x
+        return self.add(lax.reshape_p, [x], new_sizes=tuple(shape), dimensions=None, sharding=None)
+
+    def commit(self, old: Node, result: Operand) -> None:
+        """Replace ``old`` by the collected nodes; readers of its output read ``result``."""
+        index = self.program.nodes.index(old)
+        self.program.nodes[index:index + 1] = self.nodes
+        self.program.substitute(old.out, result)

@@ -1,0 +1,317 @@
+"""Program → readable JAX source: the shared back end of rewrites and Pallas template bodies.
+
+Each primitive is written as the ``jnp``/``jax.lax`` call a person would write, with its static
+parameters spelled out, so the emitted candidate can be read and edited. A primitive without a
+faithful spelling raises ``EmitError``: such tasks get no source-level rewrite rather than a wrong one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from maxkernel.analysis.program import Const, Node, Operand, Program, Var
+
+
+class EmitError(Exception):
+    """The program holds something that cannot be written as candidate source."""
+
+
+INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+         "eq": "==", "ne": "!=", "and": "&", "or": "|", "rem": "%"}
+BINARY_CALLS = {"max": "jnp.maximum", "min": "jnp.minimum", "pow": "jax.lax.pow", "atan2": "jnp.arctan2",
+                "nextafter": "jnp.nextafter", "shift_right_logical": "jax.lax.shift_right_logical",
+                "shift_left": "jax.lax.shift_left", "xor": "jnp.bitwise_xor"}
+UNARY_CALLS = {"exp": "jnp.exp", "exp2": "jnp.exp2", "log": "jnp.log", "log1p": "jnp.log1p", "expm1": "jnp.expm1",
+               "tanh": "jnp.tanh", "logistic": "jax.nn.sigmoid", "rsqrt": "jax.lax.rsqrt", "sqrt": "jnp.sqrt",
+               "abs": "jnp.abs", "sign": "jnp.sign", "square": "jnp.square", "erfc": "jax.lax.erfc", "erf": "jax.lax.erf",
+               "erf_inv": "jax.lax.erf_inv", "is_finite": "jnp.isfinite", "sin": "jnp.sin", "cos": "jnp.cos",
+               "tan": "jnp.tan", "floor": "jnp.floor", "ceil": "jnp.ceil", "round": "jnp.round", "not": "jnp.logical_not",
+               "cbrt": "jnp.cbrt", "reciprocal": "jnp.reciprocal", "stop_gradient": "jax.lax.stop_gradient",
+               "real": "jnp.real", "imag": "jnp.imag", "asin": "jnp.arcsin", "acos": "jnp.arccos", "atan": "jnp.arctan",
+               "sinh": "jnp.sinh", "cosh": "jnp.cosh", "asinh": "jnp.arcsinh", "acosh": "jnp.arccosh", "atanh": "jnp.arctanh",
+               "lgamma": "jax.lax.lgamma", "digamma": "jax.lax.digamma", "population_count": "jax.lax.population_count"}
+REDUCTIONS = {"reduce_sum": "jnp.sum", "reduce_max": "jnp.max", "reduce_min": "jnp.min", "reduce_prod": "jnp.prod",
+              "reduce_and": "jnp.all", "reduce_or": "jnp.any"}
+
+
+def dtype_expr(dtype: Any) -> str:
+    name = np.dtype(dtype).name
+    return "jnp.bool_" if name == "bool" else f"jnp.{name}"
+
+
+def scalar_text(value: Any) -> str:
+    """A Python literal for a scalar (inf and nan spelled through jnp)."""
+    value = np.asarray(value).item()
+    if isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "jnp.nan"
+        if math.isinf(value):
+            return "jnp.inf" if value > 0 else "-jnp.inf"
+        return repr(value)
+    return repr(value)
+
+
+def const_expr(c: Const, bare: bool) -> str:
+    """A constant: a bare literal where JAX's weak typing keeps the partner's dtype, else typed."""
+    uniform = c.scalar()
+    if not c.shape:
+        text = scalar_text(c.value)
+        return text if bare else f"jnp.asarray({text}, dtype={dtype_expr(c.dtype)})"
+    if uniform is not None:
+        return f"jnp.full({tuple(c.shape)}, {scalar_text(uniform)}, dtype={dtype_expr(c.dtype)})"
+    if c.size <= 256:
+        values = np.asarray(c.value).tolist()
+        return f"jnp.asarray({values!r}, dtype={dtype_expr(c.dtype)})"
+    raise EmitError(f"a captured constant array of shape {c.shape} is too large to write out")
+
+
+class Emitter:
+    """Writes the nodes of one program as assignment lines."""
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+
+    def operand(self, op: Operand, partner: Operand | None = None) -> str:
+        if isinstance(op, Var):
+            return op.name
+        bare = partner is not None and isinstance(partner, Var) and partner.dtype == op.dtype and not op.shape
+        return const_expr(op, bare)
+
+    def line(self, node: Node) -> str:
+        emit = _EMITTERS.get(node.prim)
+        if emit is None:
+            if node.prim in ("div", "rem") and not np.issubdtype(node.out.dtype, np.floating):
+                a, b = node.ins  # integer division truncates in lax; Python's // and % floor
+                return f"jax.lax.{node.prim}({self.operand(a)}, {self.operand(b)})"
+            if node.prim == "rem":
+                return f"jax.lax.rem({self.operand(node.ins[0])}, {self.operand(node.ins[1])})"
+            if node.prim in INFIX:
+                a, b = node.ins
+                return f"{self.operand(a, b)} {INFIX[node.prim]} {self.operand(b, a)}"
+            if node.prim in BINARY_CALLS:
+                a, b = node.ins
+                return f"{BINARY_CALLS[node.prim]}({self.operand(a, b)}, {self.operand(b, a)})"
+            if node.prim in UNARY_CALLS:
+                return f"{UNARY_CALLS[node.prim]}({self.operand(node.ins[0])})"
+            if node.prim in REDUCTIONS:
+                axes = tuple(int(a) for a in node.params["axes"])
+                return f"{REDUCTIONS[node.prim]}({self.operand(node.ins[0])}, axis={axes})"
+            raise EmitError(f"no source spelling for primitive {node.prim!r}")
+        return emit(self, node)
+
+    def body(self, indent: str = "    ") -> list[str]:
+        lines = []
+        for node in self.program.nodes:
+            target = ", ".join(o.name for o in node.outs)
+            if len(node.outs) == 1 and not node.primitive.multiple_results:
+                lines.append(f"{indent}{target} = {self.line(node)}")
+            else:
+                lines.append(f"{indent}{target}{',' if len(node.outs) == 1 else ''} = {self.line(node)}")
+        return lines
+
+    def returns(self) -> str:
+        outs = [self.operand(o) for o in self.program.outputs]
+        tree = self.program.out_tree
+        if tree is None or tree.num_leaves == 1 and tree == jax.tree_util.tree_structure(0):
+            if len(outs) != 1:
+                raise EmitError("expected a single output")
+            return outs[0]
+        if tree == jax.tree_util.tree_structure(tuple(range(len(outs)))):
+            return "(" + ", ".join(outs) + ("," if len(outs) == 1 else "") + ")"
+        raise EmitError(f"output structure {tree} is not an array or a flat tuple")
+
+
+def emit_function(program: Program, name: str, doc: str | None = None) -> str:
+    """``def name(inputs...):`` computing the program's outputs."""
+    em = Emitter(program)
+    params = ", ".join(v.name for v in program.inputs)
+    lines = [f"def {name}({params}):"]
+    if doc:
+        lines.append(f'    """{doc}"""')
+    lines.extend(em.body())
+    lines.append(f"    return {em.returns()}")
+    return "\n".join(lines)
+
+
+# --- primitives with structured parameters ---------------------------------------------------------
+
+
+def _broadcast(em: Emitter, n: Node) -> str:
+    shape = tuple(int(d) for d in n.params["shape"])
+    dims = tuple(int(d) for d in n.params["broadcast_dimensions"])
+    return f"jax.lax.broadcast_in_dim({em.operand(n.ins[0])}, {shape}, {dims})"
+
+
+def _reshape(em: Emitter, n: Node) -> str:
+    if n.params.get("dimensions") is not None:
+        raise EmitError("reshape with dimensions")
+    return f"{em.operand(n.ins[0])}.reshape({tuple(int(d) for d in n.params['new_sizes'])})"
+
+
+def _convert(em: Emitter, n: Node) -> str:
+    return f"{em.operand(n.ins[0])}.astype({dtype_expr(n.params['new_dtype'])})"
+
+
+def _precision(p: Any) -> str:
+    if p is None:
+        return "None"
+    if isinstance(p, tuple):
+        return "(" + ", ".join(_precision(x) for x in p) + ")"
+    if isinstance(p, jax.lax.Precision):
+        return f"jax.lax.Precision.{p.name}"
+    raise EmitError(f"precision {p!r}")
+
+
+def _dot(em: Emitter, n: Node) -> str:
+    (lc, rc), (lb, rb) = n.params["dimension_numbers"]
+    dn = ((tuple(lc), tuple(rc)), (tuple(lb), tuple(rb)))
+    pet = n.params.get("preferred_element_type")
+    extra = f", preferred_element_type={dtype_expr(pet)}" if pet is not None else ""
+    return (f"jax.lax.dot_general({em.operand(n.ins[0])}, {em.operand(n.ins[1])}, {dn}, "
+            f"precision={_precision(n.params.get('precision'))}{extra})")
+
+
+def _transpose(em: Emitter, n: Node) -> str:
+    return f"jnp.transpose({em.operand(n.ins[0])}, {tuple(int(p) for p in n.params['permutation'])})"
+
+
+def _squeeze(em: Emitter, n: Node) -> str:
+    return f"jax.lax.squeeze({em.operand(n.ins[0])}, {tuple(int(d) for d in n.params['dimensions'])})"
+
+
+def _expand(em: Emitter, n: Node) -> str:
+    return f"jax.lax.expand_dims({em.operand(n.ins[0])}, {tuple(int(d) for d in n.params['dimensions'])})"
+
+
+def _iota(em: Emitter, n: Node) -> str:
+    shape = tuple(int(d) for d in n.params["shape"])
+    return f"jax.lax.broadcasted_iota({dtype_expr(n.params['dtype'])}, {shape}, {int(n.params['dimension'])})"
+
+
+def _select(em: Emitter, n: Node) -> str:
+    ops = ", ".join(em.operand(o, n.ins[1] if i == 0 else next((x for x in n.ins[1:] if isinstance(x, Var)), None))
+                    for i, o in enumerate(n.ins))
+    return f"jax.lax.select_n({ops})"
+
+
+def _slice(em: Emitter, n: Node) -> str:
+    start = tuple(int(d) for d in n.params["start_indices"])
+    limit = tuple(int(d) for d in n.params["limit_indices"])
+    strides = n.params.get("strides")
+    extra = f", {tuple(int(s) for s in strides)}" if strides is not None else ""
+    return f"jax.lax.slice({em.operand(n.ins[0])}, {start}, {limit}{extra})"
+
+
+def _dynamic_slice(em: Emitter, n: Node) -> str:
+    idx = ", ".join(em.operand(o) for o in n.ins[1:])
+    sizes = tuple(int(d) for d in n.params["slice_sizes"])
+    return f"jax.lax.dynamic_slice({em.operand(n.ins[0])}, ({idx},), {sizes})"
+
+
+def _concat(em: Emitter, n: Node) -> str:
+    return f"jax.lax.concatenate([{', '.join(em.operand(o) for o in n.ins)}], {int(n.params['dimension'])})"
+
+
+def _copy(em: Emitter, n: Node) -> str:
+    return em.operand(n.ins[0])
+
+
+def _neg(em: Emitter, n: Node) -> str:
+    return f"-{em.operand(n.ins[0])}"
+
+
+def _integer_pow(em: Emitter, n: Node) -> str:
+    return f"jax.lax.integer_pow({em.operand(n.ins[0])}, {int(n.params['y'])})"
+
+
+def _cumulative(name: str) -> Callable[[Emitter, Node], str]:
+    def emit(em: Emitter, n: Node) -> str:
+        return f"jax.lax.{name}({em.operand(n.ins[0])}, axis={int(n.params['axis'])}, reverse={bool(n.params['reverse'])})"
+
+    return emit
+
+
+def _argminmax(name: str) -> Callable[[Emitter, Node], str]:
+    def emit(em: Emitter, n: Node) -> str:
+        (axis,) = n.params["axes"]
+        return f"jax.lax.{name}({em.operand(n.ins[0])}, {int(axis)}, {dtype_expr(n.params['index_dtype'])})"
+
+    return emit
+
+
+def _conv(em: Emitter, n: Node) -> str:
+    p = n.params
+    dn = p["dimension_numbers"]
+    dn_text = (f"jax.lax.ConvDimensionNumbers(lhs_spec={tuple(dn.lhs_spec)}, rhs_spec={tuple(dn.rhs_spec)}, "
+               f"out_spec={tuple(dn.out_spec)})")
+    pad = tuple((int(a), int(b)) for a, b in p["padding"])
+    pet = p.get("preferred_element_type")
+    extra = f", preferred_element_type={dtype_expr(pet)}" if pet is not None else ""
+    return (f"jax.lax.conv_general_dilated({em.operand(n.ins[0])}, {em.operand(n.ins[1])}, "
+            f"window_strides={tuple(p['window_strides'])}, padding={pad}, lhs_dilation={tuple(p['lhs_dilation'])}, "
+            f"rhs_dilation={tuple(p['rhs_dilation'])}, dimension_numbers={dn_text}, "
+            f"feature_group_count={int(p['feature_group_count'])}, batch_group_count={int(p['batch_group_count'])}, "
+            f"precision={_precision(p.get('precision'))}{extra})")
+
+
+def _gather(em: Emitter, n: Node) -> str:
+    p = n.params
+    dn = p["dimension_numbers"]
+    fields = ["offset_dims", "collapsed_slice_dims", "start_index_map", "operand_batching_dims", "start_indices_batching_dims"]
+    dn_text = ", ".join(f"{f}={tuple(int(x) for x in getattr(dn, f))}" for f in fields)
+    fill = p.get("fill_value")
+    return (f"jax.lax.gather({em.operand(n.ins[0])}, {em.operand(n.ins[1])}, "
+            f"dimension_numbers=jax.lax.GatherDimensionNumbers({dn_text}), "
+            f"slice_sizes={tuple(int(s) for s in p['slice_sizes'])}, indices_are_sorted={bool(p['indices_are_sorted'])}, "
+            f"unique_indices={bool(p['unique_indices'])}, mode=jax.lax.GatherScatterMode.{p['mode'].name}, "
+            f"fill_value={None if fill is None else scalar_text(fill)})")
+
+
+def _top_k(em: Emitter, n: Node) -> str:
+    axis = n.params.get("axis", -1)
+    if axis not in (-1, len(n.ins[0].shape) - 1):
+        raise EmitError("top_k over a non-minor axis")
+    return f"jax.lax.top_k({em.operand(n.ins[0])}, {int(n.params['k'])})"
+
+
+def _clamp(em: Emitter, n: Node) -> str:
+    lo, x, hi = n.ins
+    return f"jax.lax.clamp({em.operand(lo, x)}, {em.operand(x)}, {em.operand(hi, x)})"
+
+
+def _rev(em: Emitter, n: Node) -> str:
+    return f"jax.lax.rev({em.operand(n.ins[0])}, {tuple(int(d) for d in n.params['dimensions'])})"
+
+
+def _pad(em: Emitter, n: Node) -> str:
+    cfg = tuple(tuple(int(v) for v in c) for c in n.params["padding_config"])
+    return f"jax.lax.pad({em.operand(n.ins[0])}, {em.operand(n.ins[1], n.ins[0])}, {cfg})"
+
+
+_EMITTERS: dict[str, Callable[[Emitter, Node], str]] = {
+    "broadcast_in_dim": _broadcast, "reshape": _reshape, "convert_element_type": _convert, "dot_general": _dot,
+    "transpose": _transpose, "squeeze": _squeeze, "expand_dims": _expand, "iota": _iota, "select_n": _select,
+    "slice": _slice, "dynamic_slice": _dynamic_slice, "concatenate": _concat, "copy": _copy, "copy_p": _copy,
+    "neg": _neg, "integer_pow": _integer_pow, "cumsum": _cumulative("cumsum"), "cummax": _cumulative("cummax"),
+    "cumprod": _cumulative("cumprod"), "cummin": _cumulative("cummin"), "argmax": _argminmax("argmax"),
+    "argmin": _argminmax("argmin"), "conv_general_dilated": _conv, "gather": _gather, "top_k": _top_k,
+    "clamp": _clamp, "rev": _rev, "pad": _pad,
+}
+
+
+def emittable(program: Program) -> str | None:
+    """None when every node can be written out, else the reason it cannot."""
+    em = Emitter(program)
+    try:
+        em.body()
+        em.returns()
+    except EmitError as exc:
+        return str(exc)
+    return None

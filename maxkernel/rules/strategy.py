@@ -1,0 +1,72 @@
+"""Strategies: the rules brain's menu for one task (rewrites, templates, the reference), best first."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from maxkernel.templates import TEMPLATES
+from maxkernel.templates.base import sizes_for
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
+    from maxkernel.analysis import TaskAnalysis
+
+
+class Strategy(BaseModel):
+    name: str  # e.g. "rewrite:sum_after_matmul", "template:rowblock", "reference"
+    kind: Literal["rewrite", "template", "reference"]
+    params: dict[str, Any] = Field(default_factory=dict)  # default values of tunable params
+    space: dict[str, list[Any]] = Field(default_factory=dict)  # legal values per tunable param
+    rationale: str = ""
+    target: str = "cpu"
+    extents: dict[str, int] = Field(default_factory=dict, description="what each block parameter tiles")
+
+
+REFERENCE = "reference"
+
+
+def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cpu") -> list[Strategy]:
+    """Rewrites that remove work first (they win on every target), then Pallas templates, then the reference."""
+    from maxkernel.rewrites import BY_NAME, propose_rewrites
+
+    found: list[Strategy] = []
+    for rewritten in propose_rewrites(task, "cpu"):
+        label = "+".join(rewritten.names)
+        why = "; ".join(f"{BY_NAME[n].description} ({rewritten.sites[n]} site{'s' if rewritten.sites[n] > 1 else ''})"
+                        for n in rewritten.names)
+        found.append(Strategy(name=f"rewrite:{label}", kind="rewrite", params={"rewrites": rewritten.names},
+                              rationale=why, target=target))
+    for template in TEMPLATES:
+        reason = template.applies(task, analysis)
+        if reason is not None:
+            continue
+        space = template.space(task, analysis, target)
+        if not any(space.space.values()) and space.space:
+            continue
+        extents = {"block_rows": analysis.rows.rows} if analysis.rows is not None else {}
+        found.append(Strategy(name=f"template:{template.name}", kind="template", params=space.defaults,
+                              space=space.space, rationale=template.description, target=target, extents=extents))
+    found.append(Strategy(name=REFERENCE, kind="reference", rationale="the reference itself (the baseline)", target=target))
+    return found
+
+
+def render(task: "Task", strategy: Strategy, params: dict[str, Any] | None = None) -> str:
+    """Candidate source for ``strategy`` with ``params`` (its defaults where not given)."""
+    from maxkernel.rewrites import render_rewrite
+
+    chosen = {**strategy.params, **(params or {})}
+    sizes = sizes_for(strategy.target)
+    if strategy.kind == "rewrite":
+        return render_rewrite(task, list(chosen["rewrites"]), sizes)
+    if strategy.kind == "template":
+        template = next(t for t in TEMPLATES if f"template:{t.name}" == strategy.name)
+        return template.render(task, chosen, sizes)
+    return reference_source(task)
+
+
+def reference_source(task: "Task") -> str:
+    """The reference itself as a candidate: its own file with ``kernel`` bound to ``reference``."""
+    text = task.reference_path.read_text()
+    return text.rstrip() + "\n\n\ndef kernel(*args, **static):\n    return reference(*args, **static)\n"

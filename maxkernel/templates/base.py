@@ -1,0 +1,59 @@
+"""What a Pallas template is: a generator of readable candidate source with declared tunable parameters.
+
+A template says whether it applies to a task, which parameter values are legal on a target (TPU blocks
+aligned to 8x128 and within the VMEM budget; on CPU any divisor), and renders a candidate file for one
+choice of values. It never sets ``interpret=``: the evaluator decides how Pallas runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
+    from maxkernel.analysis import TaskAnalysis
+
+# VMEM a template plans to use on TPU (leaves headroom under v5e's 16 MiB scoped default).
+TPU_VMEM_BUDGET = 12 * 2**20
+
+
+class TemplateSpace(BaseModel):
+    """Tunable parameters with their default and their legal values for one task and target."""
+
+    defaults: dict[str, Any]
+    space: dict[str, list[Any]]
+
+
+class Template(Protocol):
+    name: str
+    description: str
+
+    def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
+        """None when the template can render this task, else why not."""
+
+    def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
+        """Legal parameter values on ``target``."""
+
+    def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
+        """The candidate source for these parameters, specialized for each size."""
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def tpu_target(target: str) -> bool:
+    return target.startswith("tpu")
+
+
+def sizes_for(target: str) -> tuple[str, ...]:
+    """Sizes a candidate must run at: CPU measures at ``cpu``; TPU also lowers at ``full``."""
+    return ("cpu", "full") if tpu_target(target) else ("cpu",)
+
+
+def pick_block(extent: int, options: list[int], preferred: int) -> int:
+    """The legal block closest to ``preferred`` from below (or the smallest legal one)."""
+    fitting = [o for o in options if o <= preferred and extent % o == 0]
+    return max(fitting) if fitting else min(options)

@@ -1,0 +1,231 @@
+"""Tiled matmul with a fused epilogue generated from the reference's own epilogue ops.
+
+The grid walks (M tiles, N tiles, K tiles) with K innermost; each step multiplies an x tile by a weight
+tile (the weight stays in its stored layout, [N, K] or [K, N]) and accumulates in an f32 VMEM scratch
+tile. On the last K step the reference's epilogue — every elementwise op after the matmul: bias, scale,
+activations, clamps, residual adds — runs on the accumulator, and the tile is written once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from maxkernel.analysis.graph import ELEMENTWISE
+from maxkernel.analysis.program import Const, Node, Program, Var, arg_names, trace_program
+from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
+from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, pick_block, tpu_target
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
+    from maxkernel.analysis import TaskAnalysis
+
+HEADER = ("import jax\nimport jax.numpy as jnp\nfrom jax.experimental import pallas as pl\n"
+          "from jax.experimental.pallas import tpu as pltpu\n")
+SHAPED = {"broadcast_in_dim": "shape", "reshape": "new_sizes", "iota": "shape"}
+
+
+@dataclass
+class MatmulShape:
+    m: int
+    n: int
+    k: int
+    x: Var
+    w: Var
+    w_nk: bool  # weight stored [N, K] (contract its dim 1) rather than [K, N]
+    dot: Node
+    extras: list[tuple[Var, str]]  # other inputs the epilogue reads: ("bias", [N]) or ("tile", [M, N])
+    epilogue: Program
+
+
+def match(program: Program) -> MatmulShape | str:
+    """The matmul-with-epilogue structure of ``program``, or why it does not have one."""
+    dots = [n for n in program.nodes if n.prim == "dot_general"]
+    if len(dots) != 1:
+        return f"{len(dots)} matmuls (the template fuses exactly one)"
+    dot = dots[0]
+    (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
+    lhs, rhs = dot.ins
+    producers = program.producers()
+    if lb or rb or tuple(lc) != (1,) or len(dot.out.shape) != 2 or lhs not in program.inputs or len(lhs.shape) != 2:
+        return "not a plain [M, K] x [K, N] matmul of an input"
+    src = producers.get(rhs) if isinstance(rhs, Var) else None
+    if rhs in program.inputs and tuple(rc) == (0,):
+        w, w_nk = rhs, False
+    elif src is not None and src.prim == "transpose" and src.ins[0] in program.inputs and tuple(rc) == (0,):
+        w, w_nk = src.ins[0], True
+    else:
+        return "the weight is not an input (or its transpose)"
+    m, n = dot.out.shape
+    k = lhs.shape[1]
+    upstream = {id(dot)} | ({id(src)} if w_nk and src is not None else set())
+    epi_nodes = [nd for nd in program.nodes if id(nd) not in upstream]
+    if any(nd.prim not in ELEMENTWISE and nd.prim not in ("broadcast_in_dim",) for nd in epi_nodes):
+        bad = next(nd.prim for nd in epi_nodes if nd.prim not in ELEMENTWISE and nd.prim != "broadcast_in_dim")
+        return f"the epilogue holds {bad} (not elementwise)"
+    if len(program.outputs) != 1 or getattr(program.outputs[0], "shape", None) != (m, n):
+        return "the output is not the [M, N] product"
+    acc = Var("acc", (m, n), dot.out.dtype)
+    extras: list[tuple[Var, str]] = []
+    for v in program.inputs:
+        if v is lhs or v is w or not any(v in nd.ins for nd in epi_nodes):
+            continue
+        if v.shape == (n,):
+            extras.append((v, "bias"))
+        elif v.shape == (m, n):
+            extras.append((v, "tile"))
+        else:
+            return f"input {v.name} of shape {v.shape} is neither a bias [N] nor an [M, N] tile"
+    if any(v in (lhs, w) for nd in epi_nodes for v in nd.ins):
+        return "the epilogue reads x or the weight directly"
+    epi = Program([acc] + [v for v, _ in extras], [Node(nd.primitive, list(nd.ins), list(nd.outs), dict(nd.params))
+                                                   for nd in epi_nodes], list(program.outputs), program.out_tree)
+    epi.substitute(dot.out, acc)
+    return MatmulShape(m, n, k, lhs, w, w_nk, dot, extras, epi.dce())
+
+
+def block_epilogue(shape: MatmulShape, bm: int, bn: int) -> Program:
+    """The epilogue with every [M, N]-shaped value resized to one (bm, bn) tile."""
+    m, n = shape.m, shape.n
+
+    def tile(s: tuple[int, ...]) -> tuple[int, ...]:
+        if len(s) == 2:
+            return (bm if s[0] == m else s[0], bn if s[1] == n else s[1])
+        if len(s) == 1 and s[0] == n:
+            return (bn,)
+        if len(s) in (0,):
+            return s
+        raise EmitError(f"a value of shape {s} does not tile as [M, N]")
+
+    mapping: dict[Var, Var] = {}
+
+    def remap(op: Any) -> Any:
+        if isinstance(op, Var):
+            if op not in mapping:
+                mapping[op] = Var(op.name, tile(op.shape), op.dtype)
+            return mapping[op]
+        if isinstance(op, Const) and op.shape:
+            raise EmitError("a constant array in the epilogue")
+        return op
+
+    nodes = []
+    for nd in shape.epilogue.nodes:
+        params = dict(nd.params)
+        if nd.prim in SHAPED:
+            params[SHAPED[nd.prim]] = tile(tuple(params[SHAPED[nd.prim]]))
+        nodes.append(Node(nd.primitive, [remap(o) for o in nd.ins], [remap(o) for o in nd.outs], params))
+    return Program([remap(v) for v in shape.epilogue.inputs], nodes, [remap(o) for o in shape.epilogue.outputs],
+                   shape.epilogue.out_tree)
+
+
+class MatmulTemplate:
+    name = "matmul_epilogue"
+    description = "tiled matmul, K-loop into an f32 VMEM accumulator, the reference's epilogue fused on the last K step"
+
+    def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
+        found = match(trace_program(task, "cpu").dce())
+        if isinstance(found, str):
+            return found
+        return emittable(block_epilogue(found, found.m, found.n))
+
+    def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
+        size = "full" if tpu_target(target) else "cpu"
+        s = match(trace_program(task, size).dce())
+        assert not isinstance(s, str)
+        if tpu_target(target):
+            bms = [d for d in divisors(s.m) if d % 8 == 0 and d in (128, 256, 512, 1024)] or [s.m]
+            bns = [d for d in divisors(s.n) if d % 128 == 0 and d in (128, 256, 512, 1024, 2048)] or [s.n]
+            bks = [d for d in divisors(s.k) if d % 128 == 0 and d in (256, 512, 1024, 2048)] or [s.k]
+            item = 4
+            space = {"block_m": bms, "block_n": bns, "block_k": bks}
+            fits = [(a, b, c) for a in bms for b in bns for c in bks
+                    if item * (2 * (a * c + c * b + a * b) + a * b) <= TPU_VMEM_BUDGET]
+            best = max(fits, key=lambda t: (t[0] * t[1], t[2]), default=(bms[0], bns[0], bks[0]))
+            space = {"block_m": sorted({f[0] for f in fits}) or bms, "block_n": sorted({f[1] for f in fits}) or bns,
+                     "block_k": sorted({f[2] for f in fits}) or bks}
+            return TemplateSpace(defaults={"block_m": best[0], "block_n": best[1], "block_k": best[2]}, space=space)
+        # CPU: interpreted grid steps are costly; whole extents or halves only.
+        space = {"block_m": sorted({s.m, max(1, s.m // 2)}), "block_n": sorted({s.n, max(1, s.n // 2)}),
+                 "block_k": sorted({s.k, max(1, s.k // 2)})}
+        return TemplateSpace(defaults={"block_m": s.m, "block_n": s.n, "block_k": s.k}, space=space)
+
+    def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
+        names = arg_names(task)
+        parts = [f'"""{task.id}: {self.description}.\n\nblock_m={params["block_m"]}, block_n={params["block_n"]}, '
+                 f'block_k={params["block_k"]} (clamped to divisors at each size). Generated by MaxKernel\'s rules brain.\n"""\n',
+                 HEADER]
+        dispatch = []
+        for size in sizes:
+            program = trace_program(task, size).dce()
+            s = match(program)
+            if isinstance(s, str):
+                raise EmitError(s)
+            bm = pick_block(s.m, divisors(s.m), int(params["block_m"]))
+            bn = pick_block(s.n, divisors(s.n), int(params["block_n"]))
+            bk = pick_block(s.k, divisors(s.k), int(params["block_k"]))
+            parts.append(_render_size(s, size, bm, bn, bk, [v.name for v in program.inputs]))
+            dispatch.append((f"_matmul_{size}", tuple(v.shape for v in program.inputs)))
+        from maxkernel.templates.rowblock import _dispatch
+
+        parts.append(_dispatch(dispatch, names))
+        return "\n".join(parts)
+
+
+def _precision(dot: Node) -> str:
+    from maxkernel.rewrites.emit import _precision as text
+
+    return text(dot.params.get("precision"))
+
+
+def _render_size(s: MatmulShape, size: str, bm: int, bn: int, bk: int, params: list[str]) -> str:
+    epi = block_epilogue(s, bm, bn)
+    lines = [emit_function(epi, f"_epilogue_{size}", f"The reference's epilogue on one ({bm}, {bn}) tile."), ""]
+    extra_refs = [f"{v.name}_ref" for v, _ in s.extras]
+    extra_loads = [f"{v.name}_ref[...].reshape(({bn},))" if kind == "bias" else f"{v.name}_ref[...]" for v, kind in s.extras]
+    dn = "(((1,), (1,)), ((), ()))" if s.w_nk else "(((1,), (0,)), ((), ()))"
+    out_dtype = dtype_expr(np.dtype(s.epilogue.outputs[0].dtype))
+    lines += [
+        f"def _kernel_{size}(x_ref, w_ref, {''.join(r + ', ' for r in extra_refs)}o_ref, acc_ref):",
+        "    k = pl.program_id(2)",
+        "",
+        "    @pl.when(k == 0)",
+        "    def _init():",
+        "        acc_ref[...] = jnp.zeros_like(acc_ref)",
+        "",
+        f"    acc_ref[...] += jax.lax.dot_general(x_ref[...], w_ref[...], {dn}, precision={_precision(s.dot)}, "
+        "preferred_element_type=jnp.float32)",
+        "",
+        "    @pl.when(k == pl.num_programs(2) - 1)",
+        "    def _store():",
+        f"        acc = acc_ref[...].astype({dtype_expr(s.dot.out.dtype)})",
+        f"        o_ref[...] = _epilogue_{size}({', '.join(['acc'] + extra_loads)}).astype(o_ref.dtype)",
+        "",
+    ]
+    w_spec = (f"pl.BlockSpec(({bn}, {bk}), lambda i, j, kk: (j, kk))" if s.w_nk
+              else f"pl.BlockSpec(({bk}, {bn}), lambda i, j, kk: (kk, j))")
+    specs = [f"pl.BlockSpec(({bm}, {bk}), lambda i, j, kk: (i, kk))", w_spec]
+    operands = [s.x.name, s.w.name]
+    for v, kind in s.extras:
+        if kind == "bias":
+            specs.append(f"pl.BlockSpec((1, {bn}), lambda i, j, kk: (0, j))")
+            operands.append(f"{v.name}.reshape((1, {s.n}))")
+        else:
+            specs.append(f"pl.BlockSpec(({bm}, {bn}), lambda i, j, kk: (i, j))")
+            operands.append(v.name)
+    lines += [
+        f"def _matmul_{size}({', '.join(params)}):",
+        "    return pl.pallas_call(",
+        f"        _kernel_{size},",
+        f"        out_shape=jax.ShapeDtypeStruct(({s.m}, {s.n}), {out_dtype}),",
+        f"        grid=({s.m // bm}, {s.n // bn}, {s.k // bk}),",
+        "        in_specs=[" + ", ".join(specs) + "],",
+        f"        out_specs=pl.BlockSpec(({bm}, {bn}), lambda i, j, kk: (i, j)),",
+        f"        scratch_shapes=[pltpu.VMEM(({bm}, {bn}), jnp.float32)],",
+        f"    )({', '.join(operands)})",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+MATMUL = MatmulTemplate()

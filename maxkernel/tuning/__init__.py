@@ -1,0 +1,65 @@
+"""Autotuning in TVM MetaSchedule's split: search space, search strategy, cost model, database, runner.
+
+``tune_space`` measures configurations in the strategy's order until the budget ends, the trial limit is
+reached, or ``patience`` trials in a row bring no improvement. Ranking uses the evaluator's speedup, which
+is measured on CPU/GPU and modelled (``maxkernel.targets`` roofline) on TPU targets.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import structlog
+from pydantic import BaseModel, Field
+
+from jaxbench.report import EvalReport
+from maxkernel.tuning.database import Database, Trial
+from maxkernel.tuning.runner import run_config
+from maxkernel.tuning.space import SearchSpace
+from maxkernel.tuning.strategy import order
+
+log = structlog.get_logger("maxkernel.tuning")
+
+__all__ = ["Database", "SearchSpace", "Trial", "TuneResult", "tune_space"]
+
+
+class TuneResult(BaseModel):
+    strategy: str
+    best_params: dict[str, Any] | None = None
+    best_report: EvalReport | None = None
+    best_source: str = ""
+    trials: list[Trial] = Field(default_factory=list)
+    stopped: str = ""  # why the search ended: exhausted | budget | max_trials | no_improvement
+
+
+def tune_space(strategy: str, space: SearchSpace, render: Callable[[dict[str, Any]], str],
+               evaluate: Callable[[str], EvalReport], task_id: str, target: str, budget_s: float,
+               extents: dict[str, int] | None = None, seed: int = 0, max_trials: int | None = None,
+               patience: int = 3, on_trial: Callable[[Trial], None] | None = None) -> TuneResult:
+    deadline = time.monotonic() + budget_s
+    db = Database()
+    result = TuneResult(strategy=strategy, stopped="exhausted")
+    best_score, since_best = 0.0, 0
+    for config in order(space.configs(), extents or {}, target, seed):
+        if max_trials is not None and len(db.trials) >= max_trials:
+            result.stopped = "max_trials"
+            break
+        if time.monotonic() >= deadline:
+            result.stopped = "budget"
+            break
+        trial, source = run_config(strategy, config, render, evaluate, task_id)
+        db.add(trial)
+        log.info("trial", strategy=strategy, params=config, status=trial.report.status, speedup=trial.report.speedup)
+        if on_trial is not None:
+            on_trial(trial)
+        if trial.score > best_score:
+            best_score, since_best = trial.score, 0
+            result.best_params, result.best_report, result.best_source = config, trial.report, source
+        else:
+            since_best += 1
+            if since_best >= patience:
+                result.stopped = "no_improvement"
+                break
+    result.trials = db.trials
+    return result

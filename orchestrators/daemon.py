@@ -1,0 +1,263 @@
+"""The daemon: works through the job queue for as long as it runs, several jobs at a time.
+
+Each job is one Auto run on the shared evaluator, store and memory; its best kernel and note go into
+memory when it ends, so later jobs start from it. Jobs live in the store (``orchestrators.jobs``): a
+daemon that starts queues again whatever a dead one left running; SIGTERM stops it gracefully (running
+jobs are cancelled and queued again, the HTTP API closes, the state file goes). ``python -m
+orchestrators.daemon`` is the process ``maxkernel daemon start`` spawns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+from pydantic import BaseModel
+
+from actors.services import Services
+from maxkernel.config import Settings, load_settings
+from maxkernel.messages import new_id
+from orchestrators.auto import run_auto
+from orchestrators.httpapi import ApiServer
+from orchestrators.jobs import JobInfo, JobQueue
+
+log = structlog.get_logger("orchestrators.daemon")
+
+STATE_FILE = "daemon.json"
+
+
+class DaemonState(BaseModel):
+    """What a running daemon writes to ``<data_dir>/daemon.json`` so that clients can find it."""
+
+    pid: int
+    port: int
+    concurrency: int
+    started_at: datetime
+
+
+def state_path(settings: Settings) -> Path:
+    return settings.data_path / STATE_FILE
+
+
+def read_state(settings: Settings) -> DaemonState | None:
+    """The state of a live daemon, or None (a stale file from a dead one is ignored)."""
+    path = state_path(settings)
+    try:
+        state = DaemonState.model_validate_json(path.read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(state.pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return state
+
+
+class Daemon:
+    def __init__(self, settings: Settings, *, concurrency: int = 2, port: int = 0, poll_s: float = 0.5) -> None:
+        self.settings, self.concurrency, self.port, self.poll_s = settings, concurrency, port, poll_s
+        self.running: dict[str, asyncio.Task[None]] = {}
+        self.peak_running = 0
+        self.finished = 0
+        self.started_at = datetime.now(UTC)
+        self._stop = asyncio.Event()
+        self._services: dict[str, Services] = {}
+
+    # -- the shared services, one per brain --------------------------------------------------------
+
+    def services(self, brain: str) -> Services:
+        """Services for ``brain``, all on one evaluator, store and memory (so memory feeds every job)."""
+        if brain not in self._services:
+            from actors.session import config_for_brain
+
+            config = config_for_brain(brain).model_copy(update={"remember": False, "data_dir": self.settings.data_dir or None})
+            base = self._services.get("rules")
+            if base is None:
+                self._services[brain] = Services(config)
+            else:
+                self._services[brain] = Services(config, evaluator=base.evaluator, memory=base.memory, store=base.store)
+        return self._services[brain]
+
+    def status(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "concurrency": self.concurrency, "running": sorted(self.running),
+                "peak_running": self.peak_running, "finished": self.finished, "jobs": self.queue.counts(),
+                "started_at": self.started_at.isoformat()}
+
+    # -- jobs -------------------------------------------------------------------------------------
+
+    async def run_job(self, job: JobInfo) -> None:
+        session_id = new_id()
+        await asyncio.to_thread(self.queue.started, job.id, session_id)
+        log.info("daemon.job_started", job=job.id, task=job.task_id, session=session_id, attempt=job.attempts)
+        try:
+            from actors.session import check_keys
+
+            services = self.services(job.brain)
+            check_keys(services.config)
+            result = await run_auto(job.task_id, services=services, target=job.target, budget=job.budget,
+                                    session_id=session_id, mode="daemon")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bad task or brain fails the job, never the daemon
+            log.warning("daemon.job_failed", job=job.id, error=f"{type(exc).__name__}: {exc}")
+            await asyncio.to_thread(self.queue.finish, job.id, "failed", None, f"{type(exc).__name__}: {exc}")
+            return
+        summary = result.model_dump(mode="json")
+        status = "done" if result.status in ("scored", "failed", "budget") else "failed"
+        await asyncio.to_thread(self.queue.finish, job.id, status, summary,
+                                None if status == "done" else result.stop_reason)
+        self.finished += 1
+        log.info("daemon.job_finished", job=job.id, status=result.status, reason=result.stop_reason)
+
+    def _done(self, job_id: str, task: asyncio.Task[None]) -> None:
+        self.running.pop(job_id, None)
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            log.error("daemon.job_crashed", job=job_id, error=str(task.exception()))
+
+    async def _fill(self) -> None:
+        while len(self.running) < self.concurrency and not self._stop.is_set():
+            job = await asyncio.to_thread(self.queue.claim)
+            if job is None:
+                return
+            task = asyncio.create_task(self.run_job(job), name=f"job-{job.id}")
+            self.running[job.id] = task
+            task.add_done_callback(lambda t, job_id=job.id: self._done(job_id, t))
+            self.peak_running = max(self.peak_running, len(self.running))
+
+    async def _cancel_wanted(self) -> None:
+        wanted = await asyncio.to_thread(self.queue.wanted_cancelled)
+        for job_id in wanted & set(self.running):
+            task = self.running[job_id]
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await asyncio.to_thread(self.queue.finish, job_id, "cancelled", None, "cancelled by request")
+            log.info("daemon.job_cancelled", job=job_id)
+
+    # -- lifetime ---------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def serve(self) -> None:
+        services = self.services("rules")
+        self.queue = JobQueue(services.store.engine)
+        recovered = await asyncio.to_thread(self.queue.recover)
+        if recovered:
+            log.info("daemon.recovered", jobs=recovered)
+        api = ApiServer(self.queue, self.status, self.port)
+        api.start()
+        state = DaemonState(pid=os.getpid(), port=api.port, concurrency=self.concurrency, started_at=self.started_at)
+        path = state_path(self.settings)
+        path.write_text(state.model_dump_json())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        log.info("daemon.started", pid=state.pid, port=state.port, concurrency=self.concurrency)
+        try:
+            while not self._stop.is_set():
+                await self._cancel_wanted()
+                await self._fill()
+                try:
+                    await asyncio.wait_for(self._stop.wait(), self.poll_s)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            await self.shutdown(api, path)
+
+    async def shutdown(self, api: ApiServer, path: Path) -> None:
+        """Cancel running jobs and queue them again, then close everything the daemon opened."""
+        interrupted = list(self.running.items())
+        for _job_id, task in interrupted:
+            task.cancel()
+        await asyncio.gather(*(t for _, t in interrupted), return_exceptions=True)
+        for job_id, _task in interrupted:
+            await asyncio.to_thread(self.queue.requeue, job_id)
+        api.stop()
+        for brain in sorted(self._services, key=lambda b: b == "rules"):  # the owner of the shared parts last
+            await self._services[brain].aclose()
+        try:
+            if json.loads(path.read_text()).get("pid") == os.getpid():
+                path.unlink()
+        except (OSError, ValueError):
+            pass
+        log.info("daemon.stopped", requeued=[j for j, _ in interrupted])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrators.daemon")
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--poll", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    from maxkernel.logging import configure
+
+    configure(os.environ.get("MAXKERNEL_LOG_LEVEL", "info"))
+    settings = load_settings()
+    if read_state(settings) is not None:
+        print(f"error: a daemon is already running for {settings.data_path}", file=sys.stderr)
+        return 2
+    asyncio.run(Daemon(settings, concurrency=args.concurrency, port=args.port, poll_s=args.poll).serve())
+    return 0
+
+
+def spawn(settings: Settings, *, concurrency: int = 2, port: int = 0, wait_s: float = 120.0) -> DaemonState:
+    """Start a detached daemon process and wait until its API answers."""
+    import subprocess
+    import urllib.request
+
+    log_path = settings.data_path / "daemon.log"
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrators.daemon", "--concurrency", str(concurrency),
+                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=str(Path(__file__).resolve().parent.parent))
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the daemon exited with code {proc.returncode}; see {log_path}")
+        state = read_state(settings)
+        if state is not None and state.pid == proc.pid:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{state.port}/status", timeout=5).read()
+                return state
+            except OSError:
+                pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the daemon did not answer within {wait_s:.0f} s; see {log_path}")
+
+
+def stop(settings: Settings, wait_s: float = 120.0) -> int | None:
+    """SIGTERM the running daemon and wait for it to exit; returns its pid, or None when none runs."""
+    state = read_state(settings)
+    if state is None:
+        return None
+    os.kill(state.pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(state.pid, 0)
+        except ProcessLookupError:
+            return state.pid
+        try:  # our own child (tests): reap it so that it does not linger as a zombie
+            if os.waitpid(state.pid, os.WNOHANG)[0] == state.pid:
+                return state.pid
+        except ChildProcessError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"daemon {state.pid} did not stop within {wait_s:.0f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The search graph, read back from the store: nodes are evaluated candidates with their reports, edges
+the strategy that led from a parent to a child.
+
+Nothing here is kept in memory between runs: the expansions table says which session applied which
+strategy to which parent, and each session's events say what was evaluated. That is what makes a search
+resumable after ``kill -9``: whatever was evaluated is in the event log, exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import BaseModel, Field
+
+from memory import Store
+from orchestrators.tables import ensure, expansions, searches
+
+ROOT = "root"
+EVALUATION_TYPES = ("EvalReport", "FixRequest")
+
+
+class Node(BaseModel):
+    candidate_id: str
+    session_id: str
+    expansion: int | None = None
+    parent_id: str
+    edge: str
+    strategy: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    status: str
+    passed: bool
+    speedup: float | None = None
+    kernel_ms: float | None = None
+    label: str | None = None
+    reason: str = ""
+    niche: str = ""
+    lane: int = 0
+    seq: int = 0
+    produced_by: str = ""
+
+
+class Expansion(BaseModel):
+    n: int
+    round: int
+    session_id: str
+    parent_id: str | None
+    strategy: str
+    params: dict[str, Any]
+    edge: str
+    lane: int
+    status: str
+
+
+class SearchGraph(BaseModel):
+    search_id: str
+    task_id: str
+    algorithm: str
+    config: dict[str, Any]
+    status: str
+    expansions: list[Expansion]
+    nodes: list[Node]
+
+    def node(self, candidate_id: str) -> Node:
+        return next(n for n in self.nodes if n.candidate_id == candidate_id)
+
+    @property
+    def valid(self) -> list[Node]:
+        return [n for n in self.nodes if n.passed]
+
+    def best(self) -> Node | None:
+        return max(self.valid, key=lambda n: n.speedup or 0.0, default=None)
+
+    def result_of(self, expansion: Expansion) -> Node | None:
+        """An expansion's best valid node (its draft, or the debugger's fix of it)."""
+        mine = [n for n in self.nodes if n.expansion == expansion.n and n.passed]
+        return max(mine, key=lambda n: n.speedup or 0.0, default=None)
+
+
+def shown(params: dict[str, Any]) -> dict[str, Any]:
+    """Parameters without a recalled kernel's whole source (the strategy name already names it)."""
+    return {k: v for k, v in params.items() if k != "source"}
+
+
+def params_key(strategy: str, params: dict[str, Any]) -> str:
+    return f"{strategy} {json.dumps(shown(params), sort_keys=True, default=str)}"
+
+
+def block_class(params: dict[str, Any]) -> str:
+    """The block-size class of a parameter set: the log4 bucket of the product of its block sizes."""
+    sizes = [int(v) for k, v in params.items() if isinstance(v, int) and not isinstance(v, bool) and "block" in k]
+    if not sizes:
+        return "-"
+    return f"b{int(math.log(max(1, math.prod(sizes)), 4))}"
+
+
+def niche(strategy: str, params: dict[str, Any]) -> str:
+    """Behaviour niche of evolve's archive: the op strategy × the block-size class."""
+    return f"{strategy}|{block_class(params)}"
+
+
+def load_graph(store: Store, search_id: str) -> SearchGraph:
+    ensure(store.engine)
+    with store.engine.connect() as conn:
+        row = conn.execute(sa.select(searches).where(searches.c.id == search_id)).first()
+        if row is None:
+            raise LookupError(f"no search {search_id!r} in {store.where}")
+        rows = conn.execute(sa.select(expansions).where(expansions.c.search_id == search_id)
+                            .order_by(expansions.c.n)).all()
+    exps = [Expansion.model_validate(dict(r._mapping)) for r in rows]
+    nodes: list[Node] = []
+    for exp in exps:
+        for event in store.events(session_id=exp.session_id):
+            if event.message_type not in EVALUATION_TYPES:
+                continue
+            draft, report = event.payload["draft"], event.payload["report"]
+            own_parent = draft.get("parent_id")
+            strategy = draft["plan"]["strategies"][draft["plan"]["step"]]
+            nodes.append(Node(
+                candidate_id=event.candidate_id or draft["candidate_id"], session_id=exp.session_id, expansion=exp.n,
+                parent_id=own_parent or exp.parent_id or ROOT, edge="fix" if own_parent else exp.edge,
+                strategy=exp.strategy, params=shown(dict(strategy.get("params") or {})), status=report["status"],
+                passed=report["status"] == "ok" and bool(report["correct"]), speedup=report.get("speedup"),
+                kernel_ms=report.get("kernel_ms"), label=report.get("label"), reason=(report.get("reason") or "")[:300],
+                niche=niche(exp.strategy, exp.params), lane=exp.lane, seq=event.seq,
+                produced_by=draft.get("produced_by", "")))
+    return SearchGraph(search_id=search_id, task_id=row.task_id, algorithm=row.algorithm, config=row.config,
+                       status=row.status, expansions=exps, nodes=nodes)

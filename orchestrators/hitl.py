@@ -1,0 +1,452 @@
+"""HITL: a terminal chat in which the agents propose and a person decides.
+
+Each step runs one actor (``orchestrators.stepper``) and shows what it proposes: a plan, a kernel (as a
+diff against the previous one), a fix, a tuning result. The person approves, edits it in ``$EDITOR``, or
+rejects it. Every proposal and decision is a ``HumanPrompt``/``HumanDecision`` in the event log, and the
+chat's state is rebuilt from that log on ``--resume``. Free text goes to the LLM brain as guidance for
+the next steps; with the rules brain only commands are understood.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel, Field
+
+from actors.config import ActorConfig
+from actors.services import Services
+from jaxbench.report import EvalReport as JudgeReport
+from maxkernel.messages import (
+    Budget,
+    BusMessage,
+    CandidateScored,
+    DraftAbandoned,
+    EvalReport,
+    FixRequest,
+    HumanDecision,
+    HumanPrompt,
+    KernelDraft,
+    OptimizeRequest,
+    Plan,
+    ProfileReport,
+    SessionFinished,
+    new_id,
+)
+from maxkernel.runtime import CODER, DEBUGGER, PLANNER, PROFILER, TUNER
+from orchestrators.auto import brain_label
+from orchestrators.stepper import ask_tester, record, step
+
+HELP = """commands:
+  plan                 the planner proposes strategies (memory first)
+  implement [N]        the coder writes strategy N of the plan (default: the current one)
+  validate             compile and check correctness of the current kernel (no timing)
+  test                 the full judge: correctness and timing
+  fix                  the debugger proposes a fix for the last failure
+  profile              the profiler's diagnosis of the current kernel
+  tune                 the tuner searches the current kernel's parameters
+  accept               remember the current kernel (it must have passed the judge)
+  undo                 take back the last approved step
+  show [plan|kernel|report]   what the session holds now
+  history              every proposal and decision so far
+  help                 this list
+  quit                 leave (the session resumes with --resume ID)
+Anything else is guidance for the LLM brain."""
+
+ASK = "approve, edit or reject? [a/e/r] "
+
+
+class State(BaseModel):
+    """What the chat holds now; each approved step pushes a copy so that ``undo`` can go back."""
+
+    plan: Plan | None = None
+    draft: KernelDraft | None = None
+    report: JudgeReport | None = None
+    failure: FixRequest | None = None
+    profile: ProfileReport | None = None
+    accepted: str | None = None
+    guidance: list[str] = Field(default_factory=list)
+
+
+class Chat:
+    def __init__(self, services: Services, task_id: str, session_id: str, target: str = "cpu",
+                 read: Callable[[str], str] = input, write: Callable[[str], None] = print) -> None:
+        self.services, self.session_id, self.target = services, session_id, target
+        self.task = services.task(task_id)
+        self.read, self.write = read, write
+        self.state = State()
+        self.undo_stack: list[State] = []
+        self.history: list[str] = []
+        self.llm = services.config.brain == "llm"
+        self.budget = Budget(tune_max_trials=3, tune_budget_s=60)
+
+    # -- persistence ----------------------------------------------------------------------------
+
+    def ids(self, **extra: Any) -> dict[str, Any]:
+        return dict(session_id=self.session_id, task_id=self.task.id, sender="human") | extra
+
+    async def log_prompt(self, kind: str, message: BaseModel | None) -> None:
+        subject = {"kind": kind, "message": message.model_dump(mode="json") if message else None,
+                   "type": type(message).__name__ if message else None}
+        await record(self.services, HumanPrompt(**self.ids(), question=f"{kind}?", subject=subject))
+
+    async def log_decision(self, decision: str, text: str, edited: str | None = None) -> None:
+        await record(self.services, HumanDecision(**self.ids(), decision=decision, text=text,  # type: ignore[arg-type]
+                                                  edited_source=edited))
+        self.history.append(f"{decision}: {text}")
+
+    def restore(self) -> int:
+        """Rebuild the state from the event log: replay every prompt and the decision that answered it."""
+        events = self.services.store.events(session_id=self.session_id)
+        pending: dict[str, Any] | None = None
+        for event in events:
+            if event.message_type == "HumanPrompt":
+                pending = event.payload["subject"]
+            elif event.message_type == "HumanDecision":
+                d = event.payload
+                self.history.append(f"{d['decision']}: {d['text']}")
+                if d["text"] == "undo":
+                    self._undo()
+                elif d["text"].startswith("guidance:"):
+                    self.state.guidance.append(d["text"][len("guidance:"):].strip())
+                elif d["text"].startswith("accepted"):
+                    self.state.accepted = d["text"].split()[-1]
+                elif d["decision"] in ("approve", "edit") and pending and pending.get("message"):
+                    edited_id = d["text"].split()[-1] if d["decision"] == "edit" else None
+                    self._apply(pending["kind"], _message(pending), d.get("edited_source"), edited_id)
+                pending = None
+        return len(events)
+
+    # -- state changes --------------------------------------------------------------------------
+
+    def _push(self) -> None:
+        self.undo_stack.append(self.state.model_copy(deep=True))
+
+    def _undo(self) -> bool:
+        if not self.undo_stack:
+            return False
+        self.state = self.undo_stack.pop()
+        return True
+
+    def _apply(self, kind: str, message: Any, edited: str | None, edited_id: str | None = None) -> None:
+        self._push()
+        if kind == "plan":
+            self.state.plan = message
+        elif kind in ("kernel", "fix"):
+            if edited is not None:
+                message = message.model_copy(update={"source": edited, "produced_by": "human",
+                                                     "parent_id": message.candidate_id, "candidate_id": edited_id})
+            self.state.draft, self.state.report, self.state.failure, self.state.profile = message, None, None, None
+        elif kind == "report":
+            self.state.report = message.report
+            self.state.failure = None if message.report.passed else FixRequest(
+                session_id=message.session_id, task_id=message.task_id, candidate_id=message.draft.candidate_id,
+                parent_id=message.draft.parent_id, draft=message.draft, report=message.report, sender="human")
+        elif kind == "profile":
+            self.state.profile = message
+        elif kind == "tune":
+            draft = self.state.draft
+            assert draft is not None
+            self.state.draft = draft.model_copy(update={"source": message.source, "candidate_id": message.candidate_id,
+                                                        "parent_id": draft.candidate_id, "produced_by": "tuner"})
+            self.state.report = message.report
+
+    # -- asking the person ----------------------------------------------------------------------
+
+    def edit(self, text: str, suffix: str) -> str:
+        editor = os.environ.get("EDITOR") or os.environ.get("VISUAL") or "vi"
+        with tempfile.NamedTemporaryFile("w", suffix=suffix, delete=False) as fh:
+            fh.write(text)
+            path = fh.name
+        try:
+            subprocess.run([*shlex.split(editor), path], check=True)
+            return Path(path).read_text()
+        finally:
+            os.unlink(path)
+
+    async def decide(self, kind: str, message: BusMessage, shown: str, editable: str | None, suffix: str = ".py") -> bool:
+        """Show a proposal, log it, and apply the person's answer; True when it was taken."""
+        self.write(shown)
+        await self.log_prompt(kind, message)
+        while True:
+            answer = self.read(ASK).strip().lower()[:1]
+            if answer == "a":
+                self._apply(kind, message, None)
+                await self.log_decision("approve", kind)
+                return True
+            if answer == "e" and editable is not None:
+                edited = self.edit(editable, suffix)
+                if kind == "plan":
+                    message = _edited_plan(message, edited)  # type: ignore[arg-type]
+                    await self.log_prompt(kind, message)
+                    self._apply(kind, message, None)
+                    await self.log_decision("edit", kind)
+                else:
+                    edited_id = new_id()
+                    self._apply(kind, message, edited, edited_id)
+                    await self.log_decision("edit", f"{kind} as {edited_id}", edited)
+                self.write(f"{kind} edited and taken")
+                return True
+            if answer == "r":
+                await self.log_decision("redirect", f"{kind} rejected")
+                self.write(f"{kind} rejected")
+                return False
+            self.write("answer a, e or r" + ("" if editable is not None else " (this one cannot be edited)"))
+
+    # -- the steps ------------------------------------------------------------------------------
+
+    async def do_plan(self, _arg: str) -> None:
+        request = OptimizeRequest(**self.ids(), target=self.target, size="cpu", brain=brain_label(self.services.config),
+                                  budget=self.budget)
+        out = await step(self.services, PLANNER, request, (Plan, SessionFinished))
+        if isinstance(out, SessionFinished):
+            self.write(f"the planner gave up: {out.reason}")
+            return
+        assert isinstance(out, Plan)
+        if self.state.guidance:
+            out = out.model_copy(update={"notes": "\n".join([out.notes, "Guidance from the person:", *self.state.guidance]).strip()})
+        await self.decide("plan", out, plan_text(out), plan_text(out), ".txt")
+
+    async def do_implement(self, arg: str) -> None:
+        plan = self.need("plan")
+        if plan is None:
+            return
+        index = int(arg) - 1 if arg.strip().isdigit() else plan.step
+        if not 0 <= index < len(plan.strategies):
+            self.write(f"the plan has strategies 1..{len(plan.strategies)}")
+            return
+        chosen = plan.model_copy(update={"step": index, "message_id": new_id()})
+        out = await step(self.services, CODER, chosen, (KernelDraft, SessionFinished))
+        if isinstance(out, SessionFinished):
+            self.write(f"the coder could not write it: {out.reason}")
+            return
+        assert isinstance(out, KernelDraft)
+        await self.decide("kernel", out, self.diff(out.source), out.source)
+
+    async def do_test(self, _arg: str, timing: bool = True) -> None:
+        draft = self.need("draft")
+        if draft is None:
+            return
+        if await asyncio.to_thread(_unrecorded, self.services, draft.candidate_id):
+            await record(self.services, draft)  # an edited or tuned kernel becomes a candidate of the session
+        out = await ask_tester(self.services, draft, timing)
+        assert isinstance(out, EvalReport)
+        self.write(report_text(out.report))
+        await self.log_prompt("report", out)
+        self._apply("report", out, None)
+        await self.log_decision("approve", "report")
+
+    async def do_validate(self, arg: str) -> None:
+        await self.do_test(arg, timing=False)
+
+    async def do_fix(self, _arg: str) -> None:
+        failure = self.state.failure
+        if failure is None:
+            self.write("nothing to fix: test a kernel first (the last one did not fail)")
+            return
+        out = await step(self.services, DEBUGGER, failure.model_copy(update={"message_id": new_id()}),
+                         (KernelDraft, DraftAbandoned, SessionFinished))
+        if not isinstance(out, KernelDraft):
+            self.write(f"the debugger has no fix: {getattr(out, 'reason', '')}")
+            return
+        await self.decide("fix", out, self.diff(out.source), out.source)
+
+    async def do_profile(self, _arg: str) -> None:
+        if self.state.report is None or not self.state.report.passed or self.state.draft is None:
+            self.write("profile needs a kernel that passed the judge: run test first")
+            return
+        message = EvalReport(**self.ids(candidate_id=self.state.draft.candidate_id), draft=self.state.draft,
+                             report=self.state.report)
+        out = await step(self.services, PROFILER, message, (ProfileReport,))
+        assert isinstance(out, ProfileReport)
+        self.write(f"bound: {out.bound}\n{out.diagnosis}\n" + "\n".join(f"try: {s}" for s in out.suggestions))
+        await self.log_prompt("profile", out)
+        self._apply("profile", out, None)
+        await self.log_decision("approve", "profile")
+
+    async def do_tune(self, _arg: str) -> None:
+        profile = self.state.profile
+        if profile is None:
+            self.write("tune needs a profile: run profile first")
+            return
+        out = await step(self.services, TUNER, profile.model_copy(update={"message_id": new_id()}),
+                         (CandidateScored, SessionFinished), timeout_s=900)
+        if not isinstance(out, CandidateScored):
+            self.write(f"tuning ended: {getattr(out, 'reason', '')}")
+            return
+        self.write(f"tuned: {out.report.speedup}x ({out.report.status})")
+        await self.decide("tune", out, self.diff(out.source), None)
+
+    async def do_accept(self, _arg: str) -> None:
+        draft, report = self.state.draft, self.state.report
+        if draft is None or report is None or not report.passed:
+            self.write("accept needs a kernel that passed the judge")
+            return
+        memory = self.services.memory
+        kernel = await asyncio.to_thread(memory.remember_kernel, report, draft.source, task=self.task,
+                                         strategy=draft.plan.current.name, produced_by=draft.produced_by,
+                                         session_id=self.session_id, candidate_id=draft.candidate_id)
+        self._push()
+        self.state.accepted = kernel.id
+        await self.log_decision("approve", f"accepted kernel {kernel.id}")
+        await asyncio.to_thread(self.services.store.set_session_status, self.session_id, "accepted")
+        self.write(f"accepted: {report.speedup}x, remembered as {kernel.id}")
+
+    async def do_undo(self, _arg: str) -> None:
+        if self._undo():
+            await self.log_decision("redirect", "undo")
+            self.write("undone")
+        else:
+            self.write("nothing to undo")
+
+    async def do_show(self, arg: str) -> None:
+        what = arg.strip() or "kernel"
+        if what == "plan" and self.state.plan:
+            self.write(plan_text(self.state.plan))
+        elif what == "kernel" and self.state.draft:
+            self.write(self.state.draft.source)
+        elif what == "report" and self.state.report:
+            self.write(report_text(self.state.report))
+        else:
+            self.write(f"no {what} yet")
+
+    async def do_history(self, _arg: str) -> None:
+        self.write("\n".join(f"{i + 1}. {h}" for i, h in enumerate(self.history)) or "nothing yet")
+
+    async def do_help(self, _arg: str) -> None:
+        self.write(HELP)
+
+    async def guidance(self, text: str) -> None:
+        if not self.llm:
+            self.write("the rules brain understands commands only; type help")
+            return
+        self.state.guidance.append(text)
+        if self.state.plan is not None:
+            self.state.plan = self.state.plan.model_copy(update={"notes": f"{self.state.plan.notes}\nGuidance from the person: {text}".strip()})
+        await self.log_decision("redirect", f"guidance: {text}")
+        self.write("noted: the next plan and kernel will get it")
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def need(self, what: str) -> Any:
+        value = getattr(self.state, what)
+        if value is None:
+            self.write({"plan": "no plan yet: run plan", "draft": "no kernel yet: run implement"}[what])
+        return value
+
+    def diff(self, source: str) -> str:
+        before = self.state.draft.source if self.state.draft else ""
+        if not before:
+            return source
+        lines = difflib.unified_diff(before.splitlines(), source.splitlines(), "previous", "proposed", lineterm="")
+        return "\n".join(lines) or "(same as the previous kernel)"
+
+    async def loop(self) -> None:
+        commands = {name[3:]: getattr(self, name) for name in dir(self) if name.startswith("do_")}
+        while True:
+            try:
+                line = self.read("maxkernel> ").strip()
+            except EOFError:
+                line = "quit"
+            if not line:
+                continue
+            word, _, rest = line.partition(" ")
+            if word in ("quit", "exit"):
+                self.write(f"session {self.session_id} saved; resume with: maxkernel chat {self.task.id} --resume {self.session_id}")
+                return
+            if word in commands:
+                try:
+                    await commands[word](rest)
+                except Exception as exc:  # one step failing must not end the chat or lose the session
+                    self.write(f"{word} failed: {type(exc).__name__}: {exc}")
+            else:
+                await self.guidance(line)
+
+
+def _unrecorded(services: Services, candidate_id: str) -> bool:
+    from memory.errors import RecordNotFoundError
+
+    try:
+        services.store.get_candidate(candidate_id)
+        return False
+    except RecordNotFoundError:
+        return True
+
+
+def _message(subject: dict[str, Any]) -> Any:
+    types = {"Plan": Plan, "KernelDraft": KernelDraft, "EvalReport": EvalReport, "FixRequest": FixRequest,
+             "ProfileReport": ProfileReport, "CandidateScored": CandidateScored}
+    return types[subject["type"]].model_validate(subject["message"])
+
+
+def plan_text(plan: Plan) -> str:
+    lines = [f"{i + 1}. {s.name}: {s.rationale}" + (f" {s.params}" if s.params and "source" not in s.params else "")
+             for i, s in enumerate(plan.strategies)]
+    return "\n".join(lines + ([f"notes: {plan.notes}"] if plan.notes else []))
+
+
+def _edited_plan(plan: Plan, text: str) -> Plan:
+    """Keep the strategies whose numbered lines the person kept, in the order they left them."""
+    kept = []
+    for line in text.splitlines():
+        head = line.split(".", 1)[0].strip()
+        if head.isdigit() and 0 < int(head) <= len(plan.strategies):
+            kept.append(plan.strategies[int(head) - 1])
+    return plan.model_copy(update={"strategies": kept or plan.strategies, "step": 0})
+
+
+def report_text(report: JudgeReport) -> str:
+    speed = f"{report.speedup}x ({report.basis})" if report.speedup is not None else "-"
+    return f"status {report.status}, correct {report.correct}, speedup {speed}" + (f"\nreason: {report.reason[:800]}" if report.reason else "")
+
+
+async def run_chat(task_id: str, config: ActorConfig, *, resume: str | None = None, target: str = "cpu",
+                   read: Callable[[str], str] = input, write: Callable[[str], None] = print) -> str:
+    services = Services(config.model_copy(update={"remember": False}))
+    try:
+        task = services.task(task_id)
+        if resume:
+            info = services.store.get_session(resume)
+            chat = Chat(services, info.task_id or task.id, resume, info.target, read, write)
+            seen = chat.restore()
+            write(f"resumed session {resume}: {seen} events, {len(chat.history)} decisions")
+        else:
+            session_id = new_id()
+            services.store.create_session(mode="hitl", brain=brain_label(services.config), target=target,
+                                          task_id=task.id, id=session_id)
+            chat = Chat(services, task.id, session_id, target, read, write)
+            write(f"session {session_id} on {task.id} ({brain_label(services.config)} brain); type help")
+        await chat.loop()
+        return chat.session_id
+    finally:
+        await services.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from actors.session import config_for_brain
+
+    parser = argparse.ArgumentParser(prog="python -m orchestrators.hitl")
+    parser.add_argument("task")
+    parser.add_argument("--brain", default="rules")
+    parser.add_argument("--transcript", default=None)
+    parser.add_argument("--resume", default=None)
+    args = parser.parse_args(argv)
+    from maxkernel.logging import configure
+
+    configure("warning")
+    config = config_for_brain(args.brain, transcript=Path(args.transcript) if args.transcript else None)
+    asyncio.run(run_chat(args.task, config, resume=args.resume))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""A small HTTP API on loopback for other tools: submit, list, status, result, cancel.
+
+Standard library only (``ThreadingHTTPServer`` in a thread beside the daemon's event loop): every request
+goes straight to the job table in the store, which is the queue the daemon works from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+import structlog
+from pydantic import ValidationError
+
+from orchestrators.jobs import JobQueue, JobSpec, UnknownJob
+
+log = structlog.get_logger("orchestrators.http")
+
+_JOB = re.compile(r"^/jobs/([0-9a-f]{1,64})(/result|/cancel)?$")
+
+
+def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "maxkernel-daemon"
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            log.debug("http.request", line=fmt % args)
+
+        def _reply(self, code: int, body: Any) -> None:
+            data = json.dumps(body, default=str).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> Any:
+            length = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(length) or b"{}")
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            try:
+                if self.path == "/status":
+                    return self._reply(200, status())
+                if self.path.split("?")[0] == "/jobs":
+                    wanted = self.path.partition("status=")[2] or None
+                    return self._reply(200, [j.model_dump(mode="json") for j in queue.list(wanted)])
+                match = _JOB.match(self.path)
+                if match and match.group(2) in (None, "/result"):
+                    job = queue.get(match.group(1))
+                    if match.group(2) is None:
+                        return self._reply(200, job.model_dump(mode="json"))
+                    if job.status != "done":
+                        return self._reply(409, {"error": f"job {job.id} is {job.status}", "status": job.status})
+                    return self._reply(200, job.result)
+                self._reply(404, {"error": f"no route {self.path}"})
+            except UnknownJob as exc:
+                self._reply(404, {"error": str(exc)})
+
+        def do_POST(self) -> None:  # noqa: N802
+            try:
+                if self.path == "/jobs":
+                    spec = JobSpec.model_validate(self._body())
+                    return self._reply(201, queue.submit(spec).model_dump(mode="json"))
+                match = _JOB.match(self.path)
+                if match and match.group(2) == "/cancel":
+                    return self._reply(200, queue.cancel(match.group(1)).model_dump(mode="json"))
+                self._reply(404, {"error": f"no route {self.path}"})
+            except (ValidationError, json.JSONDecodeError) as exc:
+                self._reply(400, {"error": str(exc).splitlines()[0]})
+            except UnknownJob as exc:
+                self._reply(404, {"error": str(exc)})
+
+    return Handler
+
+
+class ApiServer:
+    """The HTTP server on 127.0.0.1 (port 0: the system picks one), served from a daemon thread."""
+
+    def __init__(self, queue: JobQueue, status: Callable[[], dict[str, Any]], port: int = 0) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), make_handler(queue, status))
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="maxkernel-http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,243 @@
+"""HTML reports of a session, a search or a daemon job, read back from the store's event log.
+
+One self-contained file: the best kernel and its judge's report, the candidate graph as a picture,
+speedup over the evaluations, and what each strategy contributed. Pictures are matplotlib PNGs embedded
+as base64, so the file can be mailed or archived alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import BaseModel
+
+from jaxbench.report import EvalReport
+from memory import Store
+from memory.errors import RecordNotFoundError
+from orchestrators.graph import EVALUATION_TYPES, ROOT, Node, load_graph, niche, shown
+from orchestrators.tables import ensure, jobs, searches
+
+
+class ReportData(BaseModel):
+    kind: str
+    id: str
+    task_id: str
+    title: str
+    facts: dict[str, Any]
+    nodes: list[Node]
+
+
+class UnknownSubject(LookupError):
+    """Neither a session, a search nor a job."""
+
+
+def session_nodes(store: Store, session_id: str) -> list[Node]:
+    """An Auto/HITL/daemon session's evaluated candidates, with the edges the event log implies."""
+    nodes = []
+    for event in store.events(session_id=session_id):
+        if event.message_type not in EVALUATION_TYPES:
+            continue
+        draft, report = event.payload["draft"], event.payload["report"]
+        ref = draft["plan"]["strategies"][draft["plan"]["step"]]
+        tool = draft.get("produced_by", "").endswith(":tool")
+        parent = draft.get("parent_id") or ROOT
+        edge = "tune" if tool else "fix" if draft.get("parent_id") else f"apply {ref['name']}"
+        params = shown(dict(ref.get("params") or {}))
+        nodes.append(Node(candidate_id=event.candidate_id or draft["candidate_id"], session_id=session_id,
+                          parent_id=parent, edge=edge, strategy=ref["name"], params=params,
+                          status=report["status"], passed=report["status"] == "ok" and bool(report["correct"]),
+                          speedup=report.get("speedup"), kernel_ms=report.get("kernel_ms"), label=report.get("label"),
+                          reason=(report.get("reason") or "")[:300], niche=niche(ref["name"], params), seq=event.seq,
+                          produced_by=draft.get("produced_by", "")))
+    return nodes
+
+
+def gather(store: Store, subject: str) -> ReportData:
+    """Find ``subject`` (a job, a search or a session id) and read what the report needs."""
+    ensure(store.engine)
+    with store.engine.connect() as conn:
+        job = conn.execute(sa.select(jobs).where(jobs.c.id == subject)).first()
+        search = conn.execute(sa.select(searches.c.id).where(searches.c.id == subject)).first()
+    if search is not None:
+        graph = load_graph(store, subject)
+        facts = {"algorithm": graph.algorithm, "status": graph.status, "expansions": len(graph.expansions),
+                 "evaluations": len(graph.nodes)} | {k: graph.config[k] for k in ("seed", "max_evaluations", "target")}
+        return ReportData(kind="search", id=subject, task_id=graph.task_id, title=f"{graph.algorithm} search",
+                          facts=facts, nodes=graph.nodes)
+    sessions = [subject]
+    facts: dict[str, Any] = {}
+    if job is not None:
+        sessions = list(job.sessions or [])
+        facts = {"job status": job.status, "priority": job.priority, "attempts": job.attempts}
+        if not sessions:
+            return ReportData(kind="job", id=subject, task_id=job.task_id, title="daemon job", facts=facts, nodes=[])
+    try:
+        infos = [store.get_session(s) for s in sessions]
+    except RecordNotFoundError as exc:
+        raise UnknownSubject(f"{subject!r} is no session, search or job in {store.where}") from exc
+    info = infos[-1]
+    facts |= {"mode": info.mode, "brain": info.brain, "target": info.target, "status": info.status,
+              "started": info.created_at.strftime("%Y-%m-%d %H:%M:%S UTC")}
+    nodes = [n for s in sessions for n in session_nodes(store, s)]
+    facts["evaluations"] = len(nodes)
+    return ReportData(kind="job" if job is not None else "session", id=subject, task_id=info.task_id or "",
+                      title=f"{'daemon job' if job is not None else info.mode + ' session'}", facts=facts, nodes=nodes)
+
+
+# -- pictures --------------------------------------------------------------------------------------
+
+
+def _png(fig: Any) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def graph_png(nodes: list[Node]) -> str:
+    """Nodes in layers by depth from the root, edges labelled with the strategy applied."""
+    plt = _plt()
+    ids = {n.candidate_id for n in nodes}
+    depth: dict[str, int] = {ROOT: 0}
+    for node in sorted(nodes, key=lambda n: n.seq):
+        depth[node.candidate_id] = depth.get(node.parent_id if node.parent_id in ids else ROOT, 0) + 1
+    layers: dict[int, list[str]] = defaultdict(list)
+    for node in sorted(nodes, key=lambda n: n.seq):
+        layers[depth[node.candidate_id]].append(node.candidate_id)
+    pos = {ROOT: (0.0, 0.0)}
+    for d, members in layers.items():
+        for i, cid in enumerate(members):
+            pos[cid] = ((i - (len(members) - 1) / 2) * 1.6, -float(d))
+    width = max([len(m) for m in layers.values()] + [1])
+    fig, ax = plt.subplots(figsize=(min(18, 3 + 1.3 * width), 2 + 1.4 * len(layers)))
+    for node in nodes:
+        parent = node.parent_id if node.parent_id in pos else ROOT
+        (x0, y0), (x1, y1) = pos[parent], pos[node.candidate_id]
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops={"arrowstyle": "->", "color": "#999"})
+        ax.text((x0 + x1) / 2, (y0 + y1) / 2, node.edge[:28], fontsize=6, color="#555", ha="center")
+    ax.scatter([0], [0], s=300, c="#444")
+    ax.text(0.25, 0, "reference (root)", ha="left", va="center", fontsize=7)
+    for node in nodes:
+        x, y = pos[node.candidate_id]
+        color = "#2a9d4b" if node.passed else "#d1495b"
+        ax.scatter([x], [y], s=260, c=color, zorder=3)
+        label = f"{node.speedup:.2f}x" if node.passed and node.speedup else node.status
+        ax.text(x, y - 0.3, label, ha="center", fontsize=7)
+    ax.set_axis_off()
+    ax.set_title("candidates (green: correct, red: rejected); edges: strategy applied", pad=14)
+    return _png(fig)
+
+
+def speedup_png(nodes: list[Node]) -> str:
+    plt = _plt()
+    ordered = sorted(nodes, key=lambda n: n.seq)
+    xs = list(range(1, len(ordered) + 1))
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ok = [(x, n.speedup) for x, n in zip(xs, ordered) if n.passed and n.speedup]
+    best, running = [], None
+    for n in ordered:
+        if n.passed and n.speedup and (running is None or n.speedup > running):
+            running = n.speedup
+        best.append(running if running is not None else float("nan"))
+    if ok:
+        ax.scatter([p[0] for p in ok], [p[1] for p in ok], s=16, c="#2a9d4b", label="correct candidate")
+    bad = [x for x, n in zip(xs, ordered) if not n.passed]
+    if bad:
+        ax.scatter(bad, [0] * len(bad), s=16, c="#d1495b", marker="x", label="rejected")
+    ax.step(xs, best, where="post", c="#1d3557", label="best so far")
+    ax.axhline(1.0, ls="--", c="#999", lw=1)
+    ax.set_xlabel("evaluation")
+    ax.set_ylabel("speedup over reference")
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def contributions(nodes: list[Node]) -> list[dict[str, Any]]:
+    """Per strategy: evaluations spent, how many were correct, best speedup, and whether it held the lead."""
+    best = max((n for n in nodes if n.passed), key=lambda n: n.speedup or 0.0, default=None)
+    rows: dict[str, dict[str, Any]] = {}
+    for n in nodes:
+        row = rows.setdefault(n.strategy, {"strategy": n.strategy, "evaluations": 0, "correct": 0, "best": None})
+        row["evaluations"] += 1
+        if n.passed:
+            row["correct"] += 1
+            row["best"] = max(row["best"] or 0.0, n.speedup or 0.0)
+    for row in rows.values():
+        row["winner"] = best is not None and row["strategy"] == best.strategy
+    return sorted(rows.values(), key=lambda r: -(r["best"] or 0.0))
+
+
+def contributions_png(rows: list[dict[str, Any]]) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.45 * max(1, len(rows))))
+    names = [r["strategy"][:40] for r in rows]
+    ax.barh(names, [r["best"] or 0.0 for r in rows], color=["#2a9d4b" if r["winner"] else "#8ab6d6" for r in rows])
+    ax.axvline(1.0, ls="--", c="#999", lw=1)
+    ax.set_xlabel("best speedup")
+    ax.invert_yaxis()
+    return _png(fig)
+
+
+# -- the page --------------------------------------------------------------------------------------
+
+
+def _table(rows: list[tuple[str, Any]]) -> str:
+    return "<table>" + "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                               for k, v in rows) + "</table>"
+
+
+def render(store: Store, subject: str) -> str:
+    data = gather(store, subject)
+    best = max((n for n in data.nodes if n.passed), key=lambda n: n.speedup or 0.0, default=None)
+    parts = [f"<h1>{html.escape(data.title)} {html.escape(data.id[:12])} · {html.escape(data.task_id)}</h1>",
+             _table(list(data.facts.items()))]
+    if best is None:
+        parts.append("<h2>Best kernel</h2><p>No correct candidate.</p>")
+    else:
+        event = store.events(after=best.seq - 1, limit=1)[0]  # the evaluation itself: the draft and its report
+        code = event.payload["draft"]["source"]
+        report = EvalReport.model_validate(event.payload["report"])
+        facts = [("strategy", best.strategy), ("params", best.params), ("speedup", best.speedup),
+                 ("kernel ms", best.kernel_ms), ("label", best.label), ("reference ms", report.ref_ms),
+                 ("basis", report.basis), ("cv", report.cv), ("max abs err", report.max_abs_err),
+                 ("checks", ", ".join(f"{c.name}:{'ok' if c.passed else 'FAIL'}" for c in report.checks))]
+        parts += ["<h2>Best kernel</h2>", _table(facts), f"<pre>{html.escape(code)}</pre>"]
+    if data.nodes:
+        rows = contributions(data.nodes)
+        parts += ["<h2>Search graph</h2>", f'<img alt="graph" src="data:image/png;base64,{graph_png(data.nodes)}">',
+                  "<h2>Speedup over time</h2>",
+                  f'<img alt="speedup" src="data:image/png;base64,{speedup_png(data.nodes)}">',
+                  "<h2>What each strategy contributed</h2>",
+                  f'<img alt="strategies" src="data:image/png;base64,{contributions_png(rows)}">',
+                  "<table><tr><th>strategy</th><th>evaluations</th><th>correct</th><th>best</th><th>best overall</th></tr>"
+                  + "".join(f"<tr><td>{html.escape(r['strategy'])}</td><td>{r['evaluations']}</td><td>{r['correct']}</td>"
+                            f"<td>{r['best'] if r['best'] is not None else '-'}</td><td>{'yes' if r['winner'] else ''}</td></tr>"
+                            for r in rows) + "</table>"]
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
+             "th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}pre{background:#f6f6f6;padding:1em;"
+             "overflow:auto}img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>MaxKernel report {html.escape(data.id[:12])}"
+            f"</title><style>{style}</style></head><body>{''.join(parts)}</body></html>")
+
+
+def write_report(store: Store, subject: str, out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(store, subject), encoding="utf-8")
+    return out

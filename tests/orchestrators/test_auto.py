@@ -1,0 +1,95 @@
+"""Auto end to end: the rules brain over several iterations with feedback and memory, and the LLM brain
+driven by a replay transcript (plan, broken draft, fix, second strategy with the feedback, re-plan)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from actors.config import ActorConfig
+from actors.services import Services
+from maxkernel.llm.transcript import Exchange, append_exchange
+from orchestrators.auto import AutoBudget, run_auto
+from transcripts import PROFILER_REPLY, fenced, kernel_source, text
+
+GEMM = "41k_Gemm_Add_ReLU"
+NORM = "12p_RMSNorm"
+
+
+def _auto(config: ActorConfig, evaluator: object, task: str, budget: AutoBudget):  # type: ignore[no-untyped-def]
+    services = Services(config, evaluator=evaluator)  # type: ignore[arg-type]
+    try:
+        result = asyncio.run(run_auto(task, services=services, budget=budget))
+        return result, services.store.events(session_id=result.session_id)
+    finally:
+        services.store.close()
+        services.memory.close()
+
+
+def test_rules_auto_iterates_with_feedback_and_starts_from_memory(orch_evaluator: object) -> None:
+    config = ActorConfig(brain="rules", remember=False)
+    budget = AutoBudget(max_evaluations=8, tune_max_trials=1, patience=3, time_s=400)
+    result, events = _auto(config, orch_evaluator, NORM, budget)
+    assert result.status == "scored", result.stop_reason
+    assert result.best_report is not None and result.best_report.passed
+    assert len(result.iterations) >= 2 and result.evaluations == sum(i.evaluations for i in result.iterations)
+    assert result.first_correct_at == 1 and result.tokens == 0
+    assert "nothing that was not tried" in result.stop_reason or "evaluation budget" in result.stop_reason
+
+    # The second iteration's plan carries what the first one taught.
+    plans = [e.payload for e in events if e.message_type == "Plan"]
+    worked_on = [p for p in plans if "Tried so far" in p["notes"]]
+    assert worked_on and result.iterations[0].strategies[0] in worked_on[0]["notes"]
+    assert plans[0]["strategies"][0]["kind"] == "template"
+    assert result.remembered_kernel and result.remembered_note
+
+    # A new run starts from memory: the kernel just remembered is the first thing it tries.
+    again, again_events = _auto(config, orch_evaluator, NORM, AutoBudget(max_evaluations=1, time_s=300))
+    plan = next(e.payload for e in again_events if e.message_type == "Plan")
+    assert plan["strategies"][0]["kind"] == "recalled" and again.recalled
+    first = next(e.payload for e in again_events if e.message_type == "KernelDraft")
+    remembered = next(a for a in result.attempts if a.status == "ok")
+    assert first["plan"]["strategies"][0]["name"].startswith("recall:") and remembered
+    assert again.stop_reason.startswith("evaluation budget spent") and again.evaluations == 1
+    assert again.status == "scored" and again.best_report is not None and again.best_report.passed
+
+
+def _transcript(path: Path) -> Path:
+    rows = [
+        ("planner", text("STRATEGY: tiled-a | grid over M, N, K with an f32 accumulator\n"
+                         "STRATEGY: tiled-b | the same with 512-row tiles\n"
+                         "NOTES: weight is [N, K]: contract dim 1 of both blocks.")),
+        ("coder", text(fenced(kernel_source(broken=True)))),
+        ("debugger", text("`VMEM` lives in `pltpu`.\n" + fenced(kernel_source()))),
+        ("profiler", text(PROFILER_REPLY)),
+        ("tuner", text("No variant is worth trying here.")),
+        ("coder", text(fenced(kernel_source((512, 512, 1024))))),
+        ("profiler", text(PROFILER_REPLY)),
+        ("tuner", text("No variant is worth trying here.")),
+        ("planner", text("STRATEGY: tiled-a | the accumulator grid again")),
+    ]
+    for actor, result in rows:
+        append_exchange(path, Exchange(actor=actor, model="replay", result=result))
+    return path
+
+
+def test_llm_auto_through_replay(tmp_path: Path, orch_evaluator: object) -> None:
+    recording = tmp_path / "recorded.jsonl"
+    config = ActorConfig(brain="llm", model="replay", transcript=_transcript(tmp_path / "auto.jsonl"),
+                         record_to=recording, remember=False)
+    result, events = _auto(config, orch_evaluator, GEMM, AutoBudget(max_evaluations=10, patience=3, time_s=400))
+    assert result.status == "scored", result.stop_reason
+    assert result.stop_reason == "the planner proposed nothing that was not tried already"
+    assert [i.strategies for i in result.iterations] == [["tiled-a"], ["tiled-b"]]
+    assert {a.strategy: a.status for a in result.attempts} == {"tiled-a": "ok", "tiled-b": "ok"}
+    assert result.evaluations == 3 and result.tokens > 0
+    types = [e.message_type for e in events]
+    assert types.count("FixRequest") == 1 and types.count("SessionFinished") == 2
+
+    # The coder of the second iteration was told what the first one found.
+    coder_calls = [json.loads(line) for line in recording.read_text().splitlines()
+                   if json.loads(line)["actor"] == "coder"]
+    assert len(coder_calls) == 2
+    assert "Tried so far" in json.dumps(coder_calls[1]["messages"]) and "tiled-a: correct" in json.dumps(coder_calls[1]["messages"])
+    assert "Tried so far" not in json.dumps(coder_calls[0]["messages"])

@@ -1,0 +1,56 @@
+"""The rules brain's API end to end: strategies, the debugger, and optimize_rules with the real evaluator."""
+
+from __future__ import annotations
+
+from jaxbench import static_checks
+from jaxbench.report import EvalReport
+from jaxbench.task import load_task
+from maxkernel.analysis import analyze_task
+from maxkernel.rules import fix_known_error, optimize_rules, propose_strategies, render
+
+
+def test_strategies_put_work_removing_rewrites_first_and_the_reference_last() -> None:
+    task = load_task("21k_Gemm_Divide_Sum_Scaling")
+    strategies = propose_strategies(task, analyze_task(task))
+    assert strategies[0].name == "rewrite:sum_after_matmul" and strategies[0].kind == "rewrite"
+    assert strategies[-1].kind == "reference"
+    assert any(s.kind == "template" and s.space for s in strategies)
+    for s in strategies:
+        assert static_checks.scan(render(task, s))[0] == []
+
+
+def test_fix_known_error_strips_interpret_and_knows_when_it_cannot_help() -> None:
+    report = EvalReport(task="t", status="rejected", reason="x")
+    fixed = fix_known_error("y = pl.pallas_call(k, grid=(1,), interpret=True)(x)\n", report)
+    assert fixed == "y = pl.pallas_call(k, grid=(1,))(x)\n"
+    assert fix_known_error("def kernel(x):\n    return x\n", report) is None
+
+
+def test_optimize_rules_returns_a_proven_faster_rewrite(evaluator) -> None:  # type: ignore[no-untyped-def]
+    events: list[str] = []
+    result = optimize_rules(load_task("21k_Gemm_Divide_Sum_Scaling"), budget_s=25, evaluator=evaluator,
+                            on_event=lambda kind, _data: events.append(kind))
+    assert result.beat_reference and result.best_strategy == "rewrite:sum_after_matmul"
+    assert result.best_report is not None and result.best_report.passed and (result.best_report.speedup or 0) > 1.5
+    assert {"analysis", "strategies", "baseline", "trial", "confirm"} <= set(events)
+    # The winner beat the reference and the reference re-run as a candidate (the judge's process bias).
+    assert result.baseline_speedup is not None and result.confirmed_speedup is not None
+    assert result.confirmed_speedup >= max(1.0, result.baseline_speedup)
+    assert any(t.strategy == "rewrite:sum_after_matmul" for t in result.tried)
+
+
+def test_optimize_rules_says_plainly_when_nothing_beats_the_reference(evaluator) -> None:  # type: ignore[no-untyped-def]
+    task = load_task("18k_Conv2D_ReLU_BiasAdd")  # no rewrite or template applies
+    result = optimize_rules(task, budget_s=10, evaluator=evaluator)
+    assert not result.beat_reference and result.best_strategy == "reference"
+    assert "nothing beat the reference" in result.note
+    assert result.best_report is not None and result.best_report.label == "reference-equivalent"
+
+
+def test_tpu_target_ranks_by_the_cost_model(evaluator) -> None:  # type: ignore[no-untyped-def]
+    task = load_task("21k_Gemm_Divide_Sum_Scaling")
+    strategies = propose_strategies(task, analyze_task(task, "tpu-v5e"), "tpu-v5e")
+    assert "template:rowblock" not in [s.name for s in strategies]  # the whole weight cannot sit in VMEM
+    result = optimize_rules(task, target="tpu-v5e", budget_s=20, evaluator=evaluator)
+    assert result.beat_reference and result.best_report is not None
+    assert result.best_report.basis == "modelled" and result.best_report.model is not None
