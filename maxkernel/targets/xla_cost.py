@@ -44,6 +44,9 @@ def xla_cost(fn: Callable[..., Any], arg_shapes: Sequence[Any]) -> XlaCost:
     return XlaCost(nbytes, count_ops(traced.jaxpr.jaxpr), xla_flops)
 
 
+LAYOUT_ONLY = ("reshape", "squeeze", "expand_dims")
+
+
 def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall]) -> XlaCost | None:
     """Bytes and work of everything outside the pallas_calls, or None when a kernel sits inside a loop.
 
@@ -60,6 +63,15 @@ def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall]) -> XlaCost | No
         results = iter(pallas_outs)
         kept: dict[int, Any] = {}
 
+        def on_layout(eqn: core.JaxprEqn, invals: list[Any]) -> list[Any]:
+            # A reshape of a program input or kernel output is a bitcast on TPU: it moves no bytes,
+            # so its result counts as the same buffer rather than as a new one to price.
+            params = eqn.primitive.get_bind_params(eqn.params)
+            out = eqn.primitive.bind(*invals, **params)
+            if id(invals[0]) in sources:
+                sources.add(id(out))
+            return [out]
+
         def keep(values: Sequence[Any]) -> None:
             for value in values:
                 if isinstance(value, jax.core.Tracer) and id(value) not in sources:
@@ -69,7 +81,8 @@ def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall]) -> XlaCost | No
             keep(invals)
             return list(next(results))
 
-        keep(evaluate(closed.jaxpr, closed.consts, args, {"pallas_call": on_pallas}))
+        hooks = {"pallas_call": on_pallas, **{name: on_layout for name in LAYOUT_ONLY}}
+        keep(evaluate(closed.jaxpr, closed.consts, args, hooks))
         return list(kept.values())
 
     traced = jax.jit(glue).trace(arg_shapes, kernel_outs)
