@@ -24,7 +24,9 @@ class Planner(BrainActor):
                 await self.finish(message, "failed", str(exc))
                 return
             if not outcome.strategies:
-                await self.finish(message, "failed", "the planner found no strategy for this task")
+                reason = ("the planner proposed nothing that was not tried already" if message.exclude
+                          else "the planner found no strategy for this task")
+                await self.finish(message, "failed", reason)
                 return
             plan = Plan(session_id=message.session_id, task_id=message.task_id, target=message.target,
                         size=message.size, budget=message.budget, analysis=outcome.analysis,

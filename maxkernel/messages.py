@@ -51,6 +51,8 @@ class OptimizeRequest(BusMessage):
     size: str = "cpu"
     brain: str = "rules"
     budget: Budget = Field(default_factory=Budget)
+    feedback: str = Field(default="", description="what earlier iterations of this session learned")
+    exclude: list[str] = Field(default_factory=list, description="strategy names already tried in this session")
 
 
 class StrategyRef(BaseModel):

@@ -170,6 +170,14 @@ class StoreTx:
         produced_by: str = "",
         id: str | None = None,
     ) -> CandidateInfo:
+        """Add a candidate; re-adding the same id with the same code returns the stored one (a message
+        re-published on the bus is recorded once)."""
+        if id is not None:
+            existing = self.session.get(CandidateRow, id)
+            if existing is not None:
+                if existing.code != code:
+                    raise ValueError(f"candidate {id} already exists with different code")
+                return CandidateInfo.model_validate(existing)
         self.ensure_task(task_id)
         row = CandidateRow(
             id=id or new_id(),

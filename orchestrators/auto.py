@@ -172,8 +172,11 @@ class AutoRun:
 
     async def replan(self) -> str | None:
         """Ask the planner (memory first); returns why not when it has nothing new."""
+        tried = list(self.history.values())
         request = OptimizeRequest(session_id=self.session_id, task_id=self.task.id, target=self.target,
-                                  size=self.size, brain=brain_label(self.services.config), budget=self.message_budget(), sender="auto")
+                                  size=self.size, brain=brain_label(self.services.config), budget=self.message_budget(),
+                                  sender="auto", feedback=feedback_text(tried),
+                                  exclude=sorted({attempt.strategy for attempt in tried}))
         outcome = await self.bus.plan(request, self.time_left())
         if isinstance(outcome, SessionFinished):
             return outcome.reason or f"planner ended with {outcome.status}"

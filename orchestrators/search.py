@@ -10,6 +10,8 @@ evaluation counts as done (its candidates are in the graph, never judged again);
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import asyncio
 import json
 import random
@@ -122,7 +124,7 @@ def memory_hints(services: Services, task: Any, catalog: list[StrategyRef], targ
     return out
 
 
-class Decider:
+class Decider(ABC):
     """Decides a round's expansions from the graph; one subclass per algorithm."""
 
     def __init__(self, config: SearchConfig, catalog: list[StrategyRef], hints: list[Spec] | None = None) -> None:
@@ -167,8 +169,9 @@ class Decider:
                      edge=f"switch to {s.name}", lane=lane)
                 for s in self.catalog if params_key(s.name, s.params) not in tried]
 
+    @abstractmethod
     def decide(self, graph: SearchGraph, round_: int, rng: random.Random, tried: set[str]) -> list[Spec]:
-        raise NotImplementedError
+        """The expansions of round ``round_``, chosen from the stored graph."""
 
 
 class Beam(Decider):

@@ -105,6 +105,10 @@ class LlmBrain(Brain):
 
         agent = self._agent(system_prompt("planner"), with_tools=False)
         prompt = f"{self._context()}\n\n{recall_block(recall)}\n\nCPU ridge point for reference: {CPU_RIDGE} FLOP/byte."
+        if request.feedback or request.exclude:
+            tried = ", ".join(request.exclude) or "(none)"
+            prompt += (f"\n\n## What this session has learned\n{request.feedback or '(no results yet)'}\n\n"
+                       f"Strategies already tried (propose others): {tried}")
         reply = await self._say(agent, prompt)
         lines = _STRATEGY.findall(reply)
         for _ in range(self.config.max_reprompts):
@@ -154,7 +158,9 @@ class LlmBrain(Brain):
 
     async def tune(self, profile: ProfileReport) -> TuneOutcome:
         budget = profile.draft.plan.budget
-        max_variants = max(1, budget.tune_max_trials or 3)
+        max_variants = 3 if budget.tune_max_trials is None else budget.tune_max_trials
+        if max_variants <= 0:  # tuning switched off: keep the correct kernel as it is, ask the model nothing
+            return TuneOutcome(best_source=profile.draft.source, best_report=profile.report)
         agent = self._agent(system_prompt("tuner", max_variants=max_variants), with_tools=False)
         prompt = (f"{self._context()}\n\n## Correct kernel\n```python\n{profile.draft.source.strip()}\n```\n\n"
                   f"## Judge\n{summarize(profile.report)}\n\n## Profiler\nBOUND: {profile.bound}\n{profile.diagnosis}\n"

@@ -28,8 +28,10 @@ class RulesBrain(Brain):
         task = self.tools.task
         analysis = await asyncio.to_thread(analyze_task, task, request.target, request.size)
         proposed = await asyncio.to_thread(propose_strategies, task, analysis, request.target)
+        tried = set(request.exclude)
         strategies = [StrategyRef(name=s.name, kind=s.kind, params=dict(s.params), space=dict(s.space),
-                                  rationale=s.rationale, target=s.target, extents=dict(s.extents)) for s in proposed]
+                                  rationale=s.rationale, target=s.target, extents=dict(s.extents))
+                      for s in proposed if s.name not in tried]
         # A kernel already verified for this very task (and target: recall filters by it) is tried first:
         # it costs one evaluation. Similarity scores mix in the code, so the task id decides, not the score.
         same = [k for k in recall.kernels if k.task_id == task.id]
@@ -37,7 +39,7 @@ class RulesBrain(Brain):
             best = max(same, key=lambda k: k.speedup or 0.0)
             strategies.insert(0, StrategyRef(name=f"recall:{best.id}", kind=RECALLED, params={"source": best.code},
                                              rationale=f"verified before for this task ({best.speedup}x)"))
-        notes = "\n".join(n.text for n in recall.notes)
+        notes = "\n".join([n.text for n in recall.notes] + ([request.feedback] if request.feedback else []))
         return PlanOutcome(analysis=analysis.summary(), strategies=strategies, notes=notes)
 
     async def draft(self, plan: Plan, feedback: str | None = None) -> str:

@@ -121,3 +121,13 @@ def test_sqlite_runs_in_wal_mode(tmp_path) -> None:
     with Store.open(url) as s, s.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar_one() == "wal"
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar_one() == 1
+
+
+def test_a_candidate_recorded_twice_under_its_id_is_stored_once(store: Store) -> None:
+    code = "def kernel(x):\n    return x\n"
+    first = store.add_candidate("t1", code, strategy="baseline", id="cand-fixed-id")
+    again = store.add_candidate("t1", code, strategy="baseline", id="cand-fixed-id")
+    assert again.model_dump() == first.model_dump()
+    assert store.stats().candidates == 1
+    with pytest.raises(ValueError, match="different code"):
+        store.add_candidate("t1", code + "# changed\n", id="cand-fixed-id")
