@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from maxkernel.rewrites.structural import structural_rewrites
 from maxkernel.templates import TEMPLATES
 from maxkernel.templates.base import sizes_for
 
@@ -38,6 +39,12 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
                         for n in rewritten.names)
         found.append(Strategy(name=f"rewrite:{label}", kind="rewrite", params={"rewrites": rewritten.names},
                               rationale=why, target=target))
+    for structural in structural_rewrites():
+        if structural.applies(task, analysis) is not None:
+            continue
+        space = structural.space(task, analysis, target)
+        found.append(Strategy(name=f"rewrite:{structural.name}", kind="rewrite", params=space.defaults,
+                              space=space.space, rationale=structural.description, target=target))
     for template in TEMPLATES:
         reason = template.applies(task, analysis)
         if reason is not None:
@@ -59,6 +66,9 @@ def render(task: "Task", strategy: Strategy, params: dict[str, Any] | None = Non
     chosen = {**strategy.params, **(params or {})}
     sizes = sizes_for(strategy.target)
     if strategy.kind == "rewrite":
+        structural = next((r for r in structural_rewrites() if f"rewrite:{r.name}" == strategy.name), None)
+        if structural is not None:
+            return structural.render(task, chosen, sizes)
         return render_rewrite(task, list(chosen["rewrites"]), sizes)
     if strategy.kind == "template":
         template = next(t for t in TEMPLATES if f"template:{t.name}" == strategy.name)

@@ -1,0 +1,324 @@
+"""Softmax attention under a static mask, computed only on the key columns each query block can see.
+
+A reference writes causal, sliding-window or block-sparse attention densely: it scores every query
+against every key and then masks. When the mask depends only on positions (iota and constants), it is
+known when the candidate is generated, so each block of query rows can be scored against just the key
+spans it can see. Everything between the score matmul and the softmax is replayed per block: constant
+scales, additive terms computed from other inputs (a relative-position bias table, say), and the mask
+itself, each sliced to the block's rows and visible columns.
+
+Recognised: inputs q [b, hq, s, d], k and v [b, hk, s, d] (hk dividing hq, plus any inputs that only
+feed additive terms), two matmuls (scores, then probabilities times values), a softmax over keys and an
+output shaped like q. The plan (query blocks and their key spans) is written into the candidate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from maxkernel.analysis.program import Const, Node, Operand, Program, Var, arg_names, read, trace_program
+from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, scalar_text
+from maxkernel.rewrites.structural import candidate_header
+from maxkernel.rewrites.source import size_dispatch
+from maxkernel.templates.base import TemplateSpace, divisors, sizes_for
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
+    from maxkernel.analysis import TaskAnalysis
+
+CHAIN = ("mul", "div", "add", "sub", "select_n", "convert_element_type")
+PASS_BACK = ("convert_element_type", "reshape", "copy")
+
+
+@dataclass
+class ChainStep:
+    prim: str
+    operand: Operand | None = None  # the other operand (a scalar, a static array, or a side term)
+    scores_first: bool = True  # the running scores are the left operand
+    kind: str = "scalar"  # scalar | static | side | mask | none
+    name: str = ""  # for static/side operands: the function computing it
+
+
+@dataclass
+class AttentionPlan:
+    q: Var
+    k: Var
+    v: Var
+    score_shape: tuple[int, ...]
+    q_factor: float
+    steps: list[ChainStep]
+    mask: np.ndarray  # [sq, sk], True where a key is visible
+    side_inputs: list[Var] = field(default_factory=list)
+    out_dtype: Any = None
+
+
+def _ancestors(program: Program, var: Var) -> list[Node]:
+    producers = program.producers()
+    needed: set[int] = set()
+    stack = [var]
+    while stack:
+        v = stack.pop()
+        node = producers.get(v)
+        if node is None or id(node) in needed:
+            continue
+        needed.add(id(node))
+        stack.extend(op for op in node.ins if isinstance(op, Var))
+    return [n for n in program.nodes if id(n) in needed]
+
+
+def _depends_on(program: Program, var: Var) -> set[str]:
+    """Names of the program inputs ``var`` is computed from."""
+    inputs = {v: v.name for v in program.inputs}
+    if var in inputs:
+        return {inputs[var]}
+    found: set[str] = set()
+    for node in _ancestors(program, var):
+        found.update(inputs[op] for op in node.ins if isinstance(op, Var) and op in inputs)
+    return found
+
+
+def _evaluate(program: Program, var: Var) -> np.ndarray:
+    """The value of a var that depends on no input (iota, constants), computed now."""
+    env: dict[Var, Any] = {}
+    for node in _ancestors(program, var):
+        outs = node.primitive.bind(*[read(env, op) for op in node.ins], **node.params)
+        env.update(zip(node.outs, outs if node.primitive.multiple_results else [outs]))
+    return np.asarray(env[var])
+
+
+def _scalar_factor(program: Program, var: Var, stop: Var) -> float:
+    """Constant factors applied to input ``stop`` on the way to ``var`` (through casts and reshapes)."""
+    producers = program.producers()
+    factor = 1.0
+    while var is not stop:
+        node = producers.get(var)
+        if node is None:
+            return factor
+        if node.prim in PASS_BACK:
+            var = node.ins[0]  # type: ignore[assignment]
+            continue
+        consts = [op for op in node.ins if isinstance(op, Const) and op.scalar() is not None]
+        vars_ = [op for op in node.ins if isinstance(op, Var)]
+        if node.prim in ("mul", "div") and len(consts) == 1 and len(vars_) == 1:
+            c = float(consts[0].scalar())  # type: ignore[arg-type]
+            factor = factor * c if node.prim == "mul" else factor / c
+            var = vars_[0]
+            continue
+        raise EmitError(f"{node.prim} between an input and the score matmul")
+    return factor
+
+
+def match_attention(program: Program) -> AttentionPlan | str:
+    rank4 = [v for v in program.inputs if len(v.shape) == 4]
+    if len(rank4) < 3:
+        return "no q, k, v inputs of rank 4"
+    q, k, v = rank4[:3]
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] or q.shape[1] % k.shape[1]:
+        return "q, k, v are not [batch, heads, seq, head_dim] with kv heads dividing q heads"
+    dots = [n for n in program.nodes if n.prim == "dot_general"]
+    prims = set(program.primitives())
+    if len(dots) != 2 or not {"exp", "reduce_max", "reduce_sum"} <= prims:
+        return "not one softmax(q k^T) v"
+    if len(program.outputs) != 1 or tuple(program.outputs[0].shape) != tuple(q.shape):
+        return "output is not shaped like q"
+    score = dots[0].out
+    sq, sk = q.shape[2], k.shape[2]
+    if tuple(score.shape[-2:]) != (sq, sk) or int(np.prod(score.shape[:-2])) != q.shape[0] * q.shape[1]:
+        return "scores are not [..., q_seq, k_seq]"
+    try:
+        dep = [_depends_on(program, op) if isinstance(op, Var) else set() for op in dots[0].ins]
+        if dep != [{q.name}, {k.name}]:
+            return "score matmul does not read q and k alone"
+        q_factor = _scalar_factor(program, dots[0].ins[0], q) * _scalar_factor(program, dots[0].ins[1], k)  # type: ignore[arg-type]
+    except EmitError as exc:
+        return str(exc)
+    users = program.users()
+    steps: list[ChainStep] = []
+    mask = np.ones((sq, sk), bool)
+    side_inputs: set[str] = set()
+    current = score
+    while True:
+        readers = users.get(current, [])
+        if len(readers) != 1:
+            break
+        node = readers[0]
+        if node.prim not in CHAIN:
+            break
+        others = [op for op in node.ins if op is not current]
+        if node.prim == "convert_element_type":
+            steps.append(ChainStep("convert_element_type", kind="none"))
+        elif node.prim == "select_n":
+            pred, *cases = node.ins
+            fill = next((c for c in cases if c is not current), None)
+            if not isinstance(pred, Var) or len(cases) != 2 or _depends_on(program, pred):
+                return "a mask that depends on inputs"
+            fill_value = fill.scalar() if isinstance(fill, Const) else _uniform(program, fill)
+            if fill_value is None or not np.isneginf(fill_value):
+                return "a mask that fills with something other than -inf"
+            keeps = cases[1] is current
+            visible = _evaluate(program, pred)
+            visible = visible if keeps else ~visible
+            full = np.broadcast_to(visible, tuple(score.shape)).reshape(-1, sq, sk)
+            mask &= full.any(axis=0)
+            steps.append(ChainStep("select_n", pred, keeps, "mask", f"_term_{len(steps)}"))
+        else:
+            other = others[0] if others else None
+            first = node.ins[0] is current
+            if isinstance(other, Const) and other.scalar() is not None:
+                steps.append(ChainStep(node.prim, other, first, "scalar"))
+            elif isinstance(other, Var):
+                names = _depends_on(program, other)
+                if names & {q.name, k.name, v.name}:
+                    return "a score term that reads q, k or v"
+                kind = "side" if names else "static"
+                side_inputs |= names
+                steps.append(ChainStep(node.prim, other, first, kind, f"_term_{len(steps)}"))
+            else:
+                return f"{node.prim} with an array constant"
+        current = node.out
+    if not users.get(current) or users[current][0].prim != "reduce_max":
+        return "no softmax right after the masked scores"
+    if not mask.any(axis=1).all():
+        return "a query row that sees no key"
+    ordered = [p for p in program.inputs if p.name in side_inputs]
+    return AttentionPlan(q, k, v, tuple(score.shape), q_factor, steps, mask, ordered, program.outputs[0].dtype)
+
+
+def _uniform(program: Program, var: Var) -> float | None:
+    if _depends_on(program, var):
+        return None
+    value = _evaluate(program, var)
+    flat = value.reshape(-1)
+    return float(flat[0]) if flat.size and np.all(flat == flat[0]) else None
+
+
+def block_plan(mask: np.ndarray, block_q: int) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
+    """Per query block: its rows and the contiguous key spans any of its rows can see."""
+    plan = []
+    for q0 in range(0, mask.shape[0], block_q):
+        q1 = min(q0 + block_q, mask.shape[0])
+        cols = np.flatnonzero(mask[q0:q1].any(axis=0))
+        spans: list[tuple[int, int]] = []
+        for c in cols.tolist():
+            if spans and spans[-1][1] == c:
+                spans[-1] = (spans[-1][0], c + 1)
+            else:
+                spans.append((c, c + 1))
+        plan.append((q0, q1, tuple(spans)))
+    return plan
+
+
+def _term_program(program: Program, var: Var, inputs: list[Var]) -> Program:
+    return Program(list(inputs), _ancestors(program, var), [var])
+
+
+SLICE_HELPERS = '''
+def _rows_cols(term, rows, spans, q_len, k_len):
+    """A score-shaped term cut to one query block's rows and visible key spans (broadcast axes kept)."""
+    if term.ndim >= 2 and term.shape[-2] == q_len:
+        term = term[..., rows[0]:rows[1], :]
+    if term.ndim >= 1 and term.shape[-1] == k_len:
+        term = jnp.concatenate([term[..., a:e] for a, e in spans], axis=-1) if len(spans) > 1 else term[..., spans[0][0]:spans[0][1]]
+    return term
+
+
+def _keys(t, spans):
+    return jnp.concatenate([t[:, :, a:e] for a, e in spans], axis=2) if len(spans) > 1 else t[:, :, spans[0][0]:spans[0][1]]
+'''
+
+
+class BlockedAttentionRewrite:
+    name = "blocked_attention"
+    description = "softmax attention scored only on the key spans a static mask leaves visible"
+
+    def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
+        found = match_attention(trace_program(task, "cpu").dce())
+        if isinstance(found, str):
+            return found
+        dense = found.mask.size
+        if found.mask.sum() > 0.9 * dense:
+            return "the mask hides less than a tenth of the scores"
+        return None
+
+    def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
+        seq = trace_program(task, "cpu").dce().inputs[0].shape[2]
+        options = [d for d in divisors(seq) if 32 <= d <= 512] or [seq]
+        return TemplateSpace(defaults={"block_q": 128 if 128 in options else options[-1]}, space={"block_q": options})
+
+    def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
+        names = arg_names(task)
+        parts = [candidate_header(f"{task.id}: {self.description}.\n\nblock_q={params['block_q']} query rows per block "
+                                  "(clamped to the sequence); f32 scores, the reference's own score terms and mask.")]
+        parts.append(SLICE_HELPERS)
+        dispatch: dict[str, tuple[str, tuple[tuple[int, ...], ...]]] = {}
+        for size in sizes:
+            program = trace_program(task, size).dce()
+            plan = match_attention(program)
+            if isinstance(plan, str):
+                raise EmitError(plan)
+            parts.append(self._render_size(program, plan, size, int(params["block_q"])))
+            dispatch[size] = (f"_attention_{size}", tuple(v.shape for v in program.inputs))
+        parts.append("\n" + size_dispatch(dispatch, names) + "\n")
+        return "\n".join(parts)
+
+    def _render_size(self, program: Program, plan: AttentionPlan, size: str, block_q: int) -> str:
+        b, hq, sq, d = plan.q.shape
+        hk, sk = plan.k.shape[1], plan.k.shape[2]
+        group = hq // hk
+        block_q = max(1, min(block_q, sq))
+        lines: list[str] = []
+        lines.append(f"# Query blocks of {size}: (first row, end row, visible key spans).")
+        lines.append(f"_PLAN_{size} = {tuple(block_plan(plan.mask, block_q))!r}\n")
+        terms: list[tuple[ChainStep, str]] = []
+        for step in plan.steps:
+            if step.kind in ("static", "side", "mask"):
+                fn = f"{step.name}_{size}"
+                inputs = plan.side_inputs if step.kind == "side" else []
+                lines.append(emit_function(_term_program(program, step.operand, inputs), fn) + "\n")  # type: ignore[arg-type]
+                terms.append((step, f"{fn}({', '.join(v.name for v in inputs)})"))
+        args = ", ".join(v.name for v in program.inputs)
+        score_rank = len(plan.score_shape)
+        body = [f"def _attention_{size}({args}):",
+                f"    qf = ({plan.q.name}.astype(jnp.float32) * {plan.q_factor!r}).reshape({b}, {hk}, {group}, {sq}, {d})",
+                f"    kf = {plan.k.name}.astype(jnp.float32)",
+                f"    vf = {plan.v.name}.astype(jnp.float32)"]
+        for step, call in terms:
+            body.append(f"    {step.name} = {call}")
+        body += [f"    outs = []",
+                 f"    for q0, q1, spans in _PLAN_{size}:",
+                 f"        rows = (q0, q1)",
+                 f"        kb, vb = _keys(kf, spans), _keys(vf, spans)",
+                 f"        n = kb.shape[2]",
+                 f"        s = jnp.einsum('bhgqd,bhkd->bhgqk', qf[:, :, :, q0:q1], kb)"]
+        score_lead = plan.score_shape[:-2]
+        body.append(f"        s = s.reshape({tuple(score_lead)!r} + (q1 - q0, n))" if score_rank != 5 else "")
+        for step in plan.steps:
+            body.append("        " + _step_line(step, sq, sk))
+        body += ["        m = jnp.max(s, axis=-1, keepdims=True)",
+                 "        p = jnp.exp(s - m)",
+                 "        denom = jnp.sum(p, axis=-1, keepdims=True)",
+                 f"        o = jnp.einsum('bhgqk,bhkd->bhgqd', p.reshape({b}, {hk}, {group}, q1 - q0, n), vb)",
+                 f"        outs.append(o.reshape({b}, {hq}, q1 - q0, {d}) / denom.reshape({b}, {hq}, q1 - q0, 1))",
+                 f"    return jnp.concatenate(outs, axis=2).astype({dtype_expr(plan.out_dtype)})\n"]
+        lines.append("\n".join(line for line in body if line))
+        return "\n".join(lines)
+
+
+def _step_line(step: ChainStep, sq: int, sk: int) -> str:
+    if step.kind == "none":
+        return "s = s.astype(jnp.float32)"
+    if step.kind == "mask":
+        cut = f"_rows_cols({step.name}, rows, spans, {sq}, {sk})"
+        return f"s = jnp.where({cut}, s, -jnp.inf)" if step.scores_first else f"s = jnp.where({cut}, -jnp.inf, s)"
+    op = {"mul": "*", "div": "/", "add": "+", "sub": "-"}[step.prim]
+    if step.kind == "scalar":
+        value = scalar_text(step.operand.scalar())  # type: ignore[union-attr]
+        return f"s = s {op} {value}" if step.scores_first else f"s = {value} {op} s"
+    term = f"_rows_cols({step.name}, rows, spans, {sq}, {sk})"
+    return f"s = s {op} {term}" if step.scores_first else f"s = {term} {op} s"
+
+
+BLOCKED_ATTENTION = BlockedAttentionRewrite()

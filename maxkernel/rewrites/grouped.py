@@ -1,0 +1,240 @@
+"""Grouped matmuls and routed experts computed only where rows and weights meet.
+
+A grouped matmul (``ragged_dot``, Megablox GMM) gives each contiguous run of rows its own weight
+matrix. Written densely, as references tend to be, it multiplies every row by every group's weights
+and keeps one result in ``num_groups``. A mixture of experts written densely runs every expert on every
+token and weights most results by zero. Both become: sort (or keep) rows by group, walk each group's
+rows in tiles, multiply a tile only by its own group's weights. The work drops by about the number of
+groups (the top-k share of experts), paid for with one masked tile per group boundary.
+
+Two forms of the grouped product, chosen by tuning:
+- ``loop``: per group, a ``while_loop`` over that group's row tiles (no copies of weights);
+- ``pairs``: every (tile, group) pair that meets, gathered and multiplied in one batched matmul
+  (at most ``tiles + groups - 1`` pairs, known statically), then summed back per tile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from maxkernel.analysis.program import Program, Var, arg_names, static_args, trace_program
+from maxkernel.rewrites.emit import dtype_expr
+from maxkernel.rewrites.structural import candidate_header
+from maxkernel.templates.base import TemplateSpace
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
+    from maxkernel.analysis import TaskAnalysis
+
+TILES = (16, 32, 64, 128)
+
+GROUP_TILES = '''
+def _group_tiles(group_sizes, rows, tile):
+    """Every (row tile, group) pair that shares a row: at most tiles + groups - 1 of them."""
+    groups = group_sizes.shape[0]
+    tiles = -(-rows // tile)
+    ends = jnp.cumsum(group_sizes)
+    starts = ends - group_sizes
+    first = starts // tile
+    last = jnp.where(group_sizes > 0, (ends - 1) // tile, first - 1)
+    count = last - first + 1  # tiles each group touches (0 for an empty group)
+    offset = jnp.cumsum(count) - count
+    pair = jnp.arange(tiles + groups - 1)
+    group_of = jnp.clip(jnp.searchsorted(offset + count, pair, side="right"), 0, groups - 1)
+    tile_of = jnp.clip(first[group_of] + pair - offset[group_of], 0, tiles - 1)
+    row = tile_of[:, None] * tile + jnp.arange(tile)[None, :]
+    keep = (pair < jnp.sum(count))[:, None] & (row >= starts[group_of][:, None]) & (row < ends[group_of][:, None])
+    return tiles, group_of, tile_of, keep
+'''
+
+PAIRS = '''
+def _grouped_matmul(lhs, rhs, group_sizes, tile):
+    """lhs rows [start_g, end_g) times rhs[g], one batched matmul over the (tile, group) pairs."""
+    rows, depth = lhs.shape
+    tiles, group_of, tile_of, keep = _group_tiles(group_sizes, rows, tile)
+    lhs_tiles = jnp.pad(lhs, ((0, tiles * tile - rows), (0, 0))).reshape(tiles, tile, depth)
+    part = jnp.einsum("ptk,pkn->ptn", lhs_tiles[tile_of], rhs[group_of], preferred_element_type=jnp.float32)
+    part = jnp.where(keep[..., None], part, 0.0)
+    out = jnp.zeros((tiles, tile, rhs.shape[2]), jnp.float32).at[tile_of].add(part)
+    return out.reshape(tiles * tile, rhs.shape[2])[:rows]
+'''
+
+LOOP = '''
+def _grouped_matmul(lhs, rhs, group_sizes, tile):
+    """lhs rows [start_g, end_g) times rhs[g], walking each group's rows a tile at a time."""
+    rows = lhs.shape[0]
+    ends = jnp.cumsum(group_sizes)
+    starts = ends - group_sizes
+    padded = jnp.pad(lhs, ((0, tile), (0, 0)))
+    out = jnp.zeros((rows + tile, rhs.shape[2]), jnp.float32)
+    for g in range(rhs.shape[0]):
+        def step(state, g=g):
+            r, out = state
+            part = jnp.dot(jax.lax.dynamic_slice_in_dim(padded, r, tile), rhs[g], preferred_element_type=jnp.float32)
+            mine = (r + jnp.arange(tile) < ends[g])[:, None]
+            old = jax.lax.dynamic_slice_in_dim(out, r, tile)
+            return r + tile, jax.lax.dynamic_update_slice_in_dim(out, jnp.where(mine, part, old), r, 0)
+        _, out = jax.lax.while_loop(lambda s, g=g: s[0] < ends[g], step, (starts[g], out))
+    return out[:rows]
+'''
+
+
+@dataclass
+class GroupedRoles:
+    lhs: str
+    rhs: str
+    group_sizes: str
+    out_dtype: Any
+
+
+def _is_float(v: Var) -> bool:
+    return np.issubdtype(np.dtype(v.dtype), np.floating) or np.dtype(v.dtype).name == "bfloat16"
+
+
+def match_grouped(program: Program) -> GroupedRoles | str:
+    ints = [v for v in program.inputs if len(v.shape) == 1 and np.issubdtype(np.dtype(v.dtype), np.integer)]
+    mats = [v for v in program.inputs if len(v.shape) == 2 and _is_float(v)]
+    stacks = [v for v in program.inputs if len(v.shape) == 3 and _is_float(v)]
+    if len(program.inputs) != 3 or len(ints) != 1 or len(mats) != 1 or len(stacks) != 1:
+        return "inputs are not (rows [m, k], group sizes [g], weights [g, k, n])"
+    sizes, lhs, rhs = ints[0], mats[0], stacks[0]
+    if rhs.shape[0] != sizes.shape[0] or rhs.shape[1] != lhs.shape[1]:
+        return "weights are not one [k, n] matrix per group"
+    if len(program.outputs) != 1 or tuple(program.outputs[0].shape) != (lhs.shape[0], rhs.shape[2]):
+        return "output is not [m, n]"
+    prims = program.primitives()
+    dots = prims.count("dot_general")
+    if "ragged_dot_general" not in prims and not ("cumsum" in prims and "select_n" in prims and dots >= rhs.shape[0]):
+        return "not a grouped matmul (no ragged_dot, nor a per-group dot selected by row)"
+    return GroupedRoles(lhs.name, rhs.name, sizes.name, program.outputs[0].dtype)
+
+
+class GroupedMatmulRewrite:
+    name = "grouped_matmul"
+    description = "grouped matmul on (row tile, group) pairs instead of every group on every row"
+
+    def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
+        found = match_grouped(trace_program(task, "cpu").dce())
+        return found if isinstance(found, str) else None
+
+    def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
+        program = trace_program(task, "cpu").dce()
+        rows = next(v.shape[0] for v in program.inputs if len(v.shape) == 2)
+        tiles = [t for t in TILES if t <= rows] or [rows]
+        return TemplateSpace(defaults={"form": "pairs", "tile": min(64, max(tiles))},
+                             space={"form": ["pairs", "loop"], "tile": tiles})
+
+    def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
+        program = trace_program(task, "cpu").dce()
+        roles = match_grouped(program)
+        if isinstance(roles, str):
+            raise ValueError(roles)
+        names = arg_names(task)
+        helpers = (GROUP_TILES + PAIRS) if params["form"] == "pairs" else LOOP
+        doc = (f"{task.id}: {self.description}.\n\nform={params['form']}, tile={params['tile']} rows; "
+               "f32 accumulation, then the reference's output dtype.")
+        return (candidate_header(doc) + "\n" + helpers + "\n\n"
+                f"def kernel({', '.join(names)}, **static):\n"
+                f"    out = _grouped_matmul({roles.lhs}, {roles.rhs}, {roles.group_sizes}, {int(params['tile'])})\n"
+                f"    return out.astype({dtype_expr(roles.out_dtype)})\n")
+
+
+EXPERTS = '''
+def _routed_experts(x, w_router, w_gate, w_up, w_down, top_k, tile):
+    """Top-k softmax routing, then each expert's SwiGLU run only on the tokens routed to it."""
+    hidden = x.shape[-1]
+    experts = w_router.shape[1]
+    tokens = x.reshape(-1, hidden)
+    count = tokens.shape[0]
+    probs = jax.nn.softmax(jnp.dot(tokens, w_router, preferred_element_type=jnp.float32), axis=-1)
+    top_p, top_idx = jax.lax.top_k(probs, top_k)
+    weights = {weights}
+    # Token copies sorted by expert: expert e owns sorted rows [starts[e], ends[e]).
+    expert_of = top_idx.reshape(-1)
+    order = jnp.argsort(expert_of, stable=True)
+    token_of = jnp.repeat(jnp.arange(count), top_k)[order]
+    weight_of = weights.reshape(-1)[order]
+    ends = jnp.cumsum(jnp.bincount(expert_of, length=experts))
+    starts = ends - jnp.bincount(expert_of, length=experts)
+    rows = count * top_k
+    sorted_x = jnp.pad(tokens[token_of], ((0, tile), (0, 0)))
+    y = jnp.zeros((rows + tile, hidden), jnp.float32)
+    for e in range(experts):
+        def step(state, e=e):
+            r, y = state
+            xt = jax.lax.dynamic_slice_in_dim(sorted_x, r, tile)
+            gate = jnp.dot(xt, w_gate[e], preferred_element_type=jnp.float32)
+            up = jnp.dot(xt, w_up[e], preferred_element_type=jnp.float32)
+            h = (jax.nn.silu(gate) * up).astype(w_down.dtype)
+            part = jnp.dot(h, w_down[e], preferred_element_type=jnp.float32)
+            mine = (r + jnp.arange(tile) < ends[e])[:, None]
+            old = jax.lax.dynamic_slice_in_dim(y, r, tile)
+            return r + tile, jax.lax.dynamic_update_slice_in_dim(y, jnp.where(mine, part, old), r, 0)
+        _, y = jax.lax.while_loop(lambda s, e=e: s[0] < ends[e], step, (starts[e], y))
+    out = jnp.zeros((count, hidden), jnp.float32).at[token_of].add(weight_of[:, None] * y[:rows])
+    return out.reshape(x.shape)
+'''
+
+
+@dataclass
+class ExpertRoles:
+    names: list[str]  # x, router, gate, up, down (in the reference's argument order of roles)
+    top_k: int
+    renormalize: bool
+    out_dtype: Any
+
+
+def match_experts(program: Program, static: dict[str, Any]) -> ExpertRoles | str:
+    if len(program.inputs) != 5:
+        return "inputs are not (x, router, gate, up, down)"
+    x, router, gate, up, down = program.inputs
+    hidden = x.shape[-1]
+    if len(router.shape) != 2 or router.shape[0] != hidden:
+        return "no [hidden, experts] router after x"
+    experts = router.shape[1]
+    if not (gate.shape == up.shape and len(gate.shape) == 3 and gate.shape[:2] == (experts, hidden)
+            and down.shape == (experts, gate.shape[2], hidden)):
+        return "weights are not gate/up [E, hidden, inter] and down [E, inter, hidden]"
+    top = [n for n in program.nodes if n.prim == "top_k"]
+    if len(top) != 1 or "logistic" not in program.primitives():
+        return "not top-k routed SwiGLU experts"
+    top_k = int(top[0].params.get("k", 0))
+    if top_k not in static.values() or top_k <= 0:
+        return "top-k is not a static argument"
+    renormalize = any(n.prim == "div" and n.ins[0] is top[0].outs[0] for n in program.nodes)
+    if len(program.outputs) != 1 or tuple(program.outputs[0].shape) != tuple(x.shape):
+        return "output is not shaped like x"
+    return ExpertRoles([v.name for v in program.inputs], top_k, renormalize, program.outputs[0].dtype)
+
+
+class RoutedExpertsRewrite:
+    name = "routed_experts"
+    description = "mixture of experts: each expert runs only on its routed tokens, not on all of them"
+
+    def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
+        found = match_experts(trace_program(task, "cpu").dce(), static_args(task, "cpu"))
+        return found if isinstance(found, str) else None
+
+    def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
+        tokens = int(np.prod(trace_program(task, "cpu").inputs[0].shape[:-1]))
+        tiles = [t for t in TILES if t <= tokens] or [tokens]
+        return TemplateSpace(defaults={"tile": 32 if 32 in tiles else tiles[-1]}, space={"tile": tiles})
+
+    def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
+        roles = match_experts(trace_program(task, "cpu").dce(), static_args(task, "cpu"))
+        if isinstance(roles, str):
+            raise ValueError(roles)
+        weights = "top_p / jnp.sum(top_p, axis=-1, keepdims=True)" if roles.renormalize else "top_p"
+        doc = f"{task.id}: {self.description}.\n\ntile={params['tile']} token copies per expert step."
+        names = arg_names(task)
+        return (candidate_header(doc) + "\n" + EXPERTS.replace("{weights}", weights) + "\n\n"
+                f"def kernel({', '.join(names)}, **static):\n"
+                f"    out = _routed_experts({', '.join(roles.names)}, {roles.top_k}, {int(params['tile'])})\n"
+                f"    return out.astype({dtype_expr(roles.out_dtype)})\n")
+
+
+GROUPED_MATMUL = GroupedMatmulRewrite()
+ROUTED_EXPERTS = RoutedExpertsRewrite()

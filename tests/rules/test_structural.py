@@ -1,0 +1,104 @@
+"""Structural rewrites: grouped matmuls, routed experts and statically masked attention skip real work,
+stay correct on fresh inputs (group sizes, routings), and refuse what they do not recognise."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxbench import static_checks
+from jaxbench.task import load_task
+from maxkernel.analysis import analyze_task
+from maxkernel.analysis.program import trace_program
+from maxkernel.rewrites.blocked_attention import BLOCKED_ATTENTION, block_plan, match_attention
+from maxkernel.rewrites.grouped import GROUPED_MATMUL, ROUTED_EXPERTS, match_grouped
+from maxkernel.rules.strategy import propose_strategies
+
+
+def _load(source: str) -> dict:  # type: ignore[type-arg]
+    namespace: dict = {}  # type: ignore[type-arg]
+    exec(compile(source, "<candidate>", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("form", ["pairs", "loop"])
+def test_grouped_matmul_handles_empty_unaligned_and_whole_groups(form: str) -> None:
+    task = load_task("14p_Ragged_Dot")
+    source = GROUPED_MATMUL.render(task, {"form": form, "tile": 32}, ("cpu",))
+    assert static_checks.scan(source)[0] == []
+    grouped = _load(source)["_grouped_matmul"]
+    rng = np.random.default_rng(0)
+    lhs = jnp.asarray(rng.standard_normal((100, 24)), jnp.float32)
+    rhs = jnp.asarray(rng.standard_normal((5, 24, 8)), jnp.float32)
+    for sizes in ([0, 37, 0, 1, 62], [100, 0, 0, 0, 0], [0, 0, 0, 0, 100], [20, 20, 20, 20, 20], [3, 97, 0, 0, 0]):
+        gs = jnp.asarray(sizes, jnp.int32)
+        want = jax.lax.ragged_dot(lhs, rhs, gs, precision=jax.lax.Precision.HIGHEST)
+        got = jax.jit(grouped, static_argnums=3)(lhs, rhs, gs, 32)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_matmul_recognises_both_reference_forms_and_nothing_else() -> None:
+    for task_id in ("14p_Ragged_Dot", "11p_Megablox_GMM"):
+        roles = match_grouped(trace_program(load_task(task_id)).dce())
+        assert not isinstance(roles, str), roles
+    assert isinstance(match_grouped(trace_program(load_task("8p_GEMM")).dce()), str)
+
+
+def test_grouped_and_routed_candidates_pass_the_evaluator(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+    for task_id, rewrite, params in (("11p_Megablox_GMM", GROUPED_MATMUL, {"form": "pairs", "tile": 64}),
+                                     ("10p_Sparse_MoE", ROUTED_EXPERTS, {"tile": 32})):
+        task = load_task(task_id)
+        report = quick_evaluator.evaluate(task, rewrite.render(task, params, ("cpu",)))
+        assert report.passed, (task_id, report.reason)
+        assert report.label == "jax"
+
+
+def test_routed_experts_does_fewer_matmul_flops_than_the_dense_reference() -> None:
+    task = load_task("10p_Sparse_MoE")
+    args, static = task.get_inputs(jax.random.key(3))
+    source = ROUTED_EXPERTS.render(task, {"tile": 32}, ("cpu",))
+    kernel = _load(source)["kernel"]
+
+    def flops(fn) -> float:  # type: ignore[no-untyped-def]
+        analysis = jax.jit(lambda *a: fn(*a, **static)).lower(*args).compile().cost_analysis()
+        return float((analysis[0] if isinstance(analysis, (list, tuple)) else analysis)["flops"])
+
+    # XLA counts a while loop's body once: one tile per expert against the dense reference's full batch.
+    assert flops(kernel) < 0.5 * flops(task.reference)
+
+
+def test_blocked_attention_plans_only_visible_spans() -> None:
+    rows = np.arange(8)[:, None]
+    cols = np.arange(8)[None, :]
+    causal = cols <= rows
+    assert block_plan(causal, 4) == [(0, 4, ((0, 4),)), (4, 8, ((0, 8),))]
+    window = (cols <= rows) & ((cols >= rows - 1) | (cols < 2))
+    plan = block_plan(window, 4)
+    assert plan[1] == (4, 8, ((0, 2), (3, 8)))
+
+
+@pytest.mark.parametrize("task_id", ["4p_Sparse_Attention", "5p_Flex_Attention", "2p_GQA_Attention"])
+def test_blocked_attention_is_correct_with_masks_biases_and_gqa(task_id: str, quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+    task = load_task(task_id)
+    plan = match_attention(trace_program(task).dce())
+    assert not isinstance(plan, str), plan
+    assert plan.mask.mean() < 0.6  # causal or sparser: at least 40% of the scores are skipped
+    source = BLOCKED_ATTENTION.render(task, {"block_q": 128}, ("cpu",))
+    assert static_checks.scan(source)[0] == []
+    report = quick_evaluator.evaluate(task, source)
+    assert report.passed, report.reason
+
+
+def test_blocked_attention_refuses_unmasked_or_input_dependent_masks() -> None:
+    # 6p masks by per-sequence lengths (data): nothing is known when generating the candidate.
+    assert isinstance(match_attention(trace_program(load_task("6p_Paged_Attention")).dce()), str)
+    task = load_task("12p_RMSNorm")
+    assert BLOCKED_ATTENTION.applies(task, analyze_task(task, "cpu")) is not None
+
+
+def test_strategies_offer_structural_rewrites_with_their_spaces() -> None:
+    task = load_task("14p_Ragged_Dot")
+    names = {s.name: s for s in propose_strategies(task, analyze_task(task, "cpu"))}
+    assert names["rewrite:grouped_matmul"].space["form"] == ["pairs", "loop"]
