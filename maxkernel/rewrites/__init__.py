@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from maxkernel.analysis.program import Program, trace_program
 from maxkernel.rewrites.base import Rewrite
+from maxkernel.rewrites.conv_matmul import CONV_AS_MATMUL
 from maxkernel.rewrites.dead_code import DEAD_CODE
 from maxkernel.rewrites.emit import EmitError, emittable
 from maxkernel.rewrites.numeric import IDLE_SUBGRAPHS
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
     from jaxbench.task import Task
 
 # Order matters: removing idle work first exposes sums that sit right after a matmul.
-REWRITES: tuple[Rewrite, ...] = (DEAD_CODE, SIZE_ONE_REDUCTIONS, IDLE_SUBGRAPHS, SUM_AFTER_MATMUL, SCALAR_CHAINS)
+REWRITES: tuple[Rewrite, ...] = (DEAD_CODE, SIZE_ONE_REDUCTIONS, IDLE_SUBGRAPHS, SUM_AFTER_MATMUL, SCALAR_CHAINS,
+                                 CONV_AS_MATMUL)
 BY_NAME = {r.name: r for r in REWRITES}
 
 __all__ = ["REWRITES", "RewrittenProgram", "apply_rewrites", "propose_rewrites", "render_rewrite", "EmitError"]

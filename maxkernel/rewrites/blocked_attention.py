@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from maxkernel.analysis.program import Const, Node, Operand, Program, Var, arg_names, read, trace_program
-from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, scalar_text
+from maxkernel.rewrites.emit import Emitter, EmitError, dtype_expr, emit_function, scalar_text
 from maxkernel.rewrites.structural import candidate_header
 from maxkernel.rewrites.source import size_dispatch
 from maxkernel.templates.base import TemplateSpace, divisors, sizes_for
@@ -53,6 +53,8 @@ class AttentionPlan:
     mask: np.ndarray  # [sq, sk], True where a key is visible
     side_inputs: list[Var] = field(default_factory=list)
     out_dtype: Any = None
+    pv_out: Var | None = None  # linear attention (no softmax): the scores-times-values result ...
+    tail: list[Node] = field(default_factory=list)  # ... and the reference's nodes that follow it
 
 
 def _ancestors(program: Program, var: Var) -> list[Node]:
@@ -119,9 +121,8 @@ def match_attention(program: Program) -> AttentionPlan | str:
     if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] or q.shape[1] % k.shape[1]:
         return "q, k, v are not [batch, heads, seq, head_dim] with kv heads dividing q heads"
     dots = [n for n in program.nodes if n.prim == "dot_general"]
-    prims = set(program.primitives())
-    if len(dots) != 2 or not {"exp", "reduce_max", "reduce_sum"} <= prims:
-        return "not one softmax(q k^T) v"
+    if len(dots) != 2:
+        return "not two matmuls (scores, then scores times values)"
     if len(program.outputs) != 1 or tuple(program.outputs[0].shape) != tuple(q.shape):
         return "output is not shaped like q"
     score = dots[0].out
@@ -175,16 +176,34 @@ def match_attention(program: Program) -> AttentionPlan | str:
                     return "a score term that reads q, k or v"
                 kind = "side" if names else "static"
                 side_inputs |= names
+                if kind == "static" and node.prim == "mul":  # a static factor that is zero hides the key
+                    factor = _evaluate(program, other)
+                    mask &= np.broadcast_to(factor != 0, tuple(score.shape)).reshape(-1, sq, sk).any(axis=0)
                 steps.append(ChainStep(node.prim, other, first, kind, f"_term_{len(steps)}"))
             else:
                 return f"{node.prim} with an array constant"
         current = node.out
-    if not users.get(current) or users[current][0].prim != "reduce_max":
-        return "no softmax right after the masked scores"
+    readers = users.get(current, [])
+    tail: list[Node] = []
+    pv_out: Var | None = None
+    if readers and readers[0].prim == "reduce_max":
+        if not {"exp", "reduce_sum"} <= set(program.primitives()):
+            return "a row max without a softmax"
+    elif len(readers) == 1 and readers[0] is dots[1] and dots[1].ins[0] is current:
+        if _depends_on(program, dots[1].ins[1]) != {v.name}:  # type: ignore[arg-type]
+            return "second matmul does not read v"
+        pv_out = dots[1].out
+        tail = program.nodes[program.nodes.index(dots[1]) + 1:]
+        known = {pv_out, *program.inputs, *(o for n in tail for o in n.outs)}
+        if any(isinstance(op, Var) and op not in known for n in tail for op in n.ins):
+            return "what follows the attention reads its intermediate values"
+    else:
+        return "neither a softmax nor a matmul with v right after the masked scores"
     if not mask.any(axis=1).all():
         return "a query row that sees no key"
     ordered = [p for p in program.inputs if p.name in side_inputs]
-    return AttentionPlan(q, k, v, tuple(score.shape), q_factor, steps, mask, ordered, program.outputs[0].dtype)
+    return AttentionPlan(q, k, v, tuple(score.shape), q_factor, steps, mask, ordered, program.outputs[0].dtype,
+                         pv_out, tail)
 
 
 def _uniform(program: Program, var: Var) -> float | None:
@@ -297,12 +316,22 @@ class BlockedAttentionRewrite:
         body.append(f"        s = s.reshape({tuple(score_lead)!r} + (q1 - q0, n))" if score_rank != 5 else "")
         for step in plan.steps:
             body.append("        " + _step_line(step, sq, sk))
-        body += ["        m = jnp.max(s, axis=-1, keepdims=True)",
-                 "        p = jnp.exp(s - m)",
-                 "        denom = jnp.sum(p, axis=-1, keepdims=True)",
-                 f"        o = jnp.einsum('bhgqk,bhkd->bhgqd', p.reshape({b}, {hk}, {group}, q1 - q0, n), vb)",
-                 f"        outs.append(o.reshape({b}, {hq}, q1 - q0, {d}) / denom.reshape({b}, {hq}, q1 - q0, 1))",
-                 f"    return jnp.concatenate(outs, axis=2).astype({dtype_expr(plan.out_dtype)})\n"]
+        if plan.pv_out is None:
+            body += ["        m = jnp.max(s, axis=-1, keepdims=True)",
+                     "        p = jnp.exp(s - m)",
+                     "        denom = jnp.sum(p, axis=-1, keepdims=True)",
+                     f"        o = jnp.einsum('bhgqk,bhkd->bhgqd', p.reshape({b}, {hk}, {group}, q1 - q0, n), vb)",
+                     f"        outs.append(o.reshape({b}, {hq}, q1 - q0, {d}) / denom.reshape({b}, {hq}, q1 - q0, 1))",
+                     f"    return jnp.concatenate(outs, axis=2).astype({dtype_expr(plan.out_dtype)})\n"]
+        else:
+            body += [f"        o = jnp.einsum('bhgqk,bhkd->bhgqd', s.reshape({b}, {hk}, {group}, q1 - q0, n), vb)",
+                     f"        outs.append(o.reshape({b}, {hq}, q1 - q0, {d}))",
+                     f"    {plan.pv_out.name} = jnp.concatenate(outs, axis=2).reshape({plan.pv_out.shape!r})",
+                     "    # What the reference does with the attention output, as it does it:"]
+            tail = Program([plan.pv_out], plan.tail, program.outputs, program.out_tree)
+            emitter = Emitter(tail)
+            body += emitter.body()
+            body.append(f"    return {emitter.returns()}\n")
         lines.append("\n".join(line for line in body if line))
         return "\n".join(lines)
 

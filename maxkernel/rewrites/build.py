@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax import lax
+from jax._src import core
 
 from maxkernel.analysis.program import Const, Node, Operand, Program, Var
 
@@ -63,3 +64,30 @@ class Splice:
         index = self.program.nodes.index(old)
         self.program.nodes[index:index + 1] = self.nodes
         self.program.substitute(old.out, result)
+
+
+def splice_traced(program: Program, old: Node, fn: Any) -> None:
+    """Replace ``old`` by the equations of ``fn`` traced at its operands' shapes.
+
+    The replacement is written as ordinary JAX (easier to get right than node-by-node construction);
+    its equations are inlined with fresh names, so the emitter writes them out like any other node.
+    """
+    operands = [op for op in old.ins]
+    specs = [jax.ShapeDtypeStruct(op.shape, op.dtype) for op in operands]
+    closed = jax.make_jaxpr(fn)(*specs)
+    env: dict[Any, Operand] = dict(zip(closed.jaxpr.invars, operands))
+    env.update((cv, Const(np.asarray(c), tuple(np.shape(c)), np.asarray(c).dtype, False))
+               for cv, c in zip(closed.jaxpr.constvars, closed.consts))
+    nodes: list[Node] = []
+    for eqn in closed.jaxpr.eqns:
+        ins = [Const(a.val, tuple(np.shape(a.val)), np.dtype(a.aval.dtype), bool(getattr(a.aval, "weak_type", False)))
+               if isinstance(a, core.Literal) else env[a] for a in eqn.invars]
+        outs = [program.fresh(tuple(v.aval.shape), v.aval.dtype) for v in eqn.outvars]
+        nodes.append(Node(eqn.primitive, ins, outs, dict(eqn.params)))
+        env.update(zip(eqn.outvars, outs))
+    (result,) = [env[v] if not isinstance(v, core.Literal) else None for v in closed.jaxpr.outvars]
+    if result is None:
+        raise ValueError("the replacement returns a literal")
+    index = program.nodes.index(old)
+    program.nodes[index:index + 1] = nodes
+    program.substitute(old.out, result)

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
 from jaxbench import static_checks
 from jaxbench.task import load_task
 from maxkernel.analysis.program import trace_program
@@ -67,3 +72,32 @@ def test_dead_code_in_any_task_folder(tmp_path: Path, quick_evaluator) -> None: 
     assert dead.sites["dead_code"] >= 2 and not _dots(dead.program)
     report = quick_evaluator.evaluate(task, render_rewrite(task, ["dead_code"]))
     assert report.passed, report.reason
+
+
+@pytest.mark.parametrize(("strides", "padding", "dilation"), [((1, 1), ((0, 0), (0, 0)), (1, 1)),
+                                                              ((2, 1), ((1, 2), (0, 1)), (1, 1)),
+                                                              ((1, 1), ((2, 2), (2, 2)), (2, 2))])
+def test_conv_as_matmul_matches_the_convolution(strides, padding, dilation) -> None:  # type: ignore[no-untyped-def]
+    from maxkernel.rewrites.conv_matmul import _patch_matmul
+
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((2, 3, 9, 7)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((5, 3, 3, 2)), jnp.float32)
+    want = jax.lax.conv_general_dilated(x, w, strides, padding, lhs_dilation=dilation,
+                                        precision=jax.lax.Precision.HIGHEST)
+    got = jax.jit(_patch_matmul(padding, strides, dilation))(x, w)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_transposed_3d_conv_becomes_a_matmul_and_passes(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+    task = load_task("28k_ConvTranspose3d_LayerNorm_GELU_Scaling")
+    result = apply_rewrites(trace_program(task), ["conv_as_matmul"])
+    prims = [n.prim for n in result.program.nodes]
+    assert "conv_general_dilated" not in prims and "dot_general" in prims
+    report = quick_evaluator.evaluate(task, render_rewrite(task, ["conv_as_matmul"]))
+    assert report.passed, report.reason
+
+
+def test_conv_as_matmul_leaves_wide_convolutions_alone() -> None:
+    task = load_task("18k_Conv2D_ReLU_BiasAdd")  # 16 input channels: XLA's own convolution is faster there
+    assert apply_rewrites(trace_program(task), ["conv_as_matmul"]).sites == {}

@@ -79,7 +79,7 @@ def test_blocked_attention_plans_only_visible_spans() -> None:
     assert plan[1] == (4, 8, ((0, 2), (3, 8)))
 
 
-@pytest.mark.parametrize("task_id", ["4p_Sparse_Attention", "5p_Flex_Attention", "2p_GQA_Attention"])
+@pytest.mark.parametrize("task_id", ["4p_Sparse_Attention", "5p_Flex_Attention", "2p_GQA_Attention", "15p_RetNet_Retention"])
 def test_blocked_attention_is_correct_with_masks_biases_and_gqa(task_id: str, quick_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task(task_id)
     plan = match_attention(trace_program(task).dce())
