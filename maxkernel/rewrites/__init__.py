@@ -20,13 +20,14 @@ from maxkernel.rewrites.scalar_fold import SCALAR_CHAINS
 from maxkernel.rewrites.size_one import SIZE_ONE_REDUCTIONS
 from maxkernel.rewrites.source import jax_candidate
 from maxkernel.rewrites.sum_pushdown import SUM_AFTER_MATMUL
+from maxkernel.rewrites.widen import WIDEN_MATMULS
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
 
 # Order matters: removing idle work first exposes sums that sit right after a matmul.
 REWRITES: tuple[Rewrite, ...] = (DEAD_CODE, SIZE_ONE_REDUCTIONS, IDLE_SUBGRAPHS, SUM_AFTER_MATMUL, SCALAR_CHAINS,
-                                 CONV_AS_MATMUL)
+                                 CONV_AS_MATMUL, WIDEN_MATMULS)
 BY_NAME = {r.name: r for r in REWRITES}
 
 __all__ = ["REWRITES", "RewrittenProgram", "apply_rewrites", "propose_rewrites", "render_rewrite", "EmitError"]
@@ -52,18 +53,19 @@ def apply_rewrites(program: Program, names: list[str]) -> RewrittenProgram:
     return RewrittenProgram([n for n in names if n in sites], out, sites)
 
 
-def propose_rewrites(task: "Task", size: str = "cpu") -> list[RewrittenProgram]:
-    """Every single rewrite that fires, then all of them together (when more than one fired)."""
+def propose_rewrites(task: "Task", size: str = "cpu", target: str = "cpu") -> list[RewrittenProgram]:
+    """Every single rewrite that fires (and pays on ``target``), then all of them together."""
     program = trace_program(task, size)
     if emittable(program.copy().dce()) is not None:
         return []
+    offered = [r for r in REWRITES if r.offered_on(target)]
     found: list[RewrittenProgram] = []
-    for rewrite in REWRITES:
+    for rewrite in offered:
         result = apply_rewrites(program, [rewrite.name])
         if result.sites:
             found.append(result)
     if len(found) > 1:
-        combined = apply_rewrites(program, [r.name for r in REWRITES])
+        combined = apply_rewrites(program, [r.name for r in offered])
         found.insert(0, combined)
     unique: dict[str, RewrittenProgram] = {}
     for f in found:

@@ -17,6 +17,10 @@ class Rewrite:
     name: str
     description: str
     apply: Callable[[Program], int]  # mutates the program; returns how many sites it changed
+    targets: tuple[str, ...] | None = None  # the targets where it can pay (None: everywhere)
+
+    def offered_on(self, target: str) -> bool:
+        return self.targets is None or target in self.targets
 
 
 def single_use(program: Program, var: object) -> bool:

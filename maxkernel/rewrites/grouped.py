@@ -112,6 +112,11 @@ def match_grouped(program: Program) -> GroupedRoles | str:
     return GroupedRoles(lhs.name, rhs.name, sizes.name, program.outputs[0].dtype)
 
 
+def _widen_options(target: str) -> list[bool]:
+    """Widening bf16 operands to f32 pays on a CPU only (see ``maxkernel.rewrites.widen``)."""
+    return [False, True] if target == "cpu" else [False]
+
+
 class GroupedMatmulRewrite:
     name = "grouped_matmul"
     description = "grouped matmul on (row tile, group) pairs instead of every group on every row"
@@ -124,8 +129,8 @@ class GroupedMatmulRewrite:
         program = trace_program(task, "cpu").dce()
         rows = next(v.shape[0] for v in program.inputs if len(v.shape) == 2)
         tiles = [t for t in TILES if t <= rows] or [rows]
-        return TemplateSpace(defaults={"form": "pairs", "tile": min(64, max(tiles))},
-                             space={"form": ["pairs", "loop"], "tile": tiles})
+        return TemplateSpace(defaults={"form": "pairs", "tile": min(64, max(tiles)), "widen": False},
+                             space={"form": ["pairs", "loop"], "tile": tiles, "widen": _widen_options(target)})
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
         program = trace_program(task, "cpu").dce()
@@ -134,16 +139,19 @@ class GroupedMatmulRewrite:
             raise ValueError(roles)
         names = arg_names(task)
         helpers = (GROUP_TILES + PAIRS) if params["form"] == "pairs" else LOOP
-        doc = (f"{task.id}: {self.description}.\n\nform={params['form']}, tile={params['tile']} rows; "
+        doc = (f"{task.id}: {self.description}.\n\nform={params['form']}, tile={params['tile']} rows, "
+               f"widen={bool(params.get('widen', False))}; "
                "f32 accumulation, then the reference's output dtype.")
+        widen = (f"    {roles.lhs} = {roles.lhs}.astype(jnp.float32)  # f32 products of bf16 values are exact\n"
+                 f"    {roles.rhs} = {roles.rhs}.astype(jnp.float32)\n") if params.get("widen") else ""
         return (candidate_header(doc) + "\n" + helpers + "\n\n"
-                f"def kernel({', '.join(names)}, **static):\n"
+                f"def kernel({', '.join(names)}, **static):\n" + widen +
                 f"    out = _grouped_matmul({roles.lhs}, {roles.rhs}, {roles.group_sizes}, {int(params['tile'])})\n"
                 f"    return out.astype({dtype_expr(roles.out_dtype)})\n")
 
 
 EXPERTS = '''
-def _routed_experts(x, w_router, w_gate, w_up, w_down, top_k, tile):
+def _routed_experts(x, w_router, w_gate, w_up, w_down, top_k, tile, wide):
     """Top-k softmax routing, then each expert's SwiGLU run only on the tokens routed to it."""
     hidden = x.shape[-1]
     experts = w_router.shape[1]
@@ -162,14 +170,18 @@ def _routed_experts(x, w_router, w_gate, w_up, w_down, top_k, tile):
     rows = count * top_k
     sorted_x = jnp.pad(tokens[token_of], ((0, tile), (0, 0)))
     y = jnp.zeros((rows + tile, hidden), jnp.float32)
+    compute = jnp.float32 if wide else sorted_x.dtype  # f32 products of bf16 values are exact
+    sorted_x = sorted_x.astype(compute)
     for e in range(experts):
-        def step(state, e=e):
+        wg, wu, wd = w_gate[e].astype(compute), w_up[e].astype(compute), w_down[e].astype(compute)
+
+        def step(state, e=e, wg=wg, wu=wu, wd=wd):
             r, y = state
             xt = jax.lax.dynamic_slice_in_dim(sorted_x, r, tile)
-            gate = jnp.dot(xt, w_gate[e], preferred_element_type=jnp.float32)
-            up = jnp.dot(xt, w_up[e], preferred_element_type=jnp.float32)
-            h = (jax.nn.silu(gate) * up).astype(w_down.dtype)
-            part = jnp.dot(h, w_down[e], preferred_element_type=jnp.float32)
+            gate = jnp.dot(xt, wg, preferred_element_type=jnp.float32)
+            up = jnp.dot(xt, wu, preferred_element_type=jnp.float32)
+            h = (jax.nn.silu(gate) * up).astype(w_down.dtype).astype(compute)
+            part = jnp.dot(h, wd, preferred_element_type=jnp.float32)
             mine = (r + jnp.arange(tile) < ends[e])[:, None]
             old = jax.lax.dynamic_slice_in_dim(y, r, tile)
             return r + tile, jax.lax.dynamic_update_slice_in_dim(y, jnp.where(mine, part, old), r, 0)
@@ -221,18 +233,21 @@ class RoutedExpertsRewrite:
     def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
         tokens = int(np.prod(trace_program(task, "cpu").inputs[0].shape[:-1]))
         tiles = [t for t in TILES if t <= tokens] or [tokens]
-        return TemplateSpace(defaults={"tile": 32 if 32 in tiles else tiles[-1]}, space={"tile": tiles})
+        return TemplateSpace(defaults={"tile": 32 if 32 in tiles else tiles[-1], "widen": False},
+                             space={"tile": tiles, "widen": _widen_options(target)})
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
         roles = match_experts(trace_program(task, "cpu").dce(), static_args(task, "cpu"))
         if isinstance(roles, str):
             raise ValueError(roles)
         weights = "top_p / jnp.sum(top_p, axis=-1, keepdims=True)" if roles.renormalize else "top_p"
-        doc = f"{task.id}: {self.description}.\n\ntile={params['tile']} token copies per expert step."
+        doc = (f"{task.id}: {self.description}.\n\ntile={params['tile']} token copies per expert step, "
+               f"widen={bool(params.get('widen', False))}.")
         names = arg_names(task)
         return (candidate_header(doc) + "\n" + EXPERTS.replace("{weights}", weights) + "\n\n"
                 f"def kernel({', '.join(names)}, **static):\n"
-                f"    out = _routed_experts({', '.join(roles.names)}, {roles.top_k}, {int(params['tile'])})\n"
+                f"    out = _routed_experts({', '.join(roles.names)}, {roles.top_k}, {int(params['tile'])}, "
+                f"{bool(params.get('widen', False))})\n"
                 f"    return out.astype({dtype_expr(roles.out_dtype)})\n")
 
 

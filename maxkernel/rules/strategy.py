@@ -33,7 +33,7 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
     from maxkernel.rewrites import BY_NAME, propose_rewrites
 
     found: list[Strategy] = []
-    for rewritten in propose_rewrites(task, "cpu"):
+    for rewritten in propose_rewrites(task, "cpu", target):
         label = "+".join(rewritten.names)
         why = "; ".join(f"{BY_NAME[n].description} ({rewritten.sites[n]} site{'s' if rewritten.sites[n] > 1 else ''})"
                         for n in rewritten.names)

@@ -101,3 +101,14 @@ def test_transposed_3d_conv_becomes_a_matmul_and_passes(quick_evaluator) -> None
 def test_conv_as_matmul_leaves_wide_convolutions_alone() -> None:
     task = load_task("18k_Conv2D_ReLU_BiasAdd")  # 16 input channels: XLA's own convolution is faster there
     assert apply_rewrites(trace_program(task), ["conv_as_matmul"]).sites == {}
+
+
+def test_bf16_matmuls_widen_on_cpu_only(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+    task = load_task("9p_SwiGLU_MLP")
+    result = apply_rewrites(trace_program(task), ["widen_matmuls"])
+    dots = _dots(result.program)
+    assert len(dots) == 3 and all(str(op.dtype) == "float32" for d in dots for op in d.ins)
+    report = quick_evaluator.evaluate(task, render_rewrite(task, ["widen_matmuls"]))
+    assert report.passed, report.reason
+    assert [r.names for r in propose_rewrites(task, target="cpu")] == [["widen_matmuls"]]
+    assert propose_rewrites(task, target="tpu-v5e") == []
