@@ -97,6 +97,8 @@ class Emitter:
                 return f"{self.operand(a, b)} {INFIX[node.prim]} {self.operand(b, a)}"
             if node.prim in BINARY_CALLS:
                 a, b = node.ins
+                if BINARY_CALLS[node.prim].startswith("jax.lax."):  # lax does not promote a bare literal
+                    return f"{BINARY_CALLS[node.prim]}({self.operand(a)}, {self.operand(b)})"
                 return f"{BINARY_CALLS[node.prim]}({self.operand(a, b)}, {self.operand(b, a)})"
             if node.prim in UNARY_CALLS:
                 return f"{UNARY_CALLS[node.prim]}({self.operand(node.ins[0])})"
@@ -295,6 +297,24 @@ def _pad(em: Emitter, n: Node) -> str:
     return f"jax.lax.pad({em.operand(n.ins[0])}, {em.operand(n.ins[1], n.ins[0])}, {cfg})"
 
 
+def _bitcast(em: Emitter, n: Node) -> str:
+    return f"jax.lax.bitcast_convert_type({em.operand(n.ins[0])}, {dtype_expr(n.params['new_dtype'])})"
+
+
+def _random_wrap(em: Emitter, n: Node) -> str:
+    return f"jax.random.wrap_key_data({em.operand(n.ins[0])}, impl={n.params['impl'].name!r})"
+
+
+def _random_unwrap(em: Emitter, n: Node) -> str:
+    return f"jax.random.key_data({em.operand(n.ins[0])})"
+
+
+def _random_bits(em: Emitter, n: Node) -> str:
+    width = int(n.params["bit_width"])
+    shape = tuple(int(d) for d in n.params["shape"])
+    return f"jax.random.bits({em.operand(n.ins[0])}, {shape}, jnp.uint{width})"
+
+
 _EMITTERS: dict[str, Callable[[Emitter, Node], str]] = {
     "broadcast_in_dim": _broadcast, "reshape": _reshape, "convert_element_type": _convert, "dot_general": _dot,
     "transpose": _transpose, "squeeze": _squeeze, "expand_dims": _expand, "iota": _iota, "select_n": _select,
@@ -302,7 +322,8 @@ _EMITTERS: dict[str, Callable[[Emitter, Node], str]] = {
     "neg": _neg, "integer_pow": _integer_pow, "cumsum": _cumulative("cumsum"), "cummax": _cumulative("cummax"),
     "cumprod": _cumulative("cumprod"), "cummin": _cumulative("cummin"), "argmax": _argminmax("argmax"),
     "argmin": _argminmax("argmin"), "conv_general_dilated": _conv, "gather": _gather, "top_k": _top_k,
-    "clamp": _clamp, "rev": _rev, "pad": _pad,
+    "clamp": _clamp, "rev": _rev, "pad": _pad, "random_wrap": _random_wrap, "random_unwrap": _random_unwrap,
+    "random_bits": _random_bits, "bitcast_convert_type": _bitcast,
 }
 
 

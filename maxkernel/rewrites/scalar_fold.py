@@ -29,7 +29,7 @@ def _scaled(node: Node | None, producers: dict[Var, Node]) -> tuple[Operand, flo
 
 
 def _fold_one(program: Program, node: Node, producers: dict[Var, Node]) -> bool:
-    if not node.ins or not isinstance(node.out, Var) or node.out.dtype.kind != "f":
+    if not node.ins or not isinstance(node.out, Var) or getattr(node.out.dtype, "kind", None) != "f":
         return False
     sp = Splice(program)
     prim = node.prim

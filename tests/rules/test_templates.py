@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from jaxbench import static_checks
 from jaxbench.task import load_task
 from maxkernel.analysis import analyze_task
+from maxkernel.analysis.program import trace_program
 from maxkernel.targets import validate_tpu
 from maxkernel.templates.matmul import MATMUL
 from maxkernel.templates.rowblock import ROWBLOCK
@@ -79,3 +82,24 @@ def test_flash_attention_refuses_other_masks() -> None:
 
     task = load_task("4p_Sparse_Attention")  # block-sparse mask: not expressible as causal
     assert "masking" in (FLASH_ATTENTION.applies(task, analyze_task(task)) or "")
+
+
+@pytest.mark.parametrize("task_id", ["31k_Gemm_BatchNorm_GELU_ReLU", "38k_Matmul_Dropout_Softmax", "22k_Conv2d_InstanceNorm_Divide"])
+def test_fused_tail_kernel_covers_batch_statistics_dropout_and_convs(task_id: str, quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+    from maxkernel.templates.epilogue import FUSED_TAIL
+
+    task = load_task(task_id)
+    assert FUSED_TAIL.applies(task, analyze_task(task, "cpu")) is None
+    source = FUSED_TAIL.render(task, {}, ("cpu",))
+    assert "pl.pallas_call(" in source and "interpret" not in source
+    report = quick_evaluator.evaluate(task, source)
+    assert report.passed, report.reason
+    assert report.label == "pallas-kernel"
+
+
+def test_fused_tail_refuses_programs_without_a_heavy_op_and_big_tpu_tails() -> None:
+    from maxkernel.templates.epilogue import FUSED_TAIL, split_tail
+
+    assert split_tail(trace_program(load_task("12p_RMSNorm")).dce()) == "no matmul or convolution to fuse after"
+    task = load_task("41k_Gemm_Add_ReLU")  # a 1024 x 8192 f32 tail at full size cannot sit in VMEM whole
+    assert FUSED_TAIL.space(task, analyze_task(task, "cpu"), "tpu-v5e").space == {"whole": []}
