@@ -16,6 +16,7 @@ from maxkernel.rewrites.conv_matmul import CONV_AS_MATMUL
 from maxkernel.rewrites.dead_code import DEAD_CODE
 from maxkernel.rewrites.emit import EmitError, emittable
 from maxkernel.rewrites.numeric import IDLE_SUBGRAPHS
+from maxkernel.rewrites.pool_fold import POOL_INTO_WEIGHTS
 from maxkernel.rewrites.scalar_fold import SCALAR_CHAINS
 from maxkernel.rewrites.size_one import SIZE_ONE_REDUCTIONS
 from maxkernel.rewrites.source import jax_candidate
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
     from jaxbench.task import Task
 
 # Order matters: removing idle work first exposes sums that sit right after a matmul.
-REWRITES: tuple[Rewrite, ...] = (DEAD_CODE, SIZE_ONE_REDUCTIONS, IDLE_SUBGRAPHS, SUM_AFTER_MATMUL, SCALAR_CHAINS,
+REWRITES: tuple[Rewrite, ...] = (DEAD_CODE, SIZE_ONE_REDUCTIONS, IDLE_SUBGRAPHS, SUM_AFTER_MATMUL, POOL_INTO_WEIGHTS,
+                                 SCALAR_CHAINS,
                                  CONV_AS_MATMUL, WIDEN_MATMULS)
 BY_NAME = {r.name: r for r in REWRITES}
 

@@ -66,13 +66,13 @@ class Splice:
         self.program.substitute(old.out, result)
 
 
-def splice_traced(program: Program, old: Node, fn: Any) -> None:
-    """Replace ``old`` by the equations of ``fn`` traced at its operands' shapes.
+def splice_traced(program: Program, old: Node, fn: Any, operands: list[Var] | None = None) -> None:
+    """Replace ``old`` by the equations of ``fn`` traced at the shapes of ``operands`` (default: its own).
 
     The replacement is written as ordinary JAX (easier to get right than node-by-node construction);
     its equations are inlined with fresh names, so the emitter writes them out like any other node.
     """
-    operands = [op for op in old.ins]
+    operands = list(old.ins) if operands is None else list(operands)
     specs = [jax.ShapeDtypeStruct(op.shape, op.dtype) for op in operands]
     closed = jax.make_jaxpr(fn)(*specs)
     env: dict[Any, Operand] = dict(zip(closed.jaxpr.invars, operands))

@@ -112,3 +112,12 @@ def test_bf16_matmuls_widen_on_cpu_only(quick_evaluator) -> None:  # type: ignor
     assert report.passed, report.reason
     assert [r.names for r in propose_rewrites(task, target="cpu")] == [["widen_matmuls"]]
     assert propose_rewrites(task, target="tpu-v5e") == []
+
+
+def test_average_pooling_after_a_matmul_folds_into_the_weights(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+    task = load_task("49k_Matmul_AvgPool_GELU_Scale_Max")
+    result = apply_rewrites(trace_program(task), ["pool_into_weights"])
+    (dot,) = _dots(result.program)
+    assert dot.out.shape == (512, 1024 // 16)  # 16 times fewer output features computed
+    report = quick_evaluator.evaluate(task, render_rewrite(task, ["pool_into_weights"]))
+    assert report.passed, report.reason
