@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from maxkernel.analysis.program import Program, trace_program
+from maxkernel.rewrites.activations import CHEAPER_ACTIVATIONS
 from maxkernel.rewrites.base import Rewrite
 from maxkernel.rewrites.conv_matmul import CONV_AS_MATMUL
 from maxkernel.rewrites.dead_code import DEAD_CODE
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 # Order matters: removing idle work first exposes sums that sit right after a matmul.
 REWRITES: tuple[Rewrite, ...] = (DEAD_CODE, SIZE_ONE_REDUCTIONS, IDLE_SUBGRAPHS, SUM_AFTER_MATMUL, POOL_INTO_WEIGHTS,
                                  SCALAR_CHAINS,
-                                 CONV_AS_MATMUL, WIDEN_MATMULS)
+                                 CONV_AS_MATMUL, WIDEN_MATMULS, CHEAPER_ACTIVATIONS)
 BY_NAME = {r.name: r for r in REWRITES}
 
 __all__ = ["REWRITES", "RewrittenProgram", "apply_rewrites", "propose_rewrites", "render_rewrite", "EmitError"]

@@ -9,7 +9,7 @@ import numpy as np
 from jax import lax
 from jax._src import core
 
-from maxkernel.analysis.program import Const, Node, Operand, Program, Var
+from maxkernel.analysis.program import Const, Node, Operand, Program, Var, _callee
 
 
 def make(program: Program, primitive: Any, ins: list[Operand], **params: Any) -> tuple[Node, Var]:
@@ -75,19 +75,32 @@ def splice_traced(program: Program, old: Node, fn: Any, operands: list[Var] | No
     operands = list(old.ins) if operands is None else list(operands)
     specs = [jax.ShapeDtypeStruct(op.shape, op.dtype) for op in operands]
     closed = jax.make_jaxpr(fn)(*specs)
-    env: dict[Any, Operand] = dict(zip(closed.jaxpr.invars, operands))
-    env.update((cv, Const(np.asarray(c), tuple(np.shape(c)), np.asarray(c).dtype, False))
-               for cv, c in zip(closed.jaxpr.constvars, closed.consts))
     nodes: list[Node] = []
-    for eqn in closed.jaxpr.eqns:
-        ins = [Const(a.val, tuple(np.shape(a.val)), np.dtype(a.aval.dtype), bool(getattr(a.aval, "weak_type", False)))
-               if isinstance(a, core.Literal) else env[a] for a in eqn.invars]
-        outs = [program.fresh(tuple(v.aval.shape), v.aval.dtype) for v in eqn.outvars]
-        nodes.append(Node(eqn.primitive, ins, outs, dict(eqn.params)))
-        env.update(zip(eqn.outvars, outs))
-    (result,) = [env[v] if not isinstance(v, core.Literal) else None for v in closed.jaxpr.outvars]
-    if result is None:
-        raise ValueError("the replacement returns a literal")
+
+    def operand(env: dict[Any, Operand], atom: Any) -> Operand:
+        if isinstance(atom, core.Literal):
+            return Const(atom.val, tuple(np.shape(atom.val)), np.dtype(atom.aval.dtype),
+                         bool(getattr(atom.aval, "weak_type", False)))
+        return env[atom]
+
+    def inline(jaxpr: Any, consts: Any, ins: list[Operand]) -> list[Operand]:
+        env: dict[Any, Operand] = dict(zip(jaxpr.invars, ins))
+        env.update((cv, Const(np.asarray(c), tuple(np.shape(c)), np.asarray(c).dtype, False))
+                   for cv, c in zip(jaxpr.constvars, consts))
+        for eqn in jaxpr.eqns:
+            args = [operand(env, a) for a in eqn.invars]
+            body = _callee(eqn)
+            if body is not None:  # jnp helpers wrap themselves in jit: inline them like the tracer does
+                env.update(zip(eqn.outvars, inline(body.jaxpr, body.consts, args)))
+                continue
+            outs = [program.fresh(tuple(v.aval.shape), v.aval.dtype) for v in eqn.outvars]
+            nodes.append(Node(eqn.primitive, args, outs, dict(eqn.params)))
+            env.update(zip(eqn.outvars, outs))
+        return [operand(env, a) for a in jaxpr.outvars]
+
+    (result,) = inline(closed.jaxpr, closed.consts, list(operands))
+    if not isinstance(result, Var):
+        raise ValueError("the replacement returns a constant")
     index = program.nodes.index(old)
     program.nodes[index:index + 1] = nodes
     program.substitute(old.out, result)

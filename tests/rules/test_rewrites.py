@@ -121,3 +121,18 @@ def test_average_pooling_after_a_matmul_folds_into_the_weights(quick_evaluator) 
     assert dot.out.shape == (512, 1024 // 16)  # 16 times fewer output features computed
     report = quick_evaluator.evaluate(task, render_rewrite(task, ["pool_into_weights"]))
     assert report.passed, report.reason
+
+
+def test_mish_is_recomputed_with_one_exp_and_stays_correct(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+    task = load_task("27k_Matmul_Mish_Mish")
+    result = apply_rewrites(trace_program(task), ["cheaper_activations"])
+    prims = [n.prim for n in result.program.nodes]
+    assert result.sites == {"cheaper_activations": 2}
+    assert "tanh" not in prims and "log1p" not in prims and prims.count("exp") == 2
+    report = quick_evaluator.evaluate(task, render_rewrite(task, ["cheaper_activations"]))
+    assert report.passed, report.reason
+
+
+def test_a_plain_tanh_is_not_mistaken_for_mish() -> None:
+    task = load_task("47k_Matmul_Add_Swish_Tanh_GELU_Hardtanh")
+    assert apply_rewrites(trace_program(task), ["cheaper_activations"]).sites == {}
