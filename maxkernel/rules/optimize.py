@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from jaxbench.task import Task
 
 log = structlog.get_logger("maxkernel.rules")
+SUSPECT_BIAS = 1.05
 Event = Callable[[str, dict[str, Any]], None]
 
 
@@ -79,8 +80,7 @@ def optimize_rules(task: "Task", target: str = "cpu", budget_s: float = 300, eva
     sources: dict[int, str] = {}
     # The judge times the reference in its own process and the candidate in a worker; the reference run
     # as a candidate shows how far that alone moves the ratio. A winner must beat both.
-    baseline = evaluate(reference_source(task))
-    bias = float(baseline.speedup) if baseline.passed and baseline.speedup and baseline.basis == "measured" else 1.0
+    baseline, bias = _baseline(task, evaluate)
     emit("baseline", {"speedup": baseline.speedup, "status": baseline.status})
 
     def record(trial: Trial, source: str) -> None:
@@ -109,6 +109,30 @@ def optimize_rules(task: "Task", target: str = "cpu", budget_s: float = 300, eva
     return result
 
 
+def _baseline(task: "Task", evaluate: Callable[[str], EvalReport]) -> tuple[EvalReport, float]:
+    """The reference run as a candidate: the bar a winner must clear on top of 1.0.
+
+    One noisy high reading would hide real wins behind an inflated bar, so a reading above
+    ``SUSPECT_BIAS`` is measured twice more and the median of the three counts.
+    """
+    source = reference_source(task)
+    runs = [evaluate(source)]
+
+    def speed(report: EvalReport) -> float | None:
+        ok = report.passed and report.speedup and report.basis == "measured"
+        return float(report.speedup) if ok else None  # type: ignore[arg-type]
+
+    first = speed(runs[0])
+    if first is None:
+        return runs[0], 1.0
+    if first > SUSPECT_BIAS:
+        runs += [evaluate(source), evaluate(source)]
+        measured = sorted((speed(r) or first, i) for i, r in enumerate(runs))
+        _, middle = measured[1]
+        return runs[middle], measured[1][0]
+    return runs[0], first
+
+
 def _try_once(task: "Task", strategy: Strategy, evaluate: Callable[[str], EvalReport],
               record: Callable[[Trial, str], None]) -> None:
     t0 = time.monotonic()
@@ -132,7 +156,7 @@ def _conclude(task: "Task", target: str, tried: list[Trial], sources: dict[int, 
     """The best candidate that beats ``bar`` (>= 1.0: the reference, and the reference run as a candidate)."""
     ranked = sorted((t for t in tried if t.score > 0 and t.report.label != "reference-equivalent" and sources.get(id(t))),
                     key=lambda t: t.score, reverse=True)
-    for best in ranked[:2]:
+    for best in ranked[:3]:
         if best.score < bar:
             break
         # Re-measure the winner: a speedup that does not hold up on a second run is noise. When the two

@@ -101,6 +101,9 @@ def test_transposed_3d_conv_becomes_a_matmul_and_passes(quick_evaluator) -> None
 def test_conv_as_matmul_leaves_wide_convolutions_alone() -> None:
     task = load_task("18k_Conv2D_ReLU_BiasAdd")  # 16 input channels: XLA's own convolution is faster there
     assert apply_rewrites(trace_program(task), ["conv_as_matmul"]).sites == {}
+    narrow = load_task("25k_Conv3d_GroupNorm_Mean")  # 3 channels, but on TPU the MXU runs the conv itself
+    assert [r.names for r in propose_rewrites(narrow, target="cpu")] == [["conv_as_matmul"]]
+    assert propose_rewrites(narrow, target="tpu-v5e") == []
 
 
 def test_bf16_matmuls_widen_on_cpu_only(quick_evaluator) -> None:  # type: ignore[no-untyped-def]

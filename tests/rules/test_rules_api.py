@@ -54,3 +54,23 @@ def test_tpu_target_ranks_by_the_cost_model(evaluator) -> None:  # type: ignore[
     result = optimize_rules(task, target="tpu-v5e", budget_s=20, evaluator=evaluator)
     assert result.beat_reference and result.best_report is not None
     assert result.best_report.basis == "modelled" and result.best_report.model is not None
+
+
+def test_a_suspiciously_high_baseline_is_measured_three_times() -> None:
+    from jaxbench.report import EvalReport
+    from maxkernel.rules.optimize import _baseline
+
+    task = load_task("12p_RMSNorm")
+    readings = iter([1.6, 0.97, 1.02])
+    calls: list[str] = []
+
+    def evaluate(source: str) -> EvalReport:
+        calls.append(source)
+        return EvalReport(task=task.id, status="ok", correct=True, speedup=next(readings), basis="measured")
+
+    report, bias = _baseline(task, evaluate)
+    assert len(calls) == 3 and bias == 1.02 and report.speedup == 1.02
+    steady = iter([1.01])
+    _, bias = _baseline(task, lambda s: EvalReport(task=task.id, status="ok", correct=True,
+                                                  speedup=next(steady), basis="measured"))
+    assert bias == 1.01
