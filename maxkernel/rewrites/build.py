@@ -66,11 +66,12 @@ class Splice:
         self.program.substitute(old.out, result)
 
 
-def splice_traced(program: Program, old: Node, fn: Any, operands: list[Var] | None = None) -> None:
+def splice_traced(program: Program, old: Node, fn: Any, operands: list[Var] | None = None) -> list[Node]:
     """Replace ``old`` by the equations of ``fn`` traced at the shapes of ``operands`` (default: its own).
 
     The replacement is written as ordinary JAX (easier to get right than node-by-node construction);
     its equations are inlined with fresh names, so the emitter writes them out like any other node.
+    Returns the inserted nodes.
     """
     operands = list(old.ins) if operands is None else list(operands)
     specs = [jax.ShapeDtypeStruct(op.shape, op.dtype) for op in operands]
@@ -104,3 +105,4 @@ def splice_traced(program: Program, old: Node, fn: Any, operands: list[Var] | No
     index = program.nodes.index(old)
     program.nodes[index:index + 1] = nodes
     program.substitute(old.out, result)
+    return nodes
