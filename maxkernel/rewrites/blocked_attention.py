@@ -305,7 +305,13 @@ class BlockedAttentionRewrite:
                 f"    kf = {plan.k.name}.astype(jnp.float32)",
                 f"    vf = {plan.v.name}.astype(jnp.float32)"]
         for step, call in terms:
-            body.append(f"    {step.name} = {call}")
+            if step.kind == "side":
+                body.append(f"    {step.name} = {call}")
+        fixed = [(step, call) for step, call in terms if step.kind != "side"]
+        if fixed:
+            # Terms of positions alone (masks, decays) are constants: computed once while tracing.
+            body.append("    with jax.ensure_compile_time_eval():")
+            body += [f"        {step.name} = {call}" for step, call in fixed]
         body += [f"    outs = []",
                  f"    for q0, q1, spans in _PLAN_{size}:",
                  f"        rows = (q0, q1)",
