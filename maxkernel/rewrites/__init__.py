@@ -22,13 +22,14 @@ from maxkernel.rewrites.scalar_fold import SCALAR_CHAINS
 from maxkernel.rewrites.size_one import SIZE_ONE_REDUCTIONS
 from maxkernel.rewrites.source import jax_candidate
 from maxkernel.rewrites.sum_pushdown import SUM_AFTER_MATMUL
+from maxkernel.rewrites.vectorize import VECTORIZE_MAPS
 from maxkernel.rewrites.widen import WIDEN_MATMULS
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
 
 # Order matters: removing idle work first exposes sums that sit right after a matmul.
-REWRITES: tuple[Rewrite, ...] = (DEAD_CODE, SIZE_ONE_REDUCTIONS, IDLE_SUBGRAPHS, SUM_AFTER_MATMUL, POOL_INTO_WEIGHTS,
+REWRITES: tuple[Rewrite, ...] = (DEAD_CODE, VECTORIZE_MAPS, SIZE_ONE_REDUCTIONS, IDLE_SUBGRAPHS, SUM_AFTER_MATMUL, POOL_INTO_WEIGHTS,
                                  SCALAR_CHAINS,
                                  CONV_AS_MATMUL, WIDEN_MATMULS, CHEAPER_ACTIVATIONS)
 BY_NAME = {r.name: r for r in REWRITES}
@@ -67,9 +68,10 @@ def propose_rewrites(task: "Task", size: str = "cpu", target: str = "cpu") -> li
         result = apply_rewrites(program, [rewrite.name])
         if result.sites:
             found.append(result)
-    if len(found) > 1:
+    if found:  # one rewrite can open the way for another (a flattened loop exposes its matmuls)
         combined = apply_rewrites(program, [r.name for r in offered])
-        found.insert(0, combined)
+        if all(combined.names != f.names for f in found):
+            found.insert(0, combined)
     unique: dict[str, RewrittenProgram] = {}
     for f in found:
         if emittable(f.program) is None:

@@ -92,6 +92,9 @@ class Emitter:
                 return f"jax.lax.{node.prim}({self.operand(a)}, {self.operand(b)})"
             if node.prim == "rem":
                 return f"jax.lax.rem({self.operand(node.ins[0])}, {self.operand(node.ins[1])})"
+            if node.prim in ("lt_to", "le_to") and all(np.issubdtype(np.dtype(op.dtype), np.integer) for op in node.ins):
+                a, b = node.ins  # total-order comparisons equal the plain ones on integers
+                return f"{self.operand(a, b)} {'<' if node.prim == 'lt_to' else '<='} {self.operand(b, a)}"
             if node.prim in INFIX:
                 a, b = node.ins
                 return f"{self.operand(a, b)} {INFIX[node.prim]} {self.operand(b, a)}"
@@ -110,13 +113,39 @@ class Emitter:
 
     def body(self, indent: str = "    ") -> list[str]:
         lines = []
-        for node in self.program.nodes:
+        for index, node in enumerate(self.program.nodes):
             target = ", ".join(o.name for o in node.outs)
+            if node.prim == "scan":
+                lines.extend(self.scan(node, f"_step_{index}", indent))
+                continue
             if len(node.outs) == 1 and not node.primitive.multiple_results:
                 lines.append(f"{indent}{target} = {self.line(node)}")
             else:
                 lines.append(f"{indent}{target}{',' if len(node.outs) == 1 else ''} = {self.line(node)}")
         return lines
+
+    def scan(self, node: Node, name: str, indent: str) -> list[str]:
+        """A ``lax.scan``: its body as a nested function of (consts, carry, xs) returning (carry, ys)."""
+        from maxkernel.analysis.program import ProgramBuilder
+
+        p = node.params
+        consts, carries = int(p["num_consts"]), int(p["num_carry"])
+        closed = p["jaxpr"]
+        count = len(closed.jaxpr.invars)
+        names = [f"k{i}" for i in range(consts)] + [f"c{i}" for i in range(carries)] + \
+                [f"x{i}" for i in range(count - consts - carries)]
+        body = ProgramBuilder().build(closed, names)
+        body.out_tree = jax.tree_util.tree_structure(tuple(range(len(body.outputs))))
+        nested = emit_function(body, name).splitlines()
+        ops = [self.operand(op) for op in node.ins]
+        fixed, init, xs = ops[:consts], ops[consts:consts + carries], ops[consts + carries:]
+        call = (f"jax.lax.scan(lambda c, x: (lambda r: (r[:{carries}], r[{carries}:]))({name}("
+                f"{''.join(a + ', ' for a in fixed)}*c, *x)), ({''.join(a + ', ' for a in init)}), "
+                f"({''.join(a + ', ' for a in xs)}), length={int(p['length'])}, reverse={bool(p['reverse'])})")
+        targets = ", ".join(o.name for o in node.outs)
+        return [indent + line for line in nested] + [
+            f"{indent}{name}_out = {call}",
+            f"{indent}{targets}{',' if len(node.outs) == 1 else ''} = (*{name}_out[0], *{name}_out[1])"]
 
     def returns(self) -> str:
         outs = [self.operand(o) for o in self.program.outputs]

@@ -144,3 +144,12 @@ def test_a_plain_tanh_is_not_mistaken_for_mish_and_gelu_uses_erf(quick_evaluator
     assert "erfc" in before and "erfc" not in after and "erf" in after
     report = quick_evaluator.evaluate(task, render_rewrite(task, ["cheaper_activations"]))
     assert report.passed, report.reason
+
+
+def test_independent_loop_iterations_are_batched_and_open_to_widening(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+    task = load_task("7p_Ragged_Paged_Attention")
+    result = apply_rewrites(trace_program(task), ["vectorize_maps", "widen_matmuls"])
+    maps = [n for n in result.program.nodes if n.prim == "scan" and n.params["num_carry"] == 0]
+    assert maps == [] and result.sites.get("widen_matmuls", 0) >= 1  # the loop body's bf16 matmul is reachable now
+    report = quick_evaluator.evaluate(task, render_rewrite(task, result.names))
+    assert report.passed, report.reason
