@@ -9,27 +9,11 @@ fresh inputs. Each declares tunable parameters the same way templates do (``Temp
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from maxkernel.templates.base import Template
 
-from maxkernel.templates.base import TemplateSpace
-
-if TYPE_CHECKING:
-    from jaxbench.task import Task
-    from maxkernel.analysis import TaskAnalysis
-
-
-class StructuralRewrite(Protocol):
-    name: str
-    description: str
-
-    def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
-        """None when this rewrite recognises the task, else why not."""
-
-    def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
-        """Tunable parameters and their legal values."""
-
-    def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
-        """The candidate source for these parameters."""
+# A structural rewrite answers the same three questions as a template (does it apply, what can be
+# tuned, what is the source for these parameters); it emits plain JAX instead of a Pallas kernel.
+StructuralRewrite = Template
 
 
 def structural_rewrites() -> tuple[StructuralRewrite, ...]:
