@@ -41,11 +41,13 @@ def test_beam_is_seeded_and_keeps_invalid_nodes_out(orch_evaluator: object) -> N
     assert all(e.parent_id is None for e in first)
     later = [e for e in graph.expansions if e.round > 0]
     assert later, "the beam expanded nothing"
+    decider = Beam(config, plan.strategies)
     for exp in later:  # each parent was valid and the best expandable node of its round (width 1)
         parent = graph.node(exp.parent_id)
         assert parent.passed
+        before = {params_key(e.strategy, e.params) for e in graph.expansions if e.round < exp.round}
         rivals = [n for n in graph.valid if graph.expansions[n.expansion].round == graph.expansions[parent.expansion].round
-                  and n.strategy.startswith("template:")]
+                  and decider.moves(n, before)]  # only nodes with a move left may enter the beam
         assert parent.speedup == max(n.speedup for n in rivals)
         assert exp.strategy == parent.strategy and exp.params != parent.params
     keys = [params_key(e.strategy, e.params) for e in graph.expansions]
