@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from maxkernel.analysis.program import Const, Node, Operand, Program, Var, arg_names, read, trace_program
+from maxkernel.analysis.program import Const, Node, Operand, Program, Var, arg_names, trace_program
+from maxkernel.rewrites.numeric import evaluate_nodes
 from maxkernel.rewrites.emit import Emitter, EmitError, dtype_expr, emit_function, scalar_text
 from maxkernel.rewrites.structural import candidate_header
 from maxkernel.rewrites.source import size_dispatch
@@ -84,11 +85,7 @@ def _depends_on(program: Program, var: Var) -> set[str]:
 
 def _evaluate(program: Program, var: Var) -> np.ndarray:
     """The value of a var that depends on no input (iota, constants), computed now."""
-    env: dict[Var, Any] = {}
-    for node in _ancestors(program, var):
-        outs = node.primitive.bind(*[read(env, op) for op in node.ins], **node.params)
-        env.update(zip(node.outs, outs if node.primitive.multiple_results else [outs]))
-    return np.asarray(env[var])
+    return np.asarray(evaluate_nodes(_ancestors(program, var), {})[var])
 
 
 def _scalar_factor(program: Program, var: Var, stop: Var) -> float:

@@ -46,8 +46,9 @@ def _closure(program: Program, a: Var) -> tuple[list[Node], set[Var]]:
     return found, dependent
 
 
-def _evaluate(nodes: list[Node], a: Var, value: np.ndarray) -> dict[Var, np.ndarray]:
-    env: dict[Var, object] = {a: value}
+def evaluate_nodes(nodes: list[Node], bound: dict[Var, np.ndarray]) -> dict[Var, np.ndarray]:
+    """Run ``nodes`` (in program order) on concrete values for the vars in ``bound``."""
+    env: dict[Var, object] = dict(bound)
     for node in nodes:
         out = node.primitive.bind(*[read(env, op) for op in node.ins], **node.params)
         env.update(zip(node.outs, out if node.primitive.multiple_results else [out]))
@@ -58,7 +59,7 @@ def _find(program: Program, a: Var) -> tuple[Node, str, object] | None:
     nodes, dependent = _closure(program, a)
     if not nodes or not any(n.prim not in PLUMBING for n in nodes):
         return None
-    runs = [_evaluate(nodes, a, d) for d in _draws(a, 0)]
+    runs = [evaluate_nodes(nodes, {a: d}) for d in _draws(a, 0)]
     for node in reversed(nodes):  # the furthest downstream result first: it removes the most work
         b = node.out
         if len(node.outs) != 1 or b not in dependent or getattr(b.dtype, "kind", None) != "f" or node.prim in PLUMBING:
