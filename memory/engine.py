@@ -7,6 +7,8 @@ instead of failing halfway through a transaction. PostgreSQL needs none of this.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +77,7 @@ def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
         try:
             cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
             cursor.execute("PRAGMA foreign_keys = ON")
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _enter_wal(cursor, busy_timeout_s)
         finally:
             cursor.close()
 
@@ -85,6 +87,28 @@ def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def _enter_wal(cursor: Any, busy_timeout_s: float) -> None:
+    """Switch a file to WAL once; retry while another process holds the lock.
+
+    Changing the journal mode needs an exclusive lock, and SQLite reports BUSY at once (without
+    calling the busy handler) when two fresh connections race for it, so the wait is done here.
+    """
+    deadline = time.monotonic() + busy_timeout_s
+    delay = 0.005
+    while True:
+        try:
+            mode = cursor.execute("PRAGMA journal_mode").fetchone()
+            if mode is None or str(mode[0]).lower() in ("wal", "memory"):
+                return
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc).lower() or time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
 
 _LOCKED = ("database is locked", "database table is locked", "database schema is locked")
