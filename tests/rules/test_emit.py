@@ -24,7 +24,7 @@ def _load(source: str) -> types.ModuleType:
 
 
 @pytest.mark.parametrize("task_id", ["12p_RMSNorm", "13p_Cross_Entropy", "4p_Sparse_Attention", "24k_Matmul_Scale_ResidualAdd_Clamp_LogSumExp_Mish",
-                                     "7p_Ragged_Paged_Attention", "16p_Mamba2_SSD"])
+                                     "7p_Ragged_Paged_Attention", "16p_Mamba2_SSD", "3p_MLA_Attention"])
 def test_emitted_reference_is_bit_identical(task_id: str) -> None:
     task = load_task(task_id)
     source = jax_candidate({"cpu": trace_program(task, "cpu").dce()}, "round trip")
