@@ -234,3 +234,13 @@ ALL_MESSAGES: tuple[type[BaseModel], ...] = (
     TuneReport, CandidateScored, RecallRequest, Recall, Note, TokenUsage, ActorRestarted,
     ActorFailed, SessionFinished, HumanPrompt, HumanDecision, Ping,
 )
+
+_BY_NAME: dict[str, type[BaseModel]] = {cls.__name__: cls for cls in ALL_MESSAGES}
+
+
+def message_from_event(message_type: str, payload: dict[str, Any]) -> BaseModel:
+    """A persisted message rebuilt from its class name and JSON form (how the event log stores it)."""
+    cls = _BY_NAME.get(message_type)
+    if cls is None:
+        raise ValueError(f"unknown message type {message_type!r}")
+    return cls.model_validate(payload)

@@ -21,7 +21,17 @@ from pydantic import BaseModel, Field
 from actors.config import ActorConfig
 from actors.services import Services
 from jaxbench.report import EvalReport as JudgeReport
-from maxkernel.messages import Budget, CandidateScored, OptimizeRequest, Plan, SessionFinished, StrategyRef, new_id
+from maxkernel.messages import (
+    Budget,
+    BusMessage,
+    CandidateScored,
+    OptimizeRequest,
+    Plan,
+    SessionFinished,
+    StrategyRef,
+    message_from_event,
+    new_id,
+)
 from orchestrators.bus import Bus, is_evaluation
 from orchestrators.feedback import Attempt, attempts, feedback_text
 
@@ -79,6 +89,7 @@ class AutoResult(BaseModel):
     remembered_kernel: str | None = None
     remembered_note: str | None = None
     seconds: float = 0.0
+    resumed_evaluations: int = Field(0, description="evaluations carried over from an interrupted run of the job")
 
 
 def brain_label(config: ActorConfig) -> str:
@@ -187,6 +198,41 @@ class AutoRun:
             return "the planner proposed nothing that was not tried already"
         return None
 
+    def consider(self, candidate: CandidateScored) -> bool:
+        """Keep ``candidate`` if it is the best so far (and the best real kernel); True when it improved."""
+        speedup = candidate.report.speedup if candidate.report.passed else None
+        if speedup is None:
+            return False
+        if candidate.report.label != "reference-equivalent" and (
+                self.best_kernel is None or speedup > (self.best_kernel.report.speedup or 0.0)):
+            self.best_kernel = candidate
+        if self.best is not None and speedup <= (self.best.report.speedup or 0.0):
+            return False
+        self.best = candidate
+        self.best_at = evaluation_index(self.bus.log(self.session_id).messages, candidate.report)
+        return True
+
+    def restore(self, messages: list[BusMessage]) -> int:
+        """Carry an interrupted run's work into this one (a daemon job run again after its daemon died).
+
+        Its evaluations count against the budget, the strategies it evaluated are not worked on
+        again, its best kernel is the one to beat, and its plan is reused. Returns how many
+        evaluations were carried.
+        """
+        record = self.bus.log(self.session_id)
+        record.messages[:0] = messages
+        for attempt in attempts(messages):
+            if attempt.status != "untried":  # a draft cut off before its evaluation is worked on again
+                self.history[attempt.strategy] = attempt
+        plans = [m for m in messages if isinstance(m, Plan)]
+        if plans:
+            self.catalog = plans[-1].model_copy(update={"session_id": self.session_id, "step": 0})
+        for message in messages:
+            if isinstance(message, CandidateScored):
+                self.consider(message)
+        self.first_correct_at = evaluation_index(record.messages, None)
+        return sum(1 for m in messages if is_evaluation(m))
+
     async def iterate(self, step: int) -> SessionFinished:
         assert self.catalog is not None
         notes = "\n\n".join(x for x in (self.catalog.notes, feedback_text(list(self.history.values()))) if x)
@@ -202,12 +248,7 @@ class AutoRun:
             self.history[attempt.strategy] = attempt
         candidate = finished.best if finished.status == "scored" else None
         speedup = candidate.report.speedup if candidate is not None and candidate.report.passed else None
-        improved = speedup is not None and (self.best is None or speedup > (self.best.report.speedup or 0.0))
-        if speedup is not None and candidate.report.label != "reference-equivalent" and (
-                self.best_kernel is None or speedup > (self.best_kernel.report.speedup or 0.0)):
-            self.best_kernel = candidate
-        if improved:
-            self.best, self.best_at = candidate, evaluation_index(record.messages, candidate.report)
+        improved = candidate is not None and self.consider(candidate)
         if self.first_correct_at is None:
             self.first_correct_at = evaluation_index(record.messages, None)
         self.iterations.append(Iteration(
@@ -239,6 +280,20 @@ class AutoRun:
         if self.best is not None and status not in ("budget", "error"):
             status = "scored"
         return status, reason or ""
+
+
+def messages_of(store: Any, session_ids: list[str]) -> list[BusMessage]:
+    """The persisted bus messages of ``session_ids``, in order (events of other kinds are left out)."""
+    out: list[BusMessage] = []
+    for session_id in session_ids:
+        for event in store.events(session_id=session_id):
+            try:
+                message = message_from_event(event.message_type, event.payload)
+            except ValueError:
+                continue
+            if isinstance(message, BusMessage):
+                out.append(message)
+    return out
 
 
 def summary_note(run: AutoRun) -> tuple[str, str]:
@@ -273,23 +328,25 @@ def remember(run: AutoRun) -> tuple[str | None, str | None]:
 
 async def run_auto(task_id: str, config: ActorConfig | None = None, *, target: str = "cpu", size: str = "cpu",
                    budget: AutoBudget | None = None, services: Services | None = None, session_id: str | None = None,
-                   mode: str = "auto", on_event: OnEvent | None = None, remember_best: bool = True) -> AutoResult:
+                   mode: str = "auto", on_event: OnEvent | None = None, remember_best: bool = True,
+                   prior: list[BusMessage] | None = None) -> AutoResult:
     """One Auto run. With ``services`` given (a daemon's), its evaluator, store and memory are shared; give
-    it a config with ``remember=False`` so that only the run's best kernel and note are remembered."""
+    it a config with ``remember=False`` so that only the run's best kernel and note are remembered.
+    ``prior``: the messages of an interrupted run of the same job, whose work this run carries on."""
     config = config or (services.config if services else ActorConfig())
     budget = budget or AutoBudget()
     own = services is None
     services = services or Services(config.model_copy(update={"remember": False}))
     try:
         return await _run(services, task_id, target, size, budget, session_id or new_id(), mode, on_event,
-                          remember_best)
+                          remember_best, prior or [])
     finally:
         if own:
             await services.aclose()
 
 
 async def _run(services: Services, task_id: str, target: str, size: str, budget: AutoBudget, session_id: str,
-               mode: str, on_event: OnEvent | None, remember_best: bool) -> AutoResult:
+               mode: str, on_event: OnEvent | None, remember_best: bool, prior: list[BusMessage]) -> AutoResult:
     task = services.task(task_id)
     brain = brain_label(services.config)
     await asyncio.to_thread(services.store.create_session, mode=mode, brain=brain, target=target,
@@ -299,6 +356,9 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
     try:
         await bus.__aenter__()
         run = AutoRun(bus, task.id, target=target, size=size, budget=budget, session_id=session_id, on_event=on_event)
+        carried = run.restore(prior) if prior else 0
+        if prior:
+            run.emit("resumed", {"evaluations": carried, "tried": sorted(run.history)})
         try:
             status, reason = await run.run()
             interrupted = False
@@ -317,7 +377,8 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
         best_strategy=best.strategy if best else "", best_candidate_id=best.candidate_id if best else None,
         iterations=run.iterations, attempts=list(run.history.values()), evaluations=run.evaluations,
         first_correct_at=run.first_correct_at, best_at=run.best_at, tokens=ledger.tokens, recalled=run.recalled,
-        remembered_kernel=kernel_id, remembered_note=note_id, seconds=round(time.monotonic() - run.started, 3))
+        remembered_kernel=kernel_id, remembered_note=note_id, seconds=round(time.monotonic() - run.started, 3),
+        resumed_evaluations=carried)
     log.info("auto.finished", session=session_id, task=task.id, status=status, reason=reason,
              evaluations=result.evaluations, best=result.best_report.speedup if result.best_report else None)
     return result

@@ -2,7 +2,8 @@
 
 Each job is one Auto run on the shared evaluator, store and memory; its best kernel and note go into
 memory when it ends, so later jobs start from it. Jobs live in the store (``orchestrators.jobs``): a
-daemon that starts queues again whatever a dead one left running; SIGTERM stops it gracefully (running
+daemon that starts queues again whatever a dead one left running, and a job run again carries on from
+what its earlier sessions evaluated (``AutoRun.restore``); SIGTERM stops it gracefully (running
 jobs are cancelled and queued again, the HTTP API closes, the state file goes). ``python -m
 orchestrators.daemon`` is the process ``maxkernel daemon start`` spawns.
 """
@@ -26,7 +27,7 @@ from pydantic import BaseModel
 from actors.services import Services
 from maxkernel.config import Settings, load_settings
 from maxkernel.messages import new_id
-from orchestrators.auto import run_auto
+from orchestrators.auto import messages_of, run_auto
 from orchestrators.httpapi import ApiServer
 from orchestrators.jobs import JobInfo, JobQueue
 
@@ -97,7 +98,7 @@ class Daemon:
     # -- jobs -------------------------------------------------------------------------------------
 
     async def run_job(self, job: JobInfo) -> None:
-        session_id = new_id()
+        session_id, earlier = new_id(), list(job.sessions)
         await asyncio.to_thread(self.queue.started, job.id, session_id)
         log.info("daemon.job_started", job=job.id, task=job.task_id, session=session_id, attempt=job.attempts)
         try:
@@ -105,8 +106,9 @@ class Daemon:
 
             services = self.services(job.brain)
             check_keys(services.config)
+            prior = await asyncio.to_thread(messages_of, services.store, earlier) if earlier else []
             result = await run_auto(job.task_id, services=services, target=job.target, budget=job.budget,
-                                    session_id=session_id, mode="daemon")
+                                    session_id=session_id, mode="daemon", prior=prior)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bad task or brain fails the job, never the daemon

@@ -38,6 +38,7 @@ from maxkernel.messages import (
     Plan,
     ProfileReport,
     SessionFinished,
+    message_from_event,
     new_id,
 )
 from maxkernel.runtime import CODER, DEBUGGER, PLANNER, PROFILER, TUNER
@@ -381,9 +382,7 @@ def _unrecorded(services: Services, candidate_id: str) -> bool:
 
 
 def _message(subject: dict[str, Any]) -> Any:
-    types = {"Plan": Plan, "KernelDraft": KernelDraft, "EvalReport": EvalReport, "FixRequest": FixRequest,
-             "ProfileReport": ProfileReport, "CandidateScored": CandidateScored}
-    return types[subject["type"]].model_validate(subject["message"])
+    return message_from_event(subject["type"], subject["message"])
 
 
 def plan_text(plan: Plan) -> str:

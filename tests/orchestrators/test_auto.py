@@ -10,7 +10,7 @@ from pathlib import Path
 from actors.config import ActorConfig
 from actors.services import Services
 from maxkernel.llm.transcript import Exchange, append_exchange
-from orchestrators.auto import AutoBudget, run_auto
+from orchestrators.auto import AutoBudget, messages_of, run_auto
 from transcripts import PROFILER_REPLY, fenced, kernel_source, text
 
 GEMM = "41k_Gemm_Add_ReLU"
@@ -53,6 +53,34 @@ def test_rules_auto_iterates_with_feedback_and_starts_from_memory(orch_evaluator
     assert first["plan"]["strategies"][0]["name"].startswith("recall:") and remembered
     assert again.stop_reason.startswith("evaluation budget spent") and again.evaluations == 1
     assert again.status == "scored" and again.best_report is not None and again.best_report.passed
+
+
+def test_a_job_run_again_carries_on_from_its_interrupted_run(orch_evaluator: object) -> None:
+    config = ActorConfig(brain="rules", remember=False)
+    first, _ = _auto(config, orch_evaluator, NORM, AutoBudget(max_evaluations=1, tune_max_trials=1, time_s=300))
+    assert first.evaluations >= 1 and first.best_report is not None and first.best_report.passed
+    tried = {a.strategy for a in first.attempts}
+
+    services = Services(config, evaluator=orch_evaluator)  # type: ignore[arg-type]
+    try:
+        prior = messages_of(services.store, [first.session_id])
+        budget = AutoBudget(max_evaluations=first.evaluations + 2, tune_max_trials=1, patience=3, time_s=300)
+        again = asyncio.run(run_auto(NORM, services=services, budget=budget, prior=prior))
+        events = services.store.events(session_id=again.session_id)
+    finally:
+        services.store.close()
+        services.memory.close()
+    # The earlier evaluations count against the budget and are not repeated; its best is the bar.
+    assert again.resumed_evaluations == first.evaluations
+    assert again.evaluations == first.evaluations + sum(i.evaluations for i in again.iterations)
+    assert again.iterations and not tried & {s for it in again.iterations for s in it.strategies}
+    assert tried <= {a.strategy for a in again.attempts}
+    assert again.best_report is not None and (again.best_report.speedup or 0) >= (first.best_report.speedup or 0)
+    # The plan was carried over: the new session's first draft is the first strategy not tried before.
+    draft = next(e.payload for e in events if e.message_type == "KernelDraft")
+    assert draft["plan"]["strategies"][draft["plan"]["step"]]["name"] not in tried
+    assert not any(e.message_type == "OptimizeRequest" for e in events[:events.index(next(
+        e for e in events if e.message_type == "KernelDraft"))])
 
 
 def _transcript(path: Path) -> Path:

@@ -80,6 +80,9 @@ def test_daemon_survives_kill_with_a_job_in_flight(fast_env: dict[str, str], tmp
         code, result = _http(port, "GET", f"/jobs/{first['id']}/result")
         assert code == 200 and result["best_report"]["status"] == "ok" and result["best_source"]
         assert result["remembered_kernel"]  # the best Pallas kernel, even when the reference timed faster
+        # The run again carried the killed session's evaluations instead of starting from scratch.
+        killed = [e.message_type for e in store.events(session_id=done["sessions"][0])]
+        assert result["resumed_evaluations"] == killed.count("EvalReport") + killed.count("FixRequest")
 
         # The job's report covers both of its sessions (the killed one and the one that finished it).
         from orchestrators.report import write_report
