@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from jaxbench import static_checks
 from jaxbench.report import EvalReport
 from jaxbench.task import load_task
@@ -39,8 +41,36 @@ def test_optimize_rules_returns_a_proven_faster_rewrite(evaluator) -> None:  # t
     assert any(t.strategy == "rewrite:sum_after_matmul" for t in result.tried)
 
 
-def test_optimize_rules_says_plainly_when_nothing_beats_the_reference(evaluator) -> None:  # type: ignore[no-untyped-def]
-    task = load_task("3p_MLA_Attention")  # no rewrite or template applies
+CENTRED_YAML = """id: centred_columns
+name: Centred_Columns
+category: normalization
+description: Each value of x [rows, cols] float32 minus the mean of its column.
+dtype: float32
+tolerance: {atol: 1.0e-5, rtol: 1.0e-5}
+sizes:
+  cpu: {rows: 256, cols: 512}
+  full: {rows: 4096, cols: 4096}
+"""
+
+CENTRED_REFERENCE = """import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, rows, cols):
+    return (jax.random.normal(key, (rows, cols), jnp.float32),), {}
+
+
+def reference(x):
+    return x - jnp.mean(x, axis=0, keepdims=True)
+"""
+
+
+def test_optimize_rules_says_plainly_when_nothing_beats_the_reference(evaluator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    folder = tmp_path / "centred_columns"
+    folder.mkdir()
+    (folder / "task.yaml").write_text(CENTRED_YAML)
+    (folder / "reference.py").write_text(CENTRED_REFERENCE)
+    task = load_task(folder)  # statistics over rows: no rewrite or template applies
     assert [s.name for s in propose_strategies(task, analyze_task(task, "cpu"))] == ["reference"]
     result = optimize_rules(task, budget_s=10, evaluator=evaluator)
     assert not result.beat_reference and result.best_strategy == "reference"
