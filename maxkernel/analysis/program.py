@@ -110,6 +110,29 @@ class Program:
     def primitives(self) -> list[str]:
         return [n.prim for n in self.nodes]
 
+    def ancestors(self, var: Var) -> list["Node"]:
+        """The nodes ``var`` is computed from, in program order."""
+        producers = self.producers()
+        needed: set[int] = set()
+        stack = [var]
+        while stack:
+            node = producers.get(stack.pop())
+            if node is None or id(node) in needed:
+                continue
+            needed.add(id(node))
+            stack.extend(op for op in node.ins if isinstance(op, Var))
+        return [n for n in self.nodes if id(n) in needed]
+
+    def reads(self, var: Var) -> set[str]:
+        """Names of the program inputs ``var`` is computed from (empty for constants and iotas)."""
+        inputs = {v: v.name for v in self.inputs}
+        if var in inputs:
+            return {inputs[var]}
+        found: set[str] = set()
+        for node in self.ancestors(var):
+            found.update(inputs[op] for op in node.ins if isinstance(op, Var) and op in inputs)
+        return found
+
     def copy(self) -> "Program":
         nodes = [Node(n.primitive, list(n.ins), list(n.outs), dict(n.params)) for n in self.nodes]
         return Program(list(self.inputs), nodes, list(self.outputs), self.out_tree, self._counter)

@@ -58,34 +58,9 @@ class AttentionPlan:
     tail: list[Node] = field(default_factory=list)  # ... and the reference's nodes that follow it
 
 
-def _ancestors(program: Program, var: Var) -> list[Node]:
-    producers = program.producers()
-    needed: set[int] = set()
-    stack = [var]
-    while stack:
-        v = stack.pop()
-        node = producers.get(v)
-        if node is None or id(node) in needed:
-            continue
-        needed.add(id(node))
-        stack.extend(op for op in node.ins if isinstance(op, Var))
-    return [n for n in program.nodes if id(n) in needed]
-
-
-def _depends_on(program: Program, var: Var) -> set[str]:
-    """Names of the program inputs ``var`` is computed from."""
-    inputs = {v: v.name for v in program.inputs}
-    if var in inputs:
-        return {inputs[var]}
-    found: set[str] = set()
-    for node in _ancestors(program, var):
-        found.update(inputs[op] for op in node.ins if isinstance(op, Var) and op in inputs)
-    return found
-
-
 def _evaluate(program: Program, var: Var) -> np.ndarray:
     """The value of a var that depends on no input (iota, constants), computed now."""
-    return np.asarray(evaluate_nodes(_ancestors(program, var), {})[var])
+    return np.asarray(evaluate_nodes(program.ancestors(var), {})[var])
 
 
 def _scalar_factor(program: Program, var: Var, stop: Var) -> float:
@@ -127,7 +102,7 @@ def match_attention(program: Program) -> AttentionPlan | str:
     if tuple(score.shape[-2:]) != (sq, sk) or int(np.prod(score.shape[:-2])) != q.shape[0] * q.shape[1]:
         return "scores are not [..., q_seq, k_seq]"
     try:
-        dep = [_depends_on(program, op) if isinstance(op, Var) else set() for op in dots[0].ins]
+        dep = [program.reads(op) if isinstance(op, Var) else set() for op in dots[0].ins]
         if dep != [{q.name}, {k.name}]:
             return "score matmul does not read q and k alone"
         q_factor = _scalar_factor(program, dots[0].ins[0], q) * _scalar_factor(program, dots[0].ins[1], k)  # type: ignore[arg-type]
@@ -151,7 +126,7 @@ def match_attention(program: Program) -> AttentionPlan | str:
         elif node.prim == "select_n":
             pred, *cases = node.ins
             fill = next((c for c in cases if c is not current), None)
-            if not isinstance(pred, Var) or len(cases) != 2 or _depends_on(program, pred):
+            if not isinstance(pred, Var) or len(cases) != 2 or program.reads(pred):
                 return "a mask that depends on inputs"
             fill_value = fill.scalar() if isinstance(fill, Const) else _uniform(program, fill)
             if fill_value is None or not np.isneginf(fill_value):
@@ -168,7 +143,7 @@ def match_attention(program: Program) -> AttentionPlan | str:
             if isinstance(other, Const) and other.scalar() is not None:
                 steps.append(ChainStep(node.prim, other, first, "scalar"))
             elif isinstance(other, Var):
-                names = _depends_on(program, other)
+                names = program.reads(other)
                 if names & {q.name, k.name, v.name}:
                     return "a score term that reads q, k or v"
                 kind = "side" if names else "static"
@@ -187,7 +162,7 @@ def match_attention(program: Program) -> AttentionPlan | str:
         if not {"exp", "reduce_sum"} <= set(program.primitives()):
             return "a row max without a softmax"
     elif len(readers) == 1 and readers[0] is dots[1] and dots[1].ins[0] is current:
-        if _depends_on(program, dots[1].ins[1]) != {v.name}:  # type: ignore[arg-type]
+        if program.reads(dots[1].ins[1]) != {v.name}:  # type: ignore[arg-type]
             return "second matmul does not read v"
         pv_out = dots[1].out
         tail = program.nodes[program.nodes.index(dots[1]) + 1:]
@@ -204,7 +179,7 @@ def match_attention(program: Program) -> AttentionPlan | str:
 
 
 def _uniform(program: Program, var: Var) -> float | None:
-    if _depends_on(program, var):
+    if program.reads(var):
         return None
     value = _evaluate(program, var)
     flat = value.reshape(-1)
@@ -228,7 +203,7 @@ def block_plan(mask: np.ndarray, block_q: int) -> list[tuple[int, int, tuple[tup
 
 
 def _term_program(program: Program, var: Var, inputs: list[Var]) -> Program:
-    return Program(list(inputs), _ancestors(program, var), [var])
+    return Program(list(inputs), program.ancestors(var), [var])
 
 
 SLICE_HELPERS = '''

@@ -19,8 +19,9 @@ StructuralRewrite = Template
 def structural_rewrites() -> tuple[StructuralRewrite, ...]:
     from maxkernel.rewrites.blocked_attention import BLOCKED_ATTENTION
     from maxkernel.rewrites.grouped import GROUPED_MATMUL, ROUTED_EXPERTS
+    from maxkernel.rewrites.paged import PAGED_DECODE
 
-    return (GROUPED_MATMUL, ROUTED_EXPERTS, BLOCKED_ATTENTION)
+    return (GROUPED_MATMUL, ROUTED_EXPERTS, BLOCKED_ATTENTION, PAGED_DECODE)
 
 
 def candidate_header(doc: str) -> str:

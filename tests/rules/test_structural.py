@@ -1,4 +1,4 @@
-"""Structural rewrites: grouped matmuls, routed experts and statically masked attention skip real work,
+"""Structural rewrites: grouped matmuls, routed experts, statically masked and paged attention skip real work,
 stay correct on fresh inputs (group sizes, routings), and refuse what they do not recognise."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from maxkernel.analysis import analyze_task
 from maxkernel.analysis.program import trace_program
 from maxkernel.rewrites.blocked_attention import BLOCKED_ATTENTION, block_plan, match_attention
 from maxkernel.rewrites.grouped import GROUPED_MATMUL, ROUTED_EXPERTS, match_grouped
+from maxkernel.rewrites.paged import PAGED_DECODE, match_paged
 from maxkernel.rules.strategy import propose_strategies
 
 
@@ -102,3 +103,36 @@ def test_strategies_offer_structural_rewrites_with_their_spaces() -> None:
     task = load_task("14p_Ragged_Dot")
     names = {s.name: s for s in propose_strategies(task, analyze_task(task, "cpu"))}
     assert names["rewrite:grouped_matmul"].space["form"] == ["pairs", "loop"]
+
+
+@pytest.mark.parametrize("chunk", [4, 16])
+def test_paged_decode_matches_the_reference_at_every_length(chunk: int) -> None:
+    task = load_task("6p_Paged_Attention")
+    source = PAGED_DECODE.render(task, {"chunk_pages": chunk}, ("cpu", "full"))
+    assert static_checks.scan(source)[0] == []
+    kernel = jax.jit(_load(source)["kernel"])
+    args, _ = task.get_inputs(jax.random.key(5))
+    q, k_pages, v_pages, table, lengths = args
+    max_len = table.shape[1] * k_pages.shape[2]
+    # One key, a chunk boundary, just past it, a page boundary, and the whole table.
+    for edge in ([1] * 12, [chunk * 16, chunk * 16 + 1, 16, 17, max_len, max_len - 1, 2, 3, 100, 500, 999, max_len]):
+        lens = jnp.asarray(edge, jnp.int32)
+        want = jax.jit(task.reference)(q, k_pages, v_pages, table, lens)
+        got = kernel(q, k_pages, v_pages, table, lens)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=2e-2, rtol=2e-2)
+
+
+def test_paged_decode_recognises_paged_attention_and_nothing_else() -> None:
+    roles = match_paged(trace_program(load_task("6p_Paged_Attention")).dce())
+    assert not isinstance(roles, str), roles
+    assert (roles.k_pages, roles.v_pages, roles.lengths) == ("k_pages", "v_pages", "lengths")
+    assert roles.scale == pytest.approx(1 / np.sqrt(128))
+    for other in ("7p_Ragged_Paged_Attention", "1p_Flash_Attention", "12p_RMSNorm"):
+        assert isinstance(match_paged(trace_program(load_task(other)).dce()), str), other
+
+
+def test_paged_decode_candidate_passes_the_evaluator(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+    task = load_task("6p_Paged_Attention")
+    report = quick_evaluator.evaluate(task, PAGED_DECODE.render(task, {"chunk_pages": 8}, ("cpu", "full")))
+    assert report.passed and report.label == "jax", report.reason
