@@ -283,7 +283,7 @@ class AutoRun:
 
 
 def messages_of(store: Any, session_ids: list[str]) -> list[BusMessage]:
-    """The persisted bus messages of ``session_ids``, in order (events of other kinds are left out)."""
+    """The persisted bus messages of ``session_ids``, in order (events that do not parse as one are left out)."""
     out: list[BusMessage] = []
     for session_id in session_ids:
         for event in store.events(session_id=session_id):
