@@ -37,6 +37,10 @@ class Var:
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
 
+    @property
+    def integer(self) -> bool:
+        return bool(np.issubdtype(np.dtype(self.dtype), np.integer))
+
 
 @dataclass(frozen=True, eq=False)
 class Const:

@@ -95,7 +95,7 @@ def _is_float(v: Var) -> bool:
 
 
 def match_grouped(program: Program) -> GroupedRoles | str:
-    ints = [v for v in program.inputs if len(v.shape) == 1 and np.issubdtype(np.dtype(v.dtype), np.integer)]
+    ints = [v for v in program.inputs if len(v.shape) == 1 and v.integer]
     mats = [v for v in program.inputs if len(v.shape) == 2 and _is_float(v)]
     stacks = [v for v in program.inputs if len(v.shape) == 3 and _is_float(v)]
     if len(program.inputs) != 3 or len(ints) != 1 or len(mats) != 1 or len(stacks) != 1:

@@ -15,8 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from maxkernel.analysis.program import Const, Program, Var, arg_names, trace_program
 from maxkernel.rewrites.emit import dtype_expr
 from maxkernel.rewrites.structural import candidate_header
@@ -73,10 +71,6 @@ class PagedRoles:
     out_dtype: Any
 
 
-def _is_int(v: Var) -> bool:
-    return np.issubdtype(np.dtype(v.dtype), np.integer)
-
-
 def _score_scale(program: Program, score: Var) -> tuple[float, Var] | str:
     """Constant factors applied to the scores before the mask, and the var the mask reads."""
     users = program.users()
@@ -100,10 +94,10 @@ def _score_scale(program: Program, score: Var) -> tuple[float, Var] | str:
 
 
 def match_paged(program: Program) -> PagedRoles | str:
-    floats3 = [v for v in program.inputs if len(v.shape) == 3 and not _is_int(v)]
-    floats4 = [v for v in program.inputs if len(v.shape) == 4 and not _is_int(v)]
-    tables = [v for v in program.inputs if len(v.shape) == 2 and _is_int(v)]
-    lengths = [v for v in program.inputs if len(v.shape) == 1 and _is_int(v)]
+    floats3 = [v for v in program.inputs if len(v.shape) == 3 and not v.integer]
+    floats4 = [v for v in program.inputs if len(v.shape) == 4 and not v.integer]
+    tables = [v for v in program.inputs if len(v.shape) == 2 and v.integer]
+    lengths = [v for v in program.inputs if len(v.shape) == 1 and v.integer]
     if len(program.inputs) != 5 or not (len(floats3) == 1 and len(floats4) == 2 and len(tables) == 1 and len(lengths) == 1):
         return "inputs are not (q, k pages, v pages, page table, lengths)"
     q, (k, v), table, length = floats3[0], floats4, tables[0], lengths[0]
