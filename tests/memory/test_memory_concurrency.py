@@ -1,11 +1,15 @@
-"""Two real processes writing the same store at once lose nothing (SQLite file and PostgreSQL)."""
+"""Two real processes writing the same store at once lose nothing (SQLite file and PostgreSQL), and a
+fresh SQLite file's switch to WAL waits out a lock that SQLite reports without waiting."""
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from memory.store import Store
@@ -44,3 +48,22 @@ def test_two_processes_writing_at_once_lose_nothing(store_url: str, tmp_path: Pa
         assert stats.tasks == 3  # task_a, task_b, shared_task: created once despite the race
         with store.engine.connect() as conn:
             assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all() == ["0001"]
+
+
+def test_switching_to_wal_waits_for_a_lock_sqlite_reports_at_once(tmp_path: Path) -> None:
+    from memory.engine import _enter_wal
+
+    path = tmp_path / "fresh.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")  # another process in the middle of creating the store
+    mine = sqlite3.connect(path, timeout=0, isolation_level=None)  # BUSY comes back at once, as in the race
+    cursor = mine.cursor()
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        _enter_wal(cursor, busy_timeout_s=0.2)  # a lock that outlives the timeout is still an error
+
+    threading.Timer(0.3, lambda: holder.execute("COMMIT")).start()
+    _enter_wal(cursor, busy_timeout_s=10)
+    assert cursor.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    holder.close()
+    mine.close()
