@@ -26,7 +26,7 @@ from maxkernel.targets.grid import GridSample
 from maxkernel.targets.jaxpr_walk import PallasCall, find_pallas_calls
 from maxkernel.targets.loader import load_candidate
 from maxkernel.targets.names import TargetError
-from maxkernel.targets.ops import OpCounts
+from maxkernel.targets.ops import OpCounts, UnboundedLoopError
 from maxkernel.targets.prefetch import prefetch_values
 from maxkernel.targets.specs import TpuSpec, load_tpu_spec
 from maxkernel.targets.work import step_work
@@ -183,12 +183,13 @@ def _kernel_estimate(call: PallasCall, spec: TpuSpec, prefetch: list[np.ndarray]
     except TargetError as exc:
         raise ModelError(str(exc)) from exc
     used, budget = check_vmem(call.eqn, call.name, spec)
-    work = step_work(call.eqn.params["jaxpr"], grid_mapping.num_index_operands, sample, prefetch)
+    try:
+        work = step_work(call.eqn.params["jaxpr"], grid_mapping, sample, prefetch)
+    except UnboundedLoopError as exc:
+        raise UnboundedLoopError(f"kernel {call.name}: {exc}") from exc
     traffic = step_traffic(grid_mapping, sample, prefetch)
     totals = work.totals()
     notes.extend(f"{call.name}: {note}" for note in [*dict.fromkeys(work.notes), *traffic.notes])
-    if totals.unbounded_loops:
-        notes.append(f"{call.name}: a while loop in the kernel body is counted once per grid step")
     cores = _cores_used(spec, call, sample.grid)
     bandwidth = spec.per_core(spec.hbm_bandwidth)
     compute_first, compute_t = work.seconds(spec)
@@ -232,8 +233,6 @@ def _xla_estimate(cost: XlaCost, spec: TpuSpec, io_bytes: float, notes: list[str
     time_s = max(compute, memory, 1e-12)
     counts = cost.counts
     notes = [*notes, f"XLA (CPU) cost analysis: {cost.bytes:.4g} bytes accessed, {cost.xla_flops:.4g} flops"]
-    if counts.unbounded_loops:
-        notes.append("while loops counted once")
     return ModelEstimate(
         target=spec.target, generation=spec.name, kind="xla", time_ms=time_s * 1e3,
         bound=_bound(compute, memory, 0.0), compute_ms=compute * 1e3, memory_ms=memory * 1e3, overhead_ms=0.0,

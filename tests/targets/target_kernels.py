@@ -256,3 +256,148 @@ def with_parallel_grid(source: str, semantics: tuple[str, ...]) -> str:
         "scratch_shapes=[pltpu.VMEM((BM, BN), jnp.float32)],",
         f"scratch_shapes=[pltpu.VMEM((BM, BN), jnp.float32)],\n"
         f"        compiler_params=pltpu.CompilerParams(dimension_semantics={semantics!r}),")
+
+
+def dma_into_scratch_slice_source(block_rows: int) -> str:
+    """Row blocks copied by hand from HBM into one slot of a two-slot VMEM scratch (``buf.at[slot]``)."""
+    return f'''\
+import jax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+BR = {block_rows}
+
+
+def _body(x_hbm, w_ref, o_ref, buf, sem):
+    i = pl.program_id(0)
+    slot = i % 2
+    copy = pltpu.make_async_copy(x_hbm.at[pl.ds(i * BR, BR)], buf.at[slot], sem.at[slot])
+    copy.start()
+    copy.wait()
+    o_ref[...] = buf[slot] * w_ref[...]
+
+
+def kernel(x, w, *, eps):
+    rows, hidden = x.shape
+    return pl.pallas_call(
+        _body,
+        grid=(rows // BR,),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec((hidden,), lambda i: (0,))],
+        out_specs=pl.BlockSpec((BR, hidden), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        scratch_shapes=[pltpu.VMEM((2, BR, hidden), x.dtype), pltpu.SemaphoreType.DMA((2,))],
+    )(x, w)
+'''
+
+
+def nested_when_matmul_source(bm: int, bn: int, bk: int) -> str:
+    """The tiled matmul whose last-k store holds a second ``pl.when`` (only on the first row of blocks)."""
+    return matmul_source(bm, bn, bk).replace(
+        "        o_ref[...] = acc_ref[...].astype(o_ref.dtype)\n",
+        "        o_ref[...] = acc_ref[...].astype(o_ref.dtype)\n\n"
+        "        @pl.when(pl.program_id(0) == 0)\n"
+        "        def _first_row():\n"
+        "            o_ref[...] = (acc_ref[...] * 2.0).astype(o_ref.dtype)\n")
+
+
+def triangular_loop_source(block_rows: int) -> str:
+    """Row blocks where step i runs a ``fori_loop`` of i + 1 trips (a traced bound: a while loop)."""
+    return f'''\
+import jax
+from jax.experimental import pallas as pl
+
+BR = {block_rows}
+
+
+def _body(x_ref, w_ref, o_ref):
+    x = x_ref[...]
+
+    def trip(_, acc):
+        return acc + x * 2.0
+
+    o_ref[...] = jax.lax.fori_loop(0, pl.program_id(0) + 1, trip, x) * w_ref[...]
+
+
+def kernel(x, w, *, eps):
+    rows, hidden = x.shape
+    return pl.pallas_call(
+        _body,
+        grid=(rows // BR,),
+        in_specs=[pl.BlockSpec((BR, hidden), lambda i: (i, 0)), pl.BlockSpec((hidden,), lambda i: (0,))],
+        out_specs=pl.BlockSpec((BR, hidden), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x, w)
+'''
+
+
+DATA_LOOP = '''\
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BR = 256
+
+
+def _body(x_ref, w_ref, o_ref):
+    x = x_ref[...]
+
+    def more(carry):
+        return jnp.sum(carry) < 1.0e6
+
+    o_ref[...] = jax.lax.while_loop(more, lambda c: c * 2.0, x) * w_ref[...]
+
+
+def kernel(x, w, *, eps):
+    rows, hidden = x.shape
+    return pl.pallas_call(
+        _body,
+        grid=(rows // BR,),
+        in_specs=[pl.BlockSpec((BR, hidden), lambda i: (i, 0)), pl.BlockSpec((hidden,), lambda i: (0,))],
+        out_specs=pl.BlockSpec((BR, hidden), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x, w)
+'''
+
+
+def vmapped_when_source(batch: int, block_rows: int) -> str:
+    """A row-block kernel with a ``pl.when(program_id(0) == 0)``, run under ``jax.vmap`` over ``batch`` slabs:
+    the kernel's axis 0 is the grid's axis 1."""
+    return f'''\
+import jax
+from jax.experimental import pallas as pl
+
+B, BR = {batch}, {block_rows}
+
+
+def _body(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+    @pl.when(pl.program_id(0) == 0)
+    def _first():
+        o_ref[...] = x_ref[...] * 3.0
+
+
+def _one(x):
+    rows, hidden = x.shape
+    return pl.pallas_call(
+        _body,
+        grid=(rows // BR,),
+        in_specs=[pl.BlockSpec((BR, hidden), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((BR, hidden), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x)
+
+
+def kernel(x, w, *, eps):
+    rows, hidden = x.shape
+    return jax.vmap(_one)(x.reshape(B, rows // B, hidden)).reshape(rows, hidden) * w
+'''
+
+
+PAGED_ATTENTION_EXPERT = '''\
+from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+
+
+def kernel(q, k_pages, v_pages, page_table, lengths):
+    return paged_attention(q, k_pages, v_pages, lengths, page_table, pages_per_compute_block=64)
+'''

@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from target_kernels import (
+    DATA_LOOP,
     GATHER_PREFETCH,
+    PAGED_ATTENTION_EXPERT,
     PLAIN_JAX_RMSNORM,
+    dma_into_scratch_slice_source,
     matmul_source,
+    nested_when_matmul_source,
     rmsnorm_in_scan_source,
     rmsnorm_source,
     rmsnorm_with_glue_source,
+    triangular_loop_source,
+    vmapped_when_source,
     with_parallel_grid,
 )
 
 from jaxbench.report import EvalReport
-from jaxbench.task import Task
-from maxkernel.targets import VmemBudgetError, load_tpu_spec, model_candidate, model_reference
+from jaxbench.task import Task, load_task
+from maxkernel.targets import TargetError, VmemBudgetError, load_tpu_spec, model_candidate, model_reference
 from maxkernel.targets import grid as grid_module
 
 MIB = 2**20
@@ -229,3 +236,52 @@ def test_reshapes_around_a_kernel_are_free(rmsnorm_task: Task) -> None:
     reshaped = model_candidate(RESHAPED_RMSNORM, rmsnorm_task, "v5e")
     assert reshaped.bytes == pytest.approx(bare.bytes, rel=0.01)
     assert reshaped.time_ms == pytest.approx(bare.time_ms, rel=0.05)
+
+
+def test_dma_into_a_slice_of_a_scratch_buffer_is_priced(rmsnorm_task: Task) -> None:
+    """``make_async_copy(x.at[rows], buf.at[slot], ...)``: the copied window is one (256, 1024) f32 block."""
+    est = model_candidate(dma_into_scratch_slice_source(256), rmsnorm_task, "v5e")
+    block = 256 * 1024 * 4
+    assert est.grid_steps == 16
+    assert est.bytes == 16 * block + 4096 + 16 * block  # 16 manual copies in, the weight once, 16 blocks out
+
+
+def test_paged_attention_expert_is_priced_for_the_pages_it_reads() -> None:
+    """JAX's paged_attention at 6p's full size: DMAs into ``k_vmem_buffer.at[i]``, a ``fori_loop`` over
+    ceil(length / 1024) blocks per sequence, and a first-block prefetch behind a flag the kernel clears."""
+    task = load_task(Path(__file__).parents[2] / "jaxbench" / "tasks" / "6p_Paged_Attention")
+    est = model_candidate(PAGED_ATTENTION_EXPERT, task, "v5e")
+    (_, _, _, _, lengths), _ = task.get_inputs(jax.random.key(0), "full")
+    blocks = -(-np.asarray(lengths) // (64 * 16))
+    kv_bytes = float(blocks.sum()) * 1024 * 8 * 128 * 2 * 2  # k and v: 8 kv heads of 1024 tokens x 128, bf16
+    (kernel,) = est.kernels
+    assert kv_bytes <= kernel.bytes <= kv_bytes * 1.01  # every needed page once, none twice
+
+
+def test_nested_when_is_charged_only_where_both_conditions_hold(matmul_task: Task) -> None:
+    """Grid (4, 2, 4): the store runs on the 8 last-k steps, the nested one only on the 2 of them with i == 0."""
+    est = model_candidate(nested_when_matmul_source(256, 256, 512), matmul_task, "v5e")
+    tile = 256 * 256
+    assert est.vpu_ops == 32 * tile + 8 * tile + 2 * (2 * tile)  # the nested store: a multiply and a cast
+
+
+def test_when_under_vmap_sees_the_kernel_grid(rmsnorm_task: Task) -> None:
+    """vmap over 4 slabs of a grid of 8 row blocks: the grid is (4, 8) and ``program_id(0) == 0`` holds on the
+    4 steps with block 0 of each slab (evaluated on the vmapped axis it would hold on 8)."""
+    est = model_candidate(vmapped_when_source(4, 128), rmsnorm_task, "v5e")
+    (kernel,) = est.kernels
+    assert kernel.grid == [4, 8]
+    assert kernel.vpu_ops == 4 * 128 * 1024
+
+
+def test_kernel_loop_with_traced_bound_is_charged_for_its_trips(rmsnorm_task: Task) -> None:
+    """Step i of 16 runs i + 1 trips of two VPU ops per element: 136 trips in all, not 16."""
+    est = model_candidate(triangular_loop_source(256), rmsnorm_task, "v5e")
+    block = 256 * 1024
+    (kernel,) = est.kernels
+    assert kernel.vpu_ops == 136 * 2 * block + 16 * block  # the trips, then * w once per step
+
+
+def test_kernel_loop_bounded_by_data_is_refused(rmsnorm_task: Task) -> None:
+    with pytest.raises(TargetError, match=r"kernel _body: a while loop at .*cannot bound"):
+        model_candidate(DATA_LOOP, rmsnorm_task, "v5e")
