@@ -27,7 +27,7 @@ from maxkernel.targets.jaxpr_walk import PallasCall, find_pallas_calls
 from maxkernel.targets.loader import load_candidate
 from maxkernel.targets.names import TargetError
 from maxkernel.targets.ops import OpCounts, UnboundedLoopError
-from maxkernel.targets.prefetch import prefetch_values
+from maxkernel.targets.prefetch import call_operands
 from maxkernel.targets.specs import TpuSpec, load_tpu_spec
 from maxkernel.targets.work import step_work
 from maxkernel.targets.xla_cost import XlaCost, glue_cost, xla_cost
@@ -116,8 +116,10 @@ def model_candidate(candidate_source: str, task: Task, generation: str) -> Model
             raise ModelError(f"XLA cannot price the candidate: {type(exc).__name__}: {_first_line(exc)}") from exc
         return _xla_estimate(cost, spec, io_bytes, ["plain JAX: XLA roofline"])
     notes: list[str] = []
-    kernels = [_kernel_estimate(call, spec, prefetch=_prefetch(closed, call, task, notes), notes=notes)
-               for call in calls]
+    kernels = []
+    for call in calls:
+        extents, prefetch = _operands(closed, call, task, notes)
+        kernels.append(_kernel_estimate(call, spec, extents, prefetch, notes))
     try:
         glue = glue_cost(closed, calls)
     except Exception as exc:  # pricing the surrounding code is best effort: say so rather than fail
@@ -148,15 +150,30 @@ def _io_bytes(arg_shapes: Any, out_shapes: Any) -> float:
     return float(sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves))
 
 
-def _prefetch(closed: core.ClosedJaxpr, call: PallasCall, task: Task, notes: list[str]) -> list[np.ndarray] | None:
+def _operands(closed: core.ClosedJaxpr, call: PallasCall, task: Task,
+              notes: list[str]) -> tuple[list[int] | None, list[np.ndarray] | None]:
+    """(dynamic grid extents, scalar-prefetch values) of one call from the task's inputs; None where unknown."""
     try:
-        values = prefetch_values(closed, call, task)
+        found = call_operands(closed, call, task)
     except Exception as exc:  # the stubbed re-run can fail on exotic programs: fall back, and say so
         notes.append(f"{call.name}: scalar-prefetch values not computed ({type(exc).__name__})")
-        return None
-    if values is None:
+        return None, None
+    if found is None:
         notes.append(f"{call.name}: scalar-prefetch values depend on a loop or another kernel")
-    return values
+        return None, None
+    return found
+
+
+def _static_grid(call: PallasCall, extents: list[int] | None) -> tuple[int, ...]:
+    """The grid with each dynamic extent (a traced value, e.g. megablox's active tiles) replaced by its value."""
+    grid = call.eqn.params["grid_mapping"].grid
+    if all(isinstance(g, (int, np.integer)) for g in grid):
+        return tuple(int(g) for g in grid)
+    if extents is None:
+        raise ModelError(f"kernel {call.name}: grid {tuple(grid)} has an extent computed from values the model "
+                         "cannot evaluate (inside a loop, or from another kernel's output)")
+    values = iter(extents)
+    return tuple(int(g) if isinstance(g, (int, np.integer)) else next(values) for g in grid)
 
 
 def _cores_used(spec: TpuSpec, call: PallasCall, grid: tuple[int, ...]) -> int:
@@ -175,13 +192,10 @@ def _bound(compute: float, memory: float, overhead: float) -> Bound:
     return max(parts, key=parts.__getitem__)  # type: ignore[return-value]
 
 
-def _kernel_estimate(call: PallasCall, spec: TpuSpec, prefetch: list[np.ndarray] | None,
-                     notes: list[str]) -> KernelEstimate:
+def _kernel_estimate(call: PallasCall, spec: TpuSpec, extents: list[int] | None,
+                     prefetch: list[np.ndarray] | None, notes: list[str]) -> KernelEstimate:
     grid_mapping = call.eqn.params["grid_mapping"]
-    try:
-        sample = GridSample.of(grid_mapping.grid)
-    except TargetError as exc:
-        raise ModelError(str(exc)) from exc
+    sample = GridSample.of(_static_grid(call, extents))
     used, budget = check_vmem(call.eqn, call.name, spec)
     try:
         work = step_work(call.eqn.params["jaxpr"], grid_mapping, sample, prefetch)

@@ -401,3 +401,12 @@ from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
 def kernel(q, k_pages, v_pages, page_table, lengths):
     return paged_attention(q, k_pages, v_pages, lengths, page_table, pages_per_compute_block=64)
 '''
+
+MEGABLOX_GMM_EXPERT = '''\
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.megablox import gmm
+
+
+def kernel(lhs, group_sizes, rhs):
+    return gmm(lhs, rhs, group_sizes, preferred_element_type=jnp.bfloat16, tiling=(512, 1024, 1024))
+'''

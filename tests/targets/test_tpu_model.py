@@ -11,6 +11,7 @@ import pytest
 from target_kernels import (
     DATA_LOOP,
     GATHER_PREFETCH,
+    MEGABLOX_GMM_EXPERT,
     PAGED_ATTENTION_EXPERT,
     PLAIN_JAX_RMSNORM,
     dma_into_scratch_slice_source,
@@ -251,7 +252,7 @@ def test_paged_attention_expert_is_priced_for_the_pages_it_reads() -> None:
     ceil(length / 1024) blocks per sequence, and a first-block prefetch behind a flag the kernel clears."""
     task = load_task(Path(__file__).parents[2] / "jaxbench" / "tasks" / "6p_Paged_Attention")
     est = model_candidate(PAGED_ATTENTION_EXPERT, task, "v5e")
-    (_, _, _, _, lengths), _ = task.get_inputs(jax.random.key(0), "full")
+    lengths = jax.jit(lambda key: task.get_inputs(key, "full")[0][4])(jax.random.key(0))  # nothing else drawn
     blocks = -(-np.asarray(lengths) // (64 * 16))
     kv_bytes = float(blocks.sum()) * 1024 * 8 * 128 * 2 * 2  # k and v: 8 kv heads of 1024 tokens x 128, bf16
     (kernel,) = est.kernels
@@ -285,3 +286,17 @@ def test_kernel_loop_with_traced_bound_is_charged_for_its_trips(rmsnorm_task: Ta
 def test_kernel_loop_bounded_by_data_is_refused(rmsnorm_task: Task) -> None:
     with pytest.raises(TargetError, match=r"kernel _body: a while loop at .*cannot bound"):
         model_candidate(DATA_LOOP, rmsnorm_task, "v5e")
+
+
+def test_grid_extent_computed_from_the_inputs_is_priced() -> None:
+    """megablox gmm's grid is (n tiles, active m tiles, k tiles) with the middle extent a traced value from
+    group_sizes: each group visits the 512-row tiles its rows touch."""
+    task = load_task(Path(__file__).parents[2] / "jaxbench" / "tasks" / "11p_Megablox_GMM")
+    est = model_candidate(MEGABLOX_GMM_EXPERT, task, "v5e")
+    sizes = np.asarray(jax.jit(lambda key: task.get_inputs(key, "full")[0][1])(jax.random.key(0)))
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    tiles = int(sum(-(-e // 512) - s // 512 for s, e in zip(starts, ends) if e > s))
+    (kernel,) = est.kernels
+    assert kernel.grid == [14336 // 1024, tiles, 4096 // 1024]
+    assert est.mxu_flops == kernel.grid_steps * 2 * 512 * 1024 * 1024
