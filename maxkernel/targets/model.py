@@ -28,9 +28,9 @@ from maxkernel.targets.loader import load_candidate
 from maxkernel.targets.names import TargetError
 from maxkernel.targets.ops import OpCounts, UnboundedLoopError
 from maxkernel.targets.prefetch import call_operands
-from maxkernel.targets.specs import TpuSpec, load_tpu_spec
+from maxkernel.targets.specs import ModelConstants, TpuSpec, load_model_constants, load_tpu_spec
 from maxkernel.targets.work import step_work
-from maxkernel.targets.xla_cost import XlaCost, glue_cost, xla_cost
+from maxkernel.targets.xla_cost import XlaCost, glue_cost, small_inputs, xla_cost
 
 Bound = Literal["compute", "memory", "overhead"]
 
@@ -111,7 +111,9 @@ def model_candidate(candidate_source: str, task: Task, generation: str) -> Model
     io_bytes = _io_bytes(arg_shapes, out_shapes)
     if not calls:
         try:
-            cost = xla_cost(fn, arg_shapes)
+            cost = xla_cost(fn, arg_shapes, small_inputs(task, arg_shapes))
+        except UnboundedLoopError:
+            raise
         except Exception as exc:
             raise ModelError(f"XLA cannot price the candidate: {type(exc).__name__}: {_first_line(exc)}") from exc
         return _xla_estimate(cost, spec, io_bytes, ["plain JAX: XLA roofline"])
@@ -121,7 +123,9 @@ def model_candidate(candidate_source: str, task: Task, generation: str) -> Model
         extents, prefetch = _operands(closed, call, task, notes)
         kernels.append(_kernel_estimate(call, spec, extents, prefetch, notes))
     try:
-        glue = glue_cost(closed, calls)
+        glue = glue_cost(closed, calls, small_inputs(task, arg_shapes))
+    except UnboundedLoopError:
+        raise
     except Exception as exc:  # pricing the surrounding code is best effort: say so rather than fail
         notes.append(f"the XLA code around kernels is not priced ({type(exc).__name__}: {_first_line(exc)})")
         glue = XlaCost(0.0, OpCounts(), 0.0)
@@ -136,7 +140,7 @@ def model_reference(task: Task, generation: str) -> ModelEstimate:
     spec = load_tpu_spec(generation)
     arg_shapes, static, out_shapes = full_shapes(task, "full")
     fn = partial(task.reference, **static)
-    cost = xla_cost(fn, arg_shapes)
+    cost = xla_cost(fn, arg_shapes, small_inputs(task, arg_shapes))
     return _xla_estimate(cost, spec, _io_bytes(arg_shapes, out_shapes), ["reference: XLA roofline"])
 
 
@@ -205,7 +209,7 @@ def _kernel_estimate(call: PallasCall, spec: TpuSpec, extents: list[int] | None,
     totals = work.totals()
     notes.extend(f"{call.name}: {note}" for note in [*dict.fromkeys(work.notes), *traffic.notes])
     cores = _cores_used(spec, call, sample.grid)
-    bandwidth = spec.per_core(spec.hbm_bandwidth)
+    bandwidth = spec.per_core(spec.hbm_bandwidth) * _constants().hbm_efficiency.value
     compute_first, compute_t = work.seconds(spec)
     dma_first, dma_t = work.dma_bytes()
     # Steps t >= 1 overlap their block transfers (and manual DMAs) with compute; step 0's inputs come first.
@@ -230,12 +234,17 @@ def _kernel_estimate(call: PallasCall, spec: TpuSpec, extents: list[int] | None,
     )
 
 
+def _constants() -> ModelConstants:
+    return load_model_constants()
+
+
 def _device_bandwidth(spec: TpuSpec) -> float:
-    return spec.per_core(spec.hbm_bandwidth) * spec.cores_per_device
+    """HBM bandwidth one device streams at: the published peak times the fraction code really reaches."""
+    return spec.per_core(spec.hbm_bandwidth) * spec.cores_per_device * _constants().hbm_efficiency.value
 
 
 def _xla_parts(cost: XlaCost, spec: TpuSpec) -> tuple[float, float]:
-    return cost.counts.compute_seconds(spec, spec.cores_per_device), cost.bytes / _device_bandwidth(spec)
+    return cost.counts.compute_seconds(spec, spec.cores_per_device, xla=True), cost.bytes / _device_bandwidth(spec)
 
 
 def _ideal_seconds(counts: OpCounts, spec: TpuSpec, io_bytes: float) -> float:
@@ -244,12 +253,14 @@ def _ideal_seconds(counts: OpCounts, spec: TpuSpec, io_bytes: float) -> float:
 
 def _xla_estimate(cost: XlaCost, spec: TpuSpec, io_bytes: float, notes: list[str]) -> ModelEstimate:
     compute, memory = _xla_parts(cost, spec)
-    time_s = max(compute, memory, 1e-12)
+    dispatch = _constants().dispatch_overhead_s.value
+    time_s = max(compute, memory) + dispatch
     counts = cost.counts
     notes = [*notes, f"XLA (CPU) cost analysis: {cost.bytes:.4g} bytes accessed, {cost.xla_flops:.4g} flops"]
     return ModelEstimate(
         target=spec.target, generation=spec.name, kind="xla", time_ms=time_s * 1e3,
-        bound=_bound(compute, memory, 0.0), compute_ms=compute * 1e3, memory_ms=memory * 1e3, overhead_ms=0.0,
+        bound=_bound(compute, memory, 0.0), compute_ms=compute * 1e3, memory_ms=memory * 1e3,
+        overhead_ms=dispatch * 1e3,
         vmem_bytes=None, vmem_budget_bytes=spec.scoped_vmem_bytes,
         roofline_fraction=min(1.0, _ideal_seconds(counts, spec, io_bytes) / time_s),
         grid_steps=0, bytes=cost.bytes, flops=counts.flops, mxu_flops=counts.mxu_flops, vpu_ops=counts.vpu,
@@ -262,8 +273,9 @@ def _combine(kernels: list[KernelEstimate], glue: XlaCost, spec: TpuSpec, io_byt
     glue_compute, glue_memory = _xla_parts(glue, spec)
     compute = sum(k.compute_ms for k in kernels) / 1e3 + glue_compute
     memory = sum(k.memory_ms for k in kernels) / 1e3 + glue_memory
-    overhead = sum(k.overhead_ms for k in kernels) / 1e3
-    time_s = sum(k.time_ms for k in kernels) / 1e3 + max(glue_compute, glue_memory)
+    dispatch = _constants().dispatch_overhead_s.value
+    overhead = sum(k.overhead_ms for k in kernels) / 1e3 + dispatch
+    time_s = sum(k.time_ms for k in kernels) / 1e3 + max(glue_compute, glue_memory) + dispatch
     mxu = sum(k.mxu_flops for k in kernels) + glue.counts.mxu_flops
     vpu = sum(k.vpu_ops for k in kernels) + glue.counts.vpu
     trans = sum(k.transcendentals for k in kernels) + glue.counts.transcendental
@@ -275,7 +287,7 @@ def _combine(kernels: list[KernelEstimate], glue: XlaCost, spec: TpuSpec, io_byt
     largest = max(kernels, key=lambda k: k.vmem_bytes)
     return ModelEstimate(
         target=spec.target, generation=spec.name, kind="pallas", time_ms=time_s * 1e3,
-        bound=_bound(compute, memory, overhead), compute_ms=compute * 1e3, memory_ms=memory * 1e3,
+        bound=_bound(compute, memory, overhead - dispatch), compute_ms=compute * 1e3, memory_ms=memory * 1e3,
         overhead_ms=overhead * 1e3, vmem_bytes=largest.vmem_bytes, vmem_budget_bytes=largest.vmem_budget_bytes,
         roofline_fraction=min(1.0, ideal / time_s), grid_steps=sum(int(k.grid_steps * k.count) for k in kernels),
         bytes=sum(k.bytes for k in kernels) + glue.bytes, flops=mxu + vpu + trans, mxu_flops=mxu, vpu_ops=vpu,

@@ -33,7 +33,7 @@ from jax._src import core
 from maxkernel.targets.control import Path, site_name
 from maxkernel.targets.jaxpr_walk import sub_jaxprs
 from maxkernel.targets.names import TargetError
-from maxkernel.targets.specs import TpuSpec
+from maxkernel.targets.specs import TpuSpec, load_model_constants
 
 TRANSCENDENTAL = frozenset({
     "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan",
@@ -60,6 +60,8 @@ class OpCounts:
     """Work of one program run (or one grid step of a kernel body)."""
 
     mxu: dict[str, float] = field(default_factory=dict)  # MXU_CLASSES -> flops
+    # MXU flops as XLA runs them: each matmul padded to MXU tiles and divided by XLA's efficiency at its size
+    mxu_xla: dict[str, float] = field(default_factory=dict)
     vpu: float = 0.0
     transcendental: float = 0.0
     dma_bytes: float = 0.0
@@ -75,6 +77,8 @@ class OpCounts:
     def add(self, other: "OpCounts", times: float = 1.0) -> None:
         for cls, flops in other.mxu.items():
             self.mxu[cls] = self.mxu.get(cls, 0.0) + flops * times
+        for cls, flops in other.mxu_xla.items():
+            self.mxu_xla[cls] = self.mxu_xla.get(cls, 0.0) + flops * times
         self.vpu += other.vpu * times
         self.transcendental += other.transcendental * times
         self.dma_bytes += other.dma_bytes * times
@@ -82,16 +86,20 @@ class OpCounts:
     def maximum(self, other: "OpCounts") -> None:
         for cls, flops in other.mxu.items():
             self.mxu[cls] = max(self.mxu.get(cls, 0.0), flops)
+        for cls, flops in other.mxu_xla.items():
+            self.mxu_xla[cls] = max(self.mxu_xla.get(cls, 0.0), flops)
         self.vpu = max(self.vpu, other.vpu)
         self.transcendental = max(self.transcendental, other.transcendental)
         self.dma_bytes = max(self.dma_bytes, other.dma_bytes)
 
-    def compute_seconds(self, spec: TpuSpec, cores: int) -> float:
-        """Time on ``cores`` TensorCores at peak: MXU, VPU and EUP work one after the other."""
+    def compute_seconds(self, spec: TpuSpec, cores: int, xla: bool = False) -> float:
+        """Time on ``cores`` TensorCores: MXU, VPU and EUP work one after the other. Kernel code runs the MXU
+        at peak (its blocks are what it multiplies); ``xla`` code at the efficiency XLA reaches (``mxu_xla``)."""
         rates = {"bf16": spec.peak_bf16_flops, "f32_high": 2 * spec.peak_f32_flops,
                  "f32": spec.peak_f32_flops, "int8": spec.peak_int8_ops}
         share = cores / spec.cores_per_chip
-        seconds = sum(flops / (rates[cls] * share) for cls, flops in self.mxu.items())
+        mxu = self.mxu_xla if xla else self.mxu
+        seconds = sum(flops / (rates[cls] * share) for cls, flops in mxu.items())
         seconds += self.vpu / (spec.vpu_ops * share) + self.transcendental / (spec.eup_ops * share)
         return seconds
 
@@ -179,6 +187,12 @@ def count_eqn(eqn: core.JaxprEqn, counts: OpCounts) -> None:
         flops = 2.0 * _size(eqn.outvars[0].aval) * contracted
         cls = _mxu_class(lhs.dtype, rhs.dtype, eqn.params.get("precision"))
         counts.mxu[cls] = counts.mxu.get(cls, 0.0) + flops
+        free_lhs = [d for d in range(len(lhs.shape)) if d not in (*dims[0][0], *dims[1][0])]
+        free_rhs = [d for d in range(len(rhs.shape)) if d not in (*dims[0][1], *dims[1][1])]
+        batch = math.prod(lhs.shape[d] for d in dims[1][0])
+        rows = math.prod(lhs.shape[d] for d in free_lhs)
+        cols = math.prod(rhs.shape[d] for d in free_rhs)
+        counts.mxu_xla[cls] = counts.mxu_xla.get(cls, 0.0) + batch * xla_matmul_flops(rows, cols, contracted)
     elif name == "conv_general_dilated":
         lhs, rhs = eqn.invars[0].aval, eqn.invars[1].aval
         out_features = rhs.shape[eqn.params["dimension_numbers"].rhs_spec[0]]
@@ -187,6 +201,10 @@ def count_eqn(eqn: core.JaxprEqn, counts: OpCounts) -> None:
         flops = 2.0 * _size(eqn.outvars[0].aval) * math.prod(rhs.shape) / out_features / dilation
         cls = _mxu_class(lhs.dtype, rhs.dtype, eqn.params.get("precision"))
         counts.mxu[cls] = counts.mxu.get(cls, 0.0) + flops
+        # As an implicit GEMM: (output pixels) x (output features) x (window * input features per group).
+        pixels = _size(eqn.outvars[0].aval) / out_features
+        window = flops / (2.0 * max(pixels * out_features, 1.0))
+        counts.mxu_xla[cls] = counts.mxu_xla.get(cls, 0.0) + xla_matmul_flops(pixels, out_features, window)
     elif name == "dma_start":
         counts.dma_bytes += _dma_bytes(eqn)
     elif name == "addupdate":
@@ -204,6 +222,19 @@ def count_eqn(eqn: core.JaxprEqn, counts: OpCounts) -> None:
         counts.transcendental += sum(_size(v.aval) for v in eqn.outvars)
     else:
         counts.vpu += sum(_size(v.aval) for v in eqn.outvars)
+
+
+def xla_matmul_flops(rows: float, cols: float, depth: float) -> float:
+    """MXU flops XLA spends on one (rows x depth) @ (depth x cols) matmul, in peak-rate flops: the dims padded
+    to MXU tiles (rows to 8 sublanes, cols and depth to 128 lanes) and divided by XLA's efficiency at that
+    size (``model.xla_matmul`` in the targets file)."""
+    padded = [_round_up(rows, 8), _round_up(cols, 128), _round_up(depth, 128)]
+    size = math.prod(padded) ** (1.0 / 3.0)
+    return 2.0 * math.prod(padded) / load_model_constants().xla_matmul.at(size)
+
+
+def _round_up(value: float, tile: int) -> float:
+    return float(-(-math.ceil(value) // tile) * tile) if value > 0 else 0.0
 
 
 def _mxu_class(lhs_dtype: np.dtype, rhs_dtype: np.dtype, precision: object) -> str:

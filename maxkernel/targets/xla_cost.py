@@ -3,7 +3,8 @@
 Approximation, stated once: HBM bytes are the "bytes accessed" of XLA's cost analysis of the program
 compiled for *this CPU* (``jax.jit(f).lower(*shapes).compile().cost_analysis()``), i.e. after CPU fusion;
 XLA:TPU fuses differently and may keep a bf16 matmul's operands in bf16 where the CPU widens them, so bytes
-are indicative, not exact. Loop bodies are counted once by XLA. Work (MXU/VPU/EUP) is counted from the jaxpr
+are indicative, not exact. Loop bodies are counted once by XLA's bytes; work is charged per trip, with trip
+counts evaluated on the task's small integer inputs (``program_records``). Work (MXU/VPU/EUP) is counted from the jaxpr
 with the same rules as kernel bodies (``maxkernel.targets.ops``), because the CPU's flop count expands some
 ops (``ragged_dot`` becomes one dense matmul per group); XLA's own figure is kept for reference.
 """
@@ -15,11 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 from jax._src import core
 
+from jaxbench.task import Task
+from maxkernel.targets.control import UNKNOWN, Interpreter, Path, has_sites
 from maxkernel.targets.interpret import evaluate
 from maxkernel.targets.jaxpr_walk import PallasCall
 from maxkernel.targets.ops import OpCounts, count_ops
+from maxkernel.targets.prefetch import PREFETCH_SEED
 
 
 @dataclass
@@ -37,17 +42,59 @@ def _cost_analysis(traced: Any) -> tuple[float, float]:
     return float(analysis.get("bytes accessed", 0.0)), float(analysis.get("flops", 0.0))
 
 
-def xla_cost(fn: Callable[..., Any], arg_shapes: Sequence[Any]) -> XlaCost:
-    """Bytes and work of ``fn`` (plain JAX) at the given abstract argument shapes."""
+def xla_cost(fn: Callable[..., Any], arg_shapes: Sequence[Any], known: Sequence[Any] | None = None) -> XlaCost:
+    """Bytes and work of ``fn`` (plain JAX) at the given abstract argument shapes. ``known`` holds concrete
+    values of the small integer arguments (UNKNOWN elsewhere), from which loop trip counts are evaluated."""
     traced = jax.jit(fn).trace(*arg_shapes)
     nbytes, xla_flops = _cost_analysis(traced)
-    return XlaCost(nbytes, count_ops(traced.jaxpr.jaxpr), xla_flops)
+    closed = traced.jaxpr
+    records = program_records(closed, known if known is not None else [UNKNOWN] * len(closed.in_avals))
+    return XlaCost(nbytes, count_ops(closed.jaxpr, records), xla_flops)
+
+
+XLA_SMALL = 1 << 16  # largest value (elements) the control interpreter computes in plain-JAX code
+
+
+def program_records(closed: core.ClosedJaxpr, known: Sequence[Any]) -> dict[Path, Any]:
+    """Branch counts and loop trips of a plain-JAX program, evaluated on the known (small) inputs."""
+    flat = jax.tree_util.tree_leaves(list(known), is_leaf=lambda x: x is UNKNOWN)
+    if not has_sites(closed.jaxpr):
+        return {}
+    slots = [i for i, v in enumerate(flat) if v is not UNKNOWN]
+
+    def run(values: list[Any]) -> dict[Path, Any]:
+        args = [UNKNOWN] * len(closed.jaxpr.invars)
+        for i, v in zip(slots, values):
+            args[i] = v
+        interp = Interpreter(small=XLA_SMALL)
+        interp.run(closed.jaxpr, closed.consts, args, ())
+        return interp.records
+
+    return {k: np.asarray(v) for k, v in jax.jit(run)([flat[i] for i in slots]).items()}
+
+
+def small_inputs(task: Task, arg_shapes: Sequence[Any]) -> list[Any]:
+    """The task's ``full`` inputs that are small integer arrays (group sizes, page tables, lengths), drawn
+    with the model's seed; UNKNOWN for every other input (nothing large is materialised)."""
+    leaves = jax.tree_util.tree_leaves(arg_shapes)
+    wanted = [i for i, a in enumerate(leaves)
+              if np.issubdtype(a.dtype, np.integer) and int(np.prod(a.shape)) <= XLA_SMALL]
+    if not wanted:
+        return [UNKNOWN] * len(leaves)
+
+    def draw(key: jax.Array) -> list[Any]:
+        args, _ = task.get_inputs(key, "full")
+        flat = jax.tree_util.tree_leaves(args)
+        return [flat[i] for i in wanted]
+
+    values = dict(zip(wanted, (np.asarray(v) for v in jax.jit(draw)(jax.random.key(PREFETCH_SEED)))))
+    return [values.get(i, UNKNOWN) for i in range(len(leaves))]
 
 
 LAYOUT_ONLY = ("reshape", "squeeze", "expand_dims")
 
 
-def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall]) -> XlaCost | None:
+def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall], known: Sequence[Any] | None = None) -> XlaCost | None:
     """Bytes and work of everything outside the pallas_calls, or None when a kernel sits inside a loop.
 
     The program is re-traced with each kernel's outputs turned into inputs and each kernel's computed
@@ -89,4 +136,6 @@ def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall]) -> XlaCost | No
     if not traced.jaxpr.jaxpr.eqns:
         return XlaCost(0.0, OpCounts(), 0.0)
     nbytes, xla_flops = _cost_analysis(traced)
-    return XlaCost(nbytes, count_ops(traced.jaxpr.jaxpr), xla_flops)
+    n_outs = sum(len(outs) for outs in kernel_outs)
+    inputs = [*(known if known is not None else [UNKNOWN] * len(arg_shapes)), *[UNKNOWN] * n_outs]
+    return XlaCost(nbytes, count_ops(traced.jaxpr.jaxpr, program_records(traced.jaxpr, inputs)), xla_flops)
