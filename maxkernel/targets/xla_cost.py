@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax._src import core
 
 from jaxbench.task import Task
 from maxkernel.targets.control import UNKNOWN, Interpreter, Path, has_sites
 from maxkernel.targets.interpret import evaluate
-from maxkernel.targets.jaxpr_walk import PallasCall
+from maxkernel.targets.jaxpr_walk import PallasCall, sub_jaxprs
 from maxkernel.targets.ops import OpCounts, count_ops
 from maxkernel.targets.prefetch import PREFETCH_SEED
 
@@ -39,7 +40,27 @@ def _cost_analysis(traced: Any) -> tuple[float, float]:
     if isinstance(analysis, (list, tuple)):
         analysis = analysis[0] if analysis else {}
     analysis = analysis or {}
-    return float(analysis.get("bytes accessed", 0.0)), float(analysis.get("flops", 0.0))
+    nbytes = float(analysis.get("bytes accessed", 0.0)) - widening_bytes(traced.jaxpr.jaxpr)
+    return max(nbytes, 0.0), float(analysis.get("flops", 0.0))
+
+
+def widening_bytes(jaxpr: core.Jaxpr) -> float:
+    """Bytes XLA:CPU adds to a 16-bit matmul with a 16-bit result that XLA:TPU does not move.
+
+    XLA:CPU runs such a dot in f32: it converts each operand (read 2 bytes, write 4 per element), reads the
+    f32 copies, writes an f32 result and converts it back (10 bytes per element of each operand and of the
+    result); XLA:TPU feeds the MXU bf16 and writes bf16 (2 bytes). A dot asked for an f32 result
+    (``preferred_element_type``) is not widened. Each dot in the program text counts once, as in XLA's own
+    cost analysis."""
+    extra = 0.0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            avals = [v.aval for v in (*eqn.invars[:2], eqn.outvars[0])]
+            if all(np.dtype(a.dtype).itemsize == 2 and jnp.issubdtype(a.dtype, jnp.floating) for a in avals):
+                extra += 8.0 * sum(float(np.prod(a.shape)) for a in avals)
+        elif eqn.primitive.name != "pallas_call":
+            extra += sum(widening_bytes(sub) for _, sub in sub_jaxprs(eqn))
+    return extra
 
 
 def xla_cost(fn: Callable[..., Any], arg_shapes: Sequence[Any], known: Sequence[Any] | None = None) -> XlaCost:
