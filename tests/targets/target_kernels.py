@@ -410,3 +410,32 @@ from jax.experimental.pallas.ops.tpu.megablox import gmm
 def kernel(lhs, group_sizes, rhs):
     return gmm(lhs, rhs, group_sizes, preferred_element_type=jnp.bfloat16, tiling=(512, 1024, 1024))
 '''
+
+PLAIN_JAX_TILE_LOOP = '''\
+import jax
+import jax.numpy as jnp
+
+T = 16
+
+
+def kernel(lhs, group_sizes, rhs):
+    """Group 0's rows, 16 at a time, in a fori_loop whose bound is data (a while loop)."""
+    tiles = (group_sizes[0] + T - 1) // T
+    out = jnp.zeros((lhs.shape[0], rhs.shape[2]), jnp.float32)
+
+    def tile(i, out):
+        rows = jax.lax.dynamic_slice_in_dim(lhs, i * T, T)
+        part = jnp.dot(rows, rhs[0], preferred_element_type=jnp.float32)
+        return jax.lax.dynamic_update_slice_in_dim(out, part, i * T, 0)
+
+    return jax.lax.fori_loop(0, tiles, tile, out).astype(jnp.bfloat16)
+'''
+
+PLAIN_JAX_DATA_LOOP = '''\
+import jax
+import jax.numpy as jnp
+
+
+def kernel(x, w, *, eps):
+    return jax.lax.while_loop(lambda y: jnp.max(y) < 100.0, lambda y: y * 2.0, x) * w
+'''

@@ -13,7 +13,9 @@ from target_kernels import (
     GATHER_PREFETCH,
     MEGABLOX_GMM_EXPERT,
     PAGED_ATTENTION_EXPERT,
+    PLAIN_JAX_DATA_LOOP,
     PLAIN_JAX_RMSNORM,
+    PLAIN_JAX_TILE_LOOP,
     dma_into_scratch_slice_source,
     matmul_source,
     nested_when_matmul_source,
@@ -29,6 +31,7 @@ from jaxbench.report import EvalReport
 from jaxbench.task import Task, load_task
 from maxkernel.targets import TargetError, VmemBudgetError, load_tpu_spec, model_candidate, model_reference
 from maxkernel.targets import grid as grid_module
+from maxkernel.targets.ops import xla_matmul_flops
 from maxkernel.targets.specs import load_model_constants
 
 MIB = 2**20
@@ -307,3 +310,36 @@ def test_grid_extent_computed_from_the_inputs_is_priced() -> None:
     (kernel,) = est.kernels
     assert kernel.grid == [14336 // 1024, tiles, 4096 // 1024]
     assert est.mxu_flops == kernel.grid_steps * 2 * 512 * 1024 * 1024
+
+
+def _task(name: str) -> Task:
+    return load_task(Path(__file__).parents[2] / "jaxbench" / "tasks" / name)
+
+
+def test_plain_jax_loop_with_a_data_bound_is_charged_for_its_trips() -> None:
+    """11p's inputs: a fori_loop over ceil(group_sizes[0] / 16) tiles of 16 rows, each a (16, 4096) @ (4096,
+    14336) matmul; the trips come from the drawn group sizes, not one."""
+    task = _task("11p_Megablox_GMM")
+    est = model_candidate(PLAIN_JAX_TILE_LOOP, task, "v5e")
+    sizes = np.asarray(jax.jit(lambda key: task.get_inputs(key, "full")[0][1])(jax.random.key(0)))
+    trips = -(-int(sizes[0]) // 16)
+    assert trips > 1
+    assert est.kind == "xla" and est.mxu_flops == trips * 2 * 16 * 4096 * 14336
+
+
+def test_plain_jax_loop_bounded_by_tensor_data_is_refused(rmsnorm_task: Task) -> None:
+    with pytest.raises(TargetError, match=r"while loop at .*cannot bound"):
+        model_candidate(PLAIN_JAX_DATA_LOOP, rmsnorm_task, "v5e")
+
+
+def test_xla_matmuls_run_at_the_published_efficiency_not_peak() -> None:
+    """8p's reference (8192^3 bf16) at XLA's 8192 efficiency; a skinny matmul pays for its padded tile."""
+    spec = load_tpu_spec("v5e")
+    curve = CONSTANTS.xla_matmul
+    ref = model_reference(_task("8p_GEMM"), "v5e")
+    flops = 2.0 * 8192**3
+    assert ref.mxu_flops == flops
+    cast = 8192**2 / spec.vpu_ops  # the f32 -> bf16 cast of the result
+    assert ref.compute_ms == pytest.approx((flops / (spec.peak_bf16_flops * curve.at(8192)) + cast) * 1e3, rel=1e-9)
+    assert ref.time_ms > flops / spec.peak_bf16_flops * 1e3 * 1.05
+    assert xla_matmul_flops(1, 4096, 4096) == pytest.approx(2.0 * 8 * 4096 * 4096 / curve.at((8 * 4096 * 4096) ** (1 / 3)))
