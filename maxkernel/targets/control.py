@@ -52,6 +52,14 @@ class _Incomplete(Exception):
     """A loop's control values became unknown inside its body: the loop cannot be followed."""
 
 
+class _CellsLost(Exception):
+    """A loop trip made some followed state refs unknown: follow the loop again without them."""
+
+    def __init__(self, keys: set[int]) -> None:
+        super().__init__(sorted(keys))
+        self.keys = keys
+
+
 def site_name(eqn: core.JaxprEqn) -> str:
     """Where a loop or branch was written, for messages: ``file:line (function)``."""
     return source_info_util.summarize(eqn.source_info)
@@ -235,43 +243,31 @@ class Interpreter:
                 raise _Incomplete
             return nxt, new_cells, inner.records
 
-        probe_x = [None if v is None else v[0] for v in xs_known]
-        for _ in range(len(cells) + 1):  # the state refs that stay known through a trip are carried along
-            start_cells = [jnp.asarray(self.state[k]) for k in cells]
-            _, probe_cells, probe = one_trip([jnp.asarray(init[i]) for i in keep], start_cells, probe_x, active)
-            lost = [k for k, v in zip(cells, probe_cells) if v is UNKNOWN]
-            if not lost:
-                break
-            for k in lost:
-                self.state[k] = UNKNOWN
-            cells = [k for k in cells if k not in lost]
-        start = ([jnp.asarray(init[i]) for i in keep], [jnp.asarray(self.state[k]) for k in cells],
-                 {k: jnp.zeros_like(v) for k, v in probe.items()})
+        slots = site_shapes(body.jaxpr, (*here, 0))
+        seen: set[Path] = set()
 
         def advance(carry: tuple, x: Sequence[Any]) -> tuple:
             values, cell_values, acc = carry
             nxt, new_cells, recs = one_trip(values, cell_values, x, active)
-            return (_like(nxt, values), _like(new_cells, cell_values), {k: acc[k] + recs[k] for k in acc})
+            lost = {k for k, v in zip(cells, new_cells) if v is UNKNOWN}
+            if lost:
+                raise _CellsLost(lost)
+            seen.update(recs)
+            acc = {k: acc[k] + recs[k] if k in recs else acc[k] for k in acc}
+            return _like(nxt, values), _like(new_cells, cell_values), acc
 
-        if is_scan:
-            length = int(eqn.params["length"])
-            xs_slices = [None if v is None else jnp.asarray(v) for v in xs_known]
-            present = [v for v in xs_slices if v is not None]
-            (final, final_cells, acc), _ = lax.scan(
-                lambda c, x: (advance(c, _refill(xs_slices, x)), None), start, present, length=length)
-            trips = jnp.where(active, length, 0)
-        else:
-            def keep_going(carry: tuple) -> Any:
-                count, (values, cell_values, _) = carry
-                (go,) = self._inner(cells, cell_values).run(
-                    cond.jaxpr, cond.consts, [*cconsts, *carry_of(values)], (*here, "cond"))
-                if go is UNKNOWN:
-                    raise _Incomplete
-                return jnp.logical_and(jnp.logical_and(active, go), count < MAX_TRIPS)
-
-            trips, (final, final_cells, acc) = lax.while_loop(
-                keep_going, lambda c: (c[0] + 1, advance(c[1], [])), (jnp.int32(0), start))
-        self.records.update(acc)
+        while True:  # the state refs that stay known through a trip are carried along
+            start = ([jnp.asarray(init[i]) for i in keep], [jnp.asarray(self.state[k]) for k in cells],
+                     {k: jnp.zeros(shape, jnp.int32) for k, shape in slots.items()})
+            try:
+                final, final_cells, acc, trips = self._iterate(
+                    eqn, is_scan, advance, start, xs_known, cond, cconsts, cells, carry_of, here, active)
+                break
+            except _CellsLost as lost:
+                for k in lost.keys:
+                    self.state[k] = UNKNOWN
+                cells = [k for k in cells if k not in lost.keys]
+        self.records.update({k: v for k, v in acc.items() if k in seen})
         self.records[here] = trips
         for k, v in zip(cells, final_cells):
             self.state[k] = v
@@ -279,6 +275,31 @@ class Interpreter:
         for i, v in zip(keep, final):
             outs[i] = v
         return outs
+
+    def _iterate(self, eqn: core.JaxprEqn, is_scan: bool, advance: Any, start: tuple, xs_known: list[Any],
+                 cond: Any, cconsts: list[Any], cells: list[int], carry_of: Any, here: Path,
+                 active: Any) -> tuple[Any, Any, Any, Any]:
+        """Run the loop (``lax.scan`` or ``lax.while_loop``) over the followed carry; returns the final carry,
+        the final state refs, the accumulated records of the body's sites and the trip count."""
+        if is_scan:
+            length = int(eqn.params["length"])
+            xs_slices = [None if v is None else jnp.asarray(v) for v in xs_known]
+            present = [v for v in xs_slices if v is not None]
+            (final, final_cells, acc), _ = lax.scan(
+                lambda c, x: (advance(c, _refill(xs_slices, x)), None), start, present, length=length)
+            return final, final_cells, acc, jnp.where(active, length, 0)
+
+        def keep_going(carry: tuple) -> Any:
+            count, (values, cell_values, _) = carry
+            (go,) = self._inner(cells, cell_values).run(
+                cond.jaxpr, cond.consts, [*cconsts, *carry_of(values)], (*here, "cond"))
+            if go is UNKNOWN:
+                raise _Incomplete
+            return jnp.logical_and(jnp.logical_and(active, go), count < MAX_TRIPS)
+
+        trips, (final, final_cells, acc) = lax.while_loop(
+            keep_going, lambda c: (c[0] + 1, advance(c[1], [])), (jnp.int32(0), start))
+        return final, final_cells, acc, trips
 
     def _inner(self, cells: Sequence[int], values: Sequence[Any]) -> "Interpreter":
         """An interpreter for one loop trip: the followed state refs hold ``values``, the others are unknown."""
@@ -311,6 +332,28 @@ def _select(index: Any, options: list[Any]) -> Any:
     if any(a.shape != arrays[0].shape or a.dtype != arrays[0].dtype for a in arrays):
         return UNKNOWN
     return lax.select_n(index, *arrays) if len(arrays) > 1 else arrays[0]
+
+
+def site_shapes(jaxpr: core.Jaxpr, path: Path) -> dict[Path, tuple[int, ...]]:
+    """Every site the interpreter may record inside ``jaxpr`` (reached at ``path``), with its record's shape:
+    branch counts for a ``cond``, a trip count for a loop. Mirrors the paths :class:`Interpreter` gives."""
+    found: dict[Path, tuple[int, ...]] = {}
+    for position, eqn in enumerate(jaxpr.eqns):
+        here, name = (*path, position), eqn.primitive.name
+        called = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        if name == "cond":
+            found[here] = (len(eqn.params["branches"]),)
+            for j, branch in enumerate(eqn.params["branches"]):
+                found.update(site_shapes(branch.jaxpr, (*here, j)))
+        elif name in ("while", "scan"):
+            found[here] = ()
+            body = eqn.params["body_jaxpr" if name == "while" else "jaxpr"]
+            found.update(site_shapes(body.jaxpr, (*here, 0)))
+        elif name in CALL_PRIMITIVES and isinstance(called, core.ClosedJaxpr):
+            found.update(site_shapes(called.jaxpr, (*here, 0)))
+        elif name == "run_scoped" and isinstance(called, core.Jaxpr):
+            found.update(site_shapes(called, (*here, 0)))
+    return found
 
 
 def has_sites(jaxpr: core.Jaxpr) -> bool:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax._src import core
@@ -98,22 +99,10 @@ def step_records(kernel: core.Jaxpr, grid_mapping: Any, sample: GridSample, pref
 
     points = np.concatenate([[0], sample.t])
     ids = [np.asarray(c, dtype=np.int32) for c in np.unravel_index(points, grid)] if grid else []
-    first_ids = [np.int32(c[0]) for c in ids]
     state = dict(initial)
-    for _ in range(len(state) + 1):  # the prefetch refs whose contents stay known after a step
-        kept: set[int] = set()
-
-        def probe(point_ids: list[Any], values: dict[int, Any]) -> int:
-            after, _ = one_step(point_ids, values)
-            kept.update(k for k in values if after.get(k, UNKNOWN) is not UNKNOWN)
-            return 0
-
-        jax.eval_shape(probe, first_ids, state)  # traced, not run: only which values stay known matters
-        if kept == state.keys():
-            break
-        state = {k: v for k, v in state.items() if k in kept}
-    if sample.sampled or not _writes(kernel, n_pre):
-        if sample.sampled and _writes(kernel, n_pre):
+    writes = _writes(kernel, n_pre)
+    if sample.sampled or not writes:
+        if writes:
             notes.append("the kernel writes its scalar-prefetch refs; on a sampled grid they are read as drawn")
 
         def at_point(point_ids: list[Any]) -> dict[Path, Any]:
@@ -124,11 +113,27 @@ def step_records(kernel: core.Jaxpr, grid_mapping: Any, sample: GridSample, pref
 
     def scan_step(carry: dict[int, Any], point_ids: list[Any]) -> tuple[dict[int, Any], dict[Path, Any]]:
         new, recs = one_step(point_ids, carry)
-        return {k: jax.numpy.asarray(new[k]).astype(jax.numpy.asarray(carry[k]).dtype) for k in carry}, recs
+        lost = {k for k in carry if new.get(k, UNKNOWN) is UNKNOWN}
+        if lost:
+            raise _StateLost(lost)
+        return {k: jnp.asarray(new[k]).astype(jnp.asarray(carry[k]).dtype) for k in carry}, recs
 
-    carry0 = {k: jax.numpy.asarray(v) for k, v in state.items()}
-    _, records = jax.jit(lambda c, xs: lax.scan(scan_step, c, xs))(carry0, ids)
-    return {k: np.asarray(v) for k, v in records.items()}
+    while True:  # carry the prefetch refs whose contents stay known from one step to the next
+        carry0 = {k: jnp.asarray(v) for k, v in state.items()}
+        try:
+            _, records = jax.jit(lambda c, xs: lax.scan(scan_step, c, xs))(carry0, ids)
+        except _StateLost as lost:
+            state = {k: v for k, v in state.items() if k not in lost.keys}
+            continue
+        return {k: np.asarray(v) for k, v in records.items()}
+
+
+class _StateLost(Exception):
+    """A step made some carried prefetch refs unknown: follow the steps again without them."""
+
+    def __init__(self, keys: set[int]) -> None:
+        super().__init__(sorted(keys))
+        self.keys = keys
 
 
 def _writes(kernel: core.Jaxpr, n_pre: int) -> bool:
