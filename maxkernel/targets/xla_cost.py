@@ -3,7 +3,7 @@
 Approximation, stated once: HBM bytes are the "bytes accessed" of XLA's cost analysis of the program
 compiled for *this CPU* (``jax.jit(f).lower(*shapes).compile().cost_analysis()``), i.e. after CPU fusion;
 XLA:TPU fuses differently and may keep a bf16 matmul's operands in bf16 where the CPU widens them, so bytes
-are indicative, not exact. Loop bodies are counted once by XLA's bytes; work is charged per trip, with trip
+are indicative, not exact. XLA counts a loop body once; here work and bytes are charged per trip, with trip
 counts evaluated on the task's small integer inputs (``program_records``). Work (MXU/VPU/EUP) is counted from the jaxpr
 with the same rules as kernel bodies (``maxkernel.targets.ops``), because the CPU's flop count expands some
 ops (``ragged_dot`` becomes one dense matmul per group); XLA's own figure is kept for reference.
@@ -23,7 +23,7 @@ from jax._src import core
 from jaxbench.task import Task
 from maxkernel.targets.control import UNKNOWN, Interpreter, Path, has_sites
 from maxkernel.targets.interpret import evaluate
-from maxkernel.targets.jaxpr_walk import PallasCall, sub_jaxprs
+from maxkernel.targets.jaxpr_walk import CALL_PRIMITIVES, PallasCall, sub_jaxprs
 from maxkernel.targets.ops import OpCounts, count_ops
 from maxkernel.targets.prefetch import PREFETCH_SEED
 
@@ -70,7 +70,28 @@ def xla_cost(fn: Callable[..., Any], arg_shapes: Sequence[Any], known: Sequence[
     nbytes, xla_flops = _cost_analysis(traced)
     closed = traced.jaxpr
     records = program_records(closed, known if known is not None else [UNKNOWN] * len(closed.in_avals))
-    return XlaCost(nbytes, count_ops(closed.jaxpr, records), xla_flops)
+    counts = count_ops(closed.jaxpr, records)
+    return XlaCost(nbytes + loop_bytes(closed.jaxpr, records), counts, xla_flops)
+
+
+def loop_bytes(jaxpr: core.Jaxpr, records: dict[Path, Any], path: Path = ()) -> float:
+    """Bytes of the loop trips XLA's cost analysis leaves out: it counts a ``while``/``scan`` body once, so
+    each top-level loop adds (trips - 1) times its body's own bytes (loops nested in a body stay counted
+    once per trip of the outer one)."""
+    extra = 0.0
+    for position, eqn in enumerate(jaxpr.eqns):
+        here, name = (*path, position), eqn.primitive.name
+        called = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        if name in ("while", "scan"):
+            record = records.get(here)
+            trips = float(eqn.params["length"]) if record is None else float(np.sum(record))
+            if trips > 1:
+                body = eqn.params["body_jaxpr" if name == "while" else "jaxpr"]
+                shapes = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars]
+                extra += (trips - 1) * _cost_analysis(jax.jit(core.jaxpr_as_fun(body)).trace(*shapes))[0]
+        elif name in CALL_PRIMITIVES and isinstance(called, core.ClosedJaxpr):
+            extra += loop_bytes(called.jaxpr, records, (*here, 0))
+    return extra
 
 
 XLA_SMALL = 1 << 16  # largest value (elements) the control interpreter computes in plain-JAX code
@@ -159,4 +180,6 @@ def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall], known: Sequence
     nbytes, xla_flops = _cost_analysis(traced)
     n_outs = sum(len(outs) for outs in kernel_outs)
     inputs = [*(known if known is not None else [UNKNOWN] * len(arg_shapes)), *[UNKNOWN] * n_outs]
-    return XlaCost(nbytes, count_ops(traced.jaxpr.jaxpr, program_records(traced.jaxpr, inputs)), xla_flops)
+    records = program_records(traced.jaxpr, inputs)
+    counts = count_ops(traced.jaxpr.jaxpr, records)
+    return XlaCost(nbytes + loop_bytes(traced.jaxpr.jaxpr, records), counts, xla_flops)

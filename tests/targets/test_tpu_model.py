@@ -325,6 +325,8 @@ def test_plain_jax_loop_with_a_data_bound_is_charged_for_its_trips() -> None:
     trips = -(-int(sizes[0]) // 16)
     assert trips > 1
     assert est.kind == "xla" and est.mxu_flops == trips * 2 * 16 * 4096 * 14336
+    rhs_bytes = 4096 * 14336 * 2
+    assert est.bytes >= trips * rhs_bytes  # each trip reads rhs[0] again (XLA alone counts one trip)
 
 
 def test_plain_jax_loop_bounded_by_tensor_data_is_refused(rmsnorm_task: Task) -> None:
