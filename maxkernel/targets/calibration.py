@@ -61,24 +61,29 @@ def reference(x, y):
     return jnp.matmul(x, y)
 """
 
-KERNEL = """\
+def tiled_matmul_source(bm: int, bk: int, bn: int, compiler_params: str | None = None) -> str:
+    """The guide's kernel as candidate source: grid (m/bm, n/bn, k/bk), k innermost, bf16 blocks multiplied
+    into an f32 VMEM accumulator that is zeroed on the first k step and written out on the last.
+    ``compiler_params`` is the text of a ``pltpu.CompilerParams(...)`` to pass, if any."""
+    params = "" if compiler_params is None else f"compiler_params={compiler_params},"
+    return f'''\
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-BM, BK, BN = {bm}, {bk}, {bn}
+BM, BN, BK = {bm}, {bn}, {bk}
 
 
-def _tile(x_ref, y_ref, o_ref, acc_ref):
+def _body(x_ref, y_ref, o_ref, acc_ref):
     @pl.when(pl.program_id(2) == 0)
-    def _zero():
+    def _init():
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
 
     @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-    def _write():
+    def _store():
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
 
@@ -86,16 +91,16 @@ def kernel(x, y):
     m, k = x.shape
     n = y.shape[1]
     return pl.pallas_call(
-        _tile,
+        _body,
         grid=(m // BM, n // BN, k // BK),
         in_specs=[pl.BlockSpec((BM, BK), lambda i, j, kk: (i, kk)),
                   pl.BlockSpec((BK, BN), lambda i, j, kk: (kk, j))],
         out_specs=pl.BlockSpec((BM, BN), lambda i, j, kk: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         scratch_shapes=[pltpu.VMEM((BM, BN), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+        {params}
     )(x, y)
-"""
+'''
 
 
 class CalibrationRow(BaseModel):
@@ -129,8 +134,7 @@ def calibration_rows(generation: str = "v5e") -> list[CalibrationRow]:
             if blocks is None:
                 est = model_reference(task, generation)
             else:
-                bm, bk, bn = blocks
-                est = model_candidate(KERNEL.format(bm=bm, bk=bk, bn=bn), task, generation)
+                est = model_candidate(tiled_matmul_source(*blocks), task, generation)
             ideal_s = 2.0 * size**3 / spec.peak_bf16_flops
             rows.append(CalibrationRow(program=program, blocks=blocks, size=size, published=published,
                                        modelled=ideal_s / (est.time_ms / 1e3), modelled_ms=est.time_ms))

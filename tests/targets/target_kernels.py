@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from maxkernel.targets.calibration import tiled_matmul_source
+
 MATMUL_TASK = {
     "task.yaml": """\
 id: tgt_matmul
@@ -104,43 +106,10 @@ def write_task(folder: Path, files: dict[str, str]) -> Path:
 
 
 def matmul_source(bm: int, bn: int, bk: int, vmem_limit: int | None = None) -> str:
-    """Tiled matmul: grid (m/bm, n/bn, k/bk), f32 accumulator in VMEM scratch, k innermost."""
-    params = "" if vmem_limit is None else f"compiler_params=pltpu.CompilerParams(vmem_limit_bytes={vmem_limit}),"
-    return f'''\
-import jax
-import jax.numpy as jnp
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
-
-BM, BN, BK = {bm}, {bn}, {bk}
-
-
-def _body(x_ref, y_ref, o_ref, acc_ref):
-    @pl.when(pl.program_id(2) == 0)
-    def _init():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-    def _store():
-        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
-
-
-def kernel(x, y):
-    m, k = x.shape
-    n = y.shape[1]
-    return pl.pallas_call(
-        _body,
-        grid=(m // BM, n // BN, k // BK),
-        in_specs=[pl.BlockSpec((BM, BK), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((BK, BN), lambda i, j, kk: (kk, j))],
-        out_specs=pl.BlockSpec((BM, BN), lambda i, j, kk: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
-        scratch_shapes=[pltpu.VMEM((BM, BN), jnp.float32)],
-        {params}
-    )(x, y)
-'''
+    """Tiled matmul: grid (m/bm, n/bn, k/bk), f32 accumulator in VMEM scratch, k innermost (the kernel the
+    calibration against the Pallas TPU matmul guide prices)."""
+    params = None if vmem_limit is None else f"pltpu.CompilerParams(vmem_limit_bytes={vmem_limit})"
+    return tiled_matmul_source(bm, bk, bn, params)
 
 
 def rmsnorm_source(block_rows: int, vmem_limit: int | None = None) -> str:
@@ -300,15 +269,32 @@ def nested_when_matmul_source(bm: int, bn: int, bk: int) -> str:
         "            o_ref[...] = (acc_ref[...] * 2.0).astype(o_ref.dtype)\n")
 
 
-def triangular_loop_source(block_rows: int) -> str:
-    """Row blocks where step i runs a ``fori_loop`` of i + 1 trips (a traced bound: a while loop)."""
+def _row_block_kernel(body: str, block_rows: int) -> str:
+    """A kernel over row blocks of x with the weight as one block, around the given ``_body`` source."""
     return f'''\
 import jax
+import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 BR = {block_rows}
 
+{body}
 
+def kernel(x, w, *, eps):
+    rows, hidden = x.shape
+    return pl.pallas_call(
+        _body,
+        grid=(rows // BR,),
+        in_specs=[pl.BlockSpec((BR, hidden), lambda i: (i, 0)), pl.BlockSpec((hidden,), lambda i: (0,))],
+        out_specs=pl.BlockSpec((BR, hidden), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x, w)
+'''
+
+
+def triangular_loop_source(block_rows: int) -> str:
+    """Row blocks where step i runs a ``fori_loop`` of i + 1 trips (a traced bound: a while loop)."""
+    return _row_block_kernel('''
 def _body(x_ref, w_ref, o_ref):
     x = x_ref[...]
 
@@ -316,28 +302,11 @@ def _body(x_ref, w_ref, o_ref):
         return acc + x * 2.0
 
     o_ref[...] = jax.lax.fori_loop(0, pl.program_id(0) + 1, trip, x) * w_ref[...]
+''', block_rows)
 
 
-def kernel(x, w, *, eps):
-    rows, hidden = x.shape
-    return pl.pallas_call(
-        _body,
-        grid=(rows // BR,),
-        in_specs=[pl.BlockSpec((BR, hidden), lambda i: (i, 0)), pl.BlockSpec((hidden,), lambda i: (0,))],
-        out_specs=pl.BlockSpec((BR, hidden), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-    )(x, w)
-'''
-
-
-DATA_LOOP = '''\
-import jax
-import jax.numpy as jnp
-from jax.experimental import pallas as pl
-
-BR = 256
-
-
+# A loop that runs until the data says stop: its trip count cannot be bounded from the inputs.
+DATA_LOOP = _row_block_kernel('''
 def _body(x_ref, w_ref, o_ref):
     x = x_ref[...]
 
@@ -345,18 +314,7 @@ def _body(x_ref, w_ref, o_ref):
         return jnp.sum(carry) < 1.0e6
 
     o_ref[...] = jax.lax.while_loop(more, lambda c: c * 2.0, x) * w_ref[...]
-
-
-def kernel(x, w, *, eps):
-    rows, hidden = x.shape
-    return pl.pallas_call(
-        _body,
-        grid=(rows // BR,),
-        in_specs=[pl.BlockSpec((BR, hidden), lambda i: (i, 0)), pl.BlockSpec((hidden,), lambda i: (0,))],
-        out_specs=pl.BlockSpec((BR, hidden), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-    )(x, w)
-'''
+''', 256)
 
 
 def vmapped_when_source(batch: int, block_rows: int) -> str:
