@@ -117,12 +117,15 @@ class Interpreter:
         called = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
         if name in CALL_PRIMITIVES and isinstance(called, core.ClosedJaxpr):
             return self.run(called.jaxpr, called.consts, invals, (*here, 0), active)
+        if name in CALL_PRIMITIVES and isinstance(called, core.Jaxpr):
+            return self.run(called, [], invals, (*here, 0), active)
         if name == "run_scoped" and isinstance(called, core.Jaxpr):
             self.run(called, invals, [UNKNOWN] * len(called.invars), (*here, 0), active)
             return unknown
         if any(isinstance(x, RefCell) for x in invals):
             return self._ref_op(eqn, invals)
-        if name == "pallas_call" or any(x is UNKNOWN for x in invals) or not self._small(eqn):
+        # Effectful primitives (semaphores, DMAs, callbacks) and large results are not computed.
+        if eqn.effects or name == "pallas_call" or any(x is UNKNOWN for x in invals) or not self._small(eqn):
             return unknown
         params = eqn.primitive.get_bind_params(eqn.params)
         out = eqn.primitive.bind(*invals, **params)
@@ -211,7 +214,6 @@ class Interpreter:
             cconsts, consts, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
             xs = []
             body_in = lambda carry, x: [*consts, *carry]  # noqa: E731
-        n_pre = len(consts)
         followed = [x is not UNKNOWN and not isinstance(x, RefCell) for x in init]
         while True:  # the carry elements whose values stay known from one trip to the next
             flags = [_known(c) for c in consts] + followed + ([_known(x) for x in xs] if is_scan else [])
@@ -351,7 +353,7 @@ def site_shapes(jaxpr: core.Jaxpr, path: Path) -> dict[Path, tuple[int, ...]]:
             found.update(site_shapes(body.jaxpr, (*here, 0)))
         elif name in CALL_PRIMITIVES and isinstance(called, core.ClosedJaxpr):
             found.update(site_shapes(called.jaxpr, (*here, 0)))
-        elif name == "run_scoped" and isinstance(called, core.Jaxpr):
+        elif name in (*CALL_PRIMITIVES, "run_scoped") and isinstance(called, core.Jaxpr):
             found.update(site_shapes(called, (*here, 0)))
     return found
 

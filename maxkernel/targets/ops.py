@@ -83,15 +83,6 @@ class OpCounts:
         self.transcendental += other.transcendental * times
         self.dma_bytes += other.dma_bytes * times
 
-    def maximum(self, other: "OpCounts") -> None:
-        for cls, flops in other.mxu.items():
-            self.mxu[cls] = max(self.mxu.get(cls, 0.0), flops)
-        for cls, flops in other.mxu_xla.items():
-            self.mxu_xla[cls] = max(self.mxu_xla.get(cls, 0.0), flops)
-        self.vpu = max(self.vpu, other.vpu)
-        self.transcendental = max(self.transcendental, other.transcendental)
-        self.dma_bytes = max(self.dma_bytes, other.dma_bytes)
-
     def compute_seconds(self, spec: TpuSpec, cores: int, xla: bool = False) -> float:
         """Time on ``cores`` TensorCores: MXU, VPU and EUP work one after the other. Kernel code runs the MXU
         at peak (its blocks are what it multiplies); ``xla`` code at the efficiency XLA reaches (``mxu_xla``)."""
@@ -159,14 +150,6 @@ def count_ops(jaxpr: core.Jaxpr, records: Mapping[Path, Any] | None = None) -> O
     for part, times in charges(jaxpr, records or {}):
         counts.add(part, float(np.sum(times)))
     return counts
-
-
-def largest(options: list[OpCounts]) -> OpCounts:
-    """Field-by-field maximum: the charge of a branch whose choice is unknown."""
-    worst = OpCounts()
-    for option in options:
-        worst.maximum(option)
-    return worst
 
 
 def _size(aval: core.AbstractValue) -> int:

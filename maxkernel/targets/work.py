@@ -76,7 +76,7 @@ def step_work(kernel: core.Jaxpr, grid_mapping: Any, sample: GridSample,
     notes: list[str] = []
     try:
         records = step_records(kernel, grid_mapping, sample, prefetch, notes)
-    except ZeroDivisionError as exc:  # an exotic body: branches fall back to their heavier side, loops are refused
+    except Exception as exc:  # an exotic body: branches fall back to their heavier side, loops are refused
         notes.append(f"control flow not followed ({type(exc).__name__}): heavier branches charged")
         records = {}
     return StepWork(charges(kernel, records, 1.0), sample, notes)
