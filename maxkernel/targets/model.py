@@ -29,7 +29,7 @@ from maxkernel.targets.names import TargetError
 from maxkernel.targets.ops import OpCounts, UnboundedLoopError
 from maxkernel.targets.prefetch import call_operands
 from maxkernel.targets.specs import ModelConstants, TpuSpec, load_model_constants, load_tpu_spec
-from maxkernel.targets.work import step_work
+from maxkernel.targets.work import kernel_axes, step_work
 from maxkernel.targets.xla_cost import XlaCost, glue_cost, small_inputs, xla_cost
 
 Bound = Literal["compute", "memory", "overhead"]
@@ -184,7 +184,11 @@ def _cores_used(spec: TpuSpec, call: PallasCall, grid: tuple[int, ...]) -> int:
     """Megacore chips split a kernel's grid over both TensorCores only along a "parallel" dimension."""
     if spec.cores_per_device == 1:
         return 1
-    semantics = compiler_param(call.eqn, "dimension_semantics") or ()
+    grid_mapping = call.eqn.params["grid_mapping"]
+    given = iter(compiler_param(call.eqn, "dimension_semantics") or ())
+    # The semantics name the axes the kernel sees; Mosaic marks the axes vmap added "parallel".
+    visible = set(kernel_axes(grid_mapping))
+    semantics = [next(given, "arbitrary") if axis in visible else "parallel" for axis in range(len(grid))]
     for sem, extent in zip(semantics, grid):
         if str(getattr(sem, "value", sem)).lower() in ("parallel", "core_parallel") and extent >= 2:
             return spec.cores_per_device

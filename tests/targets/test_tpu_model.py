@@ -283,6 +283,8 @@ def test_when_under_vmap_sees_the_kernel_grid(rmsnorm_task: Task) -> None:
     (kernel,) = est.kernels
     assert kernel.grid == [4, 8]
     assert kernel.vpu_ops == 4 * 128 * 1024
+    # Mosaic runs the axis vmap adds as "parallel": a megacore chip splits it over both TensorCores.
+    assert model_candidate(vmapped_when_source(4, 128), rmsnorm_task, "v5p").kernels[0].cores == 2
 
 
 def test_kernel_loop_with_traced_bound_is_charged_for_its_trips(rmsnorm_task: Task) -> None:
