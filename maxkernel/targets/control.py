@@ -370,13 +370,41 @@ def has_sites(jaxpr: core.Jaxpr) -> bool:
 
 def known_outputs(jaxpr: core.Jaxpr, known_in: Sequence[bool]) -> list[bool]:
     """Which outputs of ``jaxpr`` are computable when only the inputs flagged in ``known_in`` are known
-    (constants are known; ``program_id`` and friends need no input). A conservative data-flow pass."""
+    (constants are known; ``program_id`` and friends need no input). A data-flow pass that looks into
+    branches, loops and calls the way :class:`Interpreter` follows them."""
     known = {v for v, k in zip(jaxpr.invars, known_in) if k} | set(jaxpr.constvars)
 
     def is_known(v: core.Atom) -> bool:
         return isinstance(v, core.Literal) or v in known
 
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name != "pallas_call" and all(is_known(v) for v in eqn.invars):
-            known.update(eqn.outvars)
+        flags = [is_known(v) for v in eqn.invars]
+        outs = _eqn_known(eqn, flags)
+        known.update(v for v, k in zip(eqn.outvars, outs) if k)
     return [is_known(v) for v in jaxpr.outvars]
+
+
+def _eqn_known(eqn: core.JaxprEqn, flags: list[bool]) -> list[bool]:
+    name = eqn.primitive.name
+    called = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+    if name == "cond":
+        if not flags[0]:
+            return [False] * len(eqn.outvars)
+        per_branch = [known_outputs(b.jaxpr, flags[1:]) for b in eqn.params["branches"]]
+        return [all(column) for column in zip(*per_branch)]
+    if name == "while":
+        cn, bn = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+        body, cond = eqn.params["body_jaxpr"].jaxpr, eqn.params["cond_jaxpr"].jaxpr
+        consts, carry = flags[cn:cn + bn], flags[cn + bn:]
+        while True:
+            new = [c and o for c, o in zip(carry, known_outputs(body, consts + carry))]
+            if new == carry:
+                break
+            carry = new
+        return carry if known_outputs(cond, flags[:cn] + carry)[0] else [False] * len(carry)
+    if name in CALL_PRIMITIVES and isinstance(called, core.ClosedJaxpr):
+        return known_outputs(called.jaxpr, flags)
+    if name in CALL_PRIMITIVES and isinstance(called, core.Jaxpr):
+        return known_outputs(called, flags)
+    ok = name not in ("pallas_call", "scan", "run_scoped") and all(flags)
+    return [ok] * len(eqn.outvars)

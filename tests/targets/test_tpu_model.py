@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from target_kernels import (
@@ -347,3 +348,23 @@ def test_xla_matmuls_run_at_the_published_efficiency_not_peak() -> None:
     assert ref.compute_ms == pytest.approx((flops / (spec.peak_bf16_flops * curve.at(8192)) + cast) * 1e3, rel=1e-9)
     assert ref.time_ms > flops / spec.peak_bf16_flops * 1e3 * 1.05
     assert xla_matmul_flops(1, 4096, 4096) == pytest.approx(2.0 * 8 * 4096 * 4096 / curve.at((8 * 4096 * 4096) ** (1 / 3)))
+
+
+def test_loop_outputs_stay_known_through_inner_loops_that_carry_data() -> None:
+    """An inner loop bounded by a known value, carrying tensor data beside its counter: its counter stays
+    known (ragged_paged_attention's outer loop over sequences carries such a count), its data does not."""
+    from jax import lax
+
+    from maxkernel.targets.control import known_outputs
+
+    def program(n: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def inner(state: tuple) -> tuple:
+            k, y = state
+            return k + 1, y + x
+
+        k, y = lax.while_loop(lambda state: state[0] < n, inner, (jnp.int32(0), x))
+        return k * 2, y
+
+    closed = jax.make_jaxpr(program)(jnp.int32(3), jnp.zeros((8, 128)))
+    assert known_outputs(closed.jaxpr, [True, False]) == [True, False]
+    assert known_outputs(closed.jaxpr, [False, True]) == [False, False]
