@@ -397,3 +397,16 @@ import jax.numpy as jnp
 def kernel(x, w, *, eps):
     return jax.lax.while_loop(lambda y: jnp.max(y) < 100.0, lambda y: y * 2.0, x) * w
 '''
+
+RAGGED_PAGED_ATTENTION_EXPERT = '''\
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+
+def kernel(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, *, sm_scale, max_q_len):
+    num_pages, page_size, kv_heads, head_dim = k_pages.shape
+    kv = jnp.stack([k_pages, v_pages], axis=3).reshape(num_pages, page_size, 2 * kv_heads, head_dim)
+    num_seqs = jnp.array([kv_lens.shape[0]], jnp.int32)
+    return ragged_paged_attention(q, kv, kv_lens, page_indices, cu_q_lens, num_seqs, sm_scale=sm_scale,
+                                  num_kv_pages_per_block=16, num_queries_per_block=32)
+'''

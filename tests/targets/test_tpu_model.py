@@ -17,6 +17,7 @@ from target_kernels import (
     PLAIN_JAX_DATA_LOOP,
     PLAIN_JAX_RMSNORM,
     PLAIN_JAX_TILE_LOOP,
+    RAGGED_PAGED_ATTENTION_EXPERT,
     dma_into_scratch_slice_source,
     matmul_source,
     nested_when_matmul_source,
@@ -368,3 +369,21 @@ def test_loop_outputs_stay_known_through_inner_loops_that_carry_data() -> None:
     closed = jax.make_jaxpr(program)(jnp.int32(3), jnp.zeros((8, 128)))
     assert known_outputs(closed.jaxpr, [True, False]) == [True, False]
     assert known_outputs(closed.jaxpr, [False, True]) == [False, False]
+
+
+def test_ragged_paged_attention_expert_reads_each_needed_kv_block_once_per_query_block() -> None:
+    """JAX's ragged_paged_attention at 7p's full size: per block of 32 queries, a while loop over the sequences
+    it overlaps and, nested, a while loop over each one's ceil(kv_len / 256) kv blocks of 1 MiB (16 pages of
+    16 tokens, 16 combined k/v heads of 128 bf16), the sequence index carried between steps in a prefetch ref."""
+    task = _task("7p_Ragged_Paged_Attention")
+    est = model_candidate(RAGGED_PAGED_ATTENTION_EXPERT, task, "v5e")
+    kv_lens, cu = (np.asarray(v) for v in jax.jit(
+        lambda key: tuple(task.get_inputs(key, "full")[0][i] for i in (3, 5)))(jax.random.key(0)))
+    blocks = 0
+    for q_block in range(-(-2072 // 32)):
+        lo, hi = 32 * q_block, min(32 * (q_block + 1), 2072)
+        blocks += sum(-(-int(kv_lens[s]) // 256) for s in range(32) if cu[s] < hi and cu[s + 1] > lo)
+    (kernel,) = est.kernels
+    q_and_out = 65 * 2 * (32 * 32 * 128 * 2)
+    assert kernel.grid == [1, 65]
+    assert kernel.bytes == blocks * 2**20 + q_and_out
