@@ -1,10 +1,13 @@
 """The TPU roofline cost model: a modelled time for a candidate or a reference on one TPU generation.
 
 A Pallas kernel is modelled as its grid pipeline: per grid step ``max(compute, memory) + overhead``, where
-compute is the kernel body's MXU/VPU/EUP work at peak and memory is the HBM traffic of the blocks whose index
-changes at that step (plus manual DMAs), then the first step's input fetch before and the last step's output
-write after. Work outside the kernels (and plain-JAX candidates and references) is an XLA roofline:
-``max(work at peak, bytes accessed / HBM bandwidth)``. All figures are ``basis="modelled"``.
+compute is the work the kernel body does at that step (MXU/VPU/EUP at peak; branches and loop trips as
+``work`` follows them) and memory is the HBM traffic of the blocks whose index changes at that step (plus
+manual DMAs), then the first step's input fetch before and the last step's output write after. Work outside
+the kernels (and plain-JAX candidates and references) is ``max(compute, bytes accessed / bandwidth)`` with
+matmuls at the efficiency XLA reaches. HBM streams at ``model.hbm_efficiency`` of its peak, and every program
+pays one ``model.dispatch_overhead_s`` (constants in ``config/targets.yaml``; fitted by
+``maxkernel.targets.calibration``). All figures are ``basis="modelled"``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ Bound = Literal["compute", "memory", "overhead"]
 
 
 class ModelError(TargetError):
-    """The candidate cannot be modelled (it does not trace at full size, or has a dynamic grid)."""
+    """The candidate cannot be modelled (it does not trace at full size, or a grid extent cannot be computed)."""
 
 
 class KernelEstimate(BaseModel):
