@@ -114,7 +114,7 @@ def model_candidate(candidate_source: str, task: Task, generation: str) -> Model
     io_bytes = _io_bytes(arg_shapes, out_shapes)
     if not calls:
         try:
-            cost = xla_cost(fn, arg_shapes, small_inputs(task, arg_shapes))
+            cost = xla_cost(fn, arg_shapes, partial(small_inputs, task, arg_shapes))
         except UnboundedLoopError:
             raise
         except Exception as exc:
@@ -126,7 +126,7 @@ def model_candidate(candidate_source: str, task: Task, generation: str) -> Model
         extents, prefetch = _operands(closed, call, task, notes)
         kernels.append(_kernel_estimate(call, spec, extents, prefetch, notes))
     try:
-        glue = glue_cost(closed, calls, small_inputs(task, arg_shapes))
+        glue = glue_cost(closed, calls, partial(small_inputs, task, arg_shapes))
     except UnboundedLoopError:
         raise
     except Exception as exc:  # pricing the surrounding code is best effort: say so rather than fail
@@ -143,7 +143,7 @@ def model_reference(task: Task, generation: str) -> ModelEstimate:
     spec = load_tpu_spec(generation)
     arg_shapes, static, out_shapes = full_shapes(task, "full")
     fn = partial(task.reference, **static)
-    cost = xla_cost(fn, arg_shapes, small_inputs(task, arg_shapes))
+    cost = xla_cost(fn, arg_shapes, partial(small_inputs, task, arg_shapes))
     return _xla_estimate(cost, spec, _io_bytes(arg_shapes, out_shapes), ["reference: XLA roofline"])
 
 

@@ -63,13 +63,17 @@ def widening_bytes(jaxpr: core.Jaxpr) -> float:
     return extra
 
 
-def xla_cost(fn: Callable[..., Any], arg_shapes: Sequence[Any], known: Sequence[Any] | None = None) -> XlaCost:
-    """Bytes and work of ``fn`` (plain JAX) at the given abstract argument shapes. ``known`` holds concrete
-    values of the small integer arguments (UNKNOWN elsewhere), from which loop trip counts are evaluated."""
+Known = Callable[[], Sequence[Any]]  # concrete small integer inputs (UNKNOWN elsewhere), drawn when needed
+
+
+def xla_cost(fn: Callable[..., Any], arg_shapes: Sequence[Any], known: Known | None = None) -> XlaCost:
+    """Bytes and work of ``fn`` (plain JAX) at the given abstract argument shapes. ``known()`` gives concrete
+    values of the small integer arguments, from which loop trip counts are evaluated (only if there is a
+    loop or branch to resolve)."""
     traced = jax.jit(fn).trace(*arg_shapes)
     nbytes, xla_flops = _cost_analysis(traced)
     closed = traced.jaxpr
-    records = program_records(closed, known if known is not None else [UNKNOWN] * len(closed.in_avals))
+    records = program_records(closed, known or (lambda: [UNKNOWN] * len(closed.in_avals)))
     counts = count_ops(closed.jaxpr, records)
     return XlaCost(nbytes + loop_bytes(closed.jaxpr, records), counts, xla_flops)
 
@@ -97,11 +101,11 @@ def loop_bytes(jaxpr: core.Jaxpr, records: dict[Path, Any], path: Path = ()) -> 
 XLA_SMALL = 1 << 16  # largest value (elements) the control interpreter computes in plain-JAX code
 
 
-def program_records(closed: core.ClosedJaxpr, known: Sequence[Any]) -> dict[Path, Any]:
+def program_records(closed: core.ClosedJaxpr, known: Known) -> dict[Path, Any]:
     """Branch counts and loop trips of a plain-JAX program, evaluated on the known (small) inputs."""
-    flat = jax.tree_util.tree_leaves(list(known), is_leaf=lambda x: x is UNKNOWN)
     if not has_sites(closed.jaxpr):
         return {}
+    flat = jax.tree_util.tree_leaves(list(known()), is_leaf=lambda x: x is UNKNOWN)
     slots = [i for i, v in enumerate(flat) if v is not UNKNOWN]
 
     def run(values: list[Any]) -> dict[Path, Any]:
@@ -136,7 +140,7 @@ def small_inputs(task: Task, arg_shapes: Sequence[Any]) -> list[Any]:
 LAYOUT_ONLY = ("reshape", "squeeze", "expand_dims")
 
 
-def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall], known: Sequence[Any] | None = None) -> XlaCost | None:
+def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall], known: Known | None = None) -> XlaCost | None:
     """Bytes and work of everything outside the pallas_calls, or None when a kernel sits inside a loop.
 
     The program is re-traced with each kernel's outputs turned into inputs and each kernel's computed
@@ -179,7 +183,9 @@ def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall], known: Sequence
         return XlaCost(0.0, OpCounts(), 0.0)
     nbytes, xla_flops = _cost_analysis(traced)
     n_outs = sum(len(outs) for outs in kernel_outs)
-    inputs = [*(known if known is not None else [UNKNOWN] * len(arg_shapes)), *[UNKNOWN] * n_outs]
+    def inputs() -> list[Any]:
+        return [*(known() if known is not None else [UNKNOWN] * len(arg_shapes)), *[UNKNOWN] * n_outs]
+
     records = program_records(traced.jaxpr, inputs)
     counts = count_ops(traced.jaxpr.jaxpr, records)
     return XlaCost(nbytes + loop_bytes(traced.jaxpr.jaxpr, records), counts, xla_flops)
