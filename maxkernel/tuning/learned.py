@@ -161,6 +161,7 @@ class LearnedCostModel:
         """Train on ``samples``; None when there is too little to learn from (fewer than ``MIN_SAMPLES``
         configurations in groups of two or more, or fewer than ``MIN_GROUPS`` groups)."""
         from sklearn.ensemble import HistGradientBoostingRegressor
+        from threadpoolctl import threadpool_limits
 
         x, y = training_set(samples)
         groups = len({s.group for s in samples if sum(t.group == s.group for t in samples) >= 2})
@@ -169,7 +170,8 @@ class LearnedCostModel:
         regressor = HistGradientBoostingRegressor(
             max_iter=150, learning_rate=0.1, max_depth=4, min_samples_leaf=3, l2_regularization=0.1,
             categorical_features=[FEATURES.index(c) for c in CATEGORICAL], early_stopping=False, random_state=0)
-        regressor.fit(x, y)
+        with threadpool_limits(1):  # a few hundred rows: threads only contend with the evaluator's workers
+            regressor.fit(x, y)
         return cls(regressor, len(y), groups)
 
     def predict(self, task: dict[str, float], strategy: str, kind: str, configs: Sequence[Config],
@@ -177,8 +179,12 @@ class LearnedCostModel:
         """Predicted speedup of each configuration over the strategy's typical one (1.0 = typical)."""
         if not configs:
             return []
+        from threadpoolctl import threadpool_limits
+
         x = np.asarray([_row(task, strategy, kind, c, extents) for c in configs], dtype=np.float64)
-        return [float(math.exp(v)) for v in self.regressor.predict(x)]
+        with threadpool_limits(1):
+            predicted = self.regressor.predict(x)
+        return [float(math.exp(v)) for v in predicted]
 
     def order(self, task: dict[str, float], strategy: str, kind: str, configs: Sequence[Config],
               extents: dict[str, int]) -> list[Config]:
