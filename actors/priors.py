@@ -74,12 +74,31 @@ def strategy_priors(outcomes: Sequence[StrategyOutcome]) -> dict[str, StrategyPr
     return priors
 
 
+def _parts(name: str) -> set[str]:
+    """The single rewrites of a combined one (``rewrite:a+b`` -> {a, b}); empty for anything else."""
+    kind, _, rest = name.partition(":")
+    return set(rest.split("+")) if kind == "rewrite" and rest else set()
+
+
+def prior_for(name: str, priors: dict[str, StrategyPrior]) -> StrategyPrior | None:
+    """The prior of ``name``, or for a combination of rewrites never measured as such, the mean prior
+    of the measured strategies that share one of its rewrites (rewrite sets differ from task to task)."""
+    if name in priors:
+        return priors[name]
+    parts = _parts(name)
+    related = [p for other, p in priors.items() if parts & _parts(other)]
+    if not related:
+        return None
+    return StrategyPrior(name=name, score=sum(p.score for p in related) / len(related),
+                         reasons=[f"as {p.name}: {p.reasons[0]}" for p in related[:2] if p.reasons])
+
+
 def order_strategies(strategies: Sequence[StrategyRef], priors: dict[str, StrategyPrior]) -> tuple[list[StrategyRef], str]:
     """Winners first (best prior first), then strategies memory knows nothing of (in their given order),
     then those that failed on similar tasks; a same-task recall stays first and the reference last.
     Returns the new order and the notes that say why."""
     def band(ref: StrategyRef) -> tuple[int, float]:
-        prior = priors.get(ref.name)
+        prior = prior_for(ref.name, priors)
         if prior is None or prior.score == 0:
             return 1, 0.0
         return (0, -prior.score) if prior.score > 0 else (2, -prior.score)
@@ -91,7 +110,7 @@ def order_strategies(strategies: Sequence[StrategyRef], priors: dict[str, Strate
     out: list[StrategyRef] = []
     notes: list[str] = []
     for ref in head + ranked + tail:
-        prior = priors.get(ref.name)
+        prior = prior_for(ref.name, priors)
         if prior is not None and prior.reasons:
             why = "; ".join(prior.reasons)
             ref = ref.model_copy(update={"rationale": f"{ref.rationale} [memory: {why}]".strip()})

@@ -65,6 +65,16 @@ def test_the_nearest_task_weighs_most() -> None:
     assert order_strategies([TAIL, REWRITE, REF], {})[0] == [TAIL, REWRITE, REF]
 
 
+def test_a_combination_of_rewrites_borrows_the_prior_of_its_parts() -> None:
+    priors = strategy_priors([outcome("a", 0.9, "rewrite:idle_subgraphs+cheaper_activations", 1.8, won=True),
+                              outcome("a", 0.9, "template:fused_tail", 1.2)])
+    combo = StrategyRef(name="rewrite:cheaper_activations+dead_code", kind="rewrite")
+    other = StrategyRef(name="rewrite:dead_code", kind="rewrite")
+    ordered, _ = order_strategies([other, TAIL, combo], priors)
+    assert [s.name for s in ordered] == [combo.name, TAIL.name, other.name]
+    assert "as rewrite:idle_subgraphs+cheaper_activations: won on a" in ordered[0].rationale
+
+
 def test_snap_picks_the_nearest_legal_value() -> None:
     assert snap(50, [8, 16, 32, 64]) == 64  # nearest in log scale
     assert snap(2 ** 4.5, [16, 32]) == 16  # a tie goes to the smaller block
