@@ -232,35 +232,41 @@ def prioritize(memory: "Memory", task: "Task", target: str,
     return order_strategies(strategies, priors)
 
 
+def learned_rank(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRef, target: str,
+                 rows: Sequence[Measurement]) -> Callable[[list[Config]], list[Config]] | None:
+    """The learned cost model's ranking of ``ref``'s configurations on ``task``, or None (switched off,
+    or too little measured to learn from)."""
+    from maxkernel.tuning import learned
+
+    if not learned.enabled():
+        return None
+
+    def samples() -> list["Sample"]:
+        signatures = memory.signatures(sorted({r.task_id for r in rows}))
+        return samples_from(rows, {tid: learned.task_features(sig) for tid, sig in signatures.items()})
+
+    model = learned.cached_model(learned.model_path(data_dir, target), memory.measured_count(), samples)
+    if model is None:
+        return None
+    features = learned.task_features(memory.signature(task))
+    extents = tiled_extents(ref.extents, ref.space)
+    return lambda configs: model.order(features, ref.name, ref.kind, configs, extents)
+
+
 def tuning_priors(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRef,
                   target: str) -> tuple[StrategyRef, Order | None]:
     """``ref`` with its parameters set to where tuning should start, and the order of the other trials
     (the learned cost model's, or None for the hand-written one)."""
-    from maxkernel.tuning import learned
-
     if not ref.space:
         return ref, None
     try:
         rows = memory.measurements(target)
-        matches = memory.similar_tasks(task, NEIGHBOURS, target, rows)
-        found = param_start(rows, matches, ref)
-        start = found[0] if found else None
-        rank = None
-        if learned.enabled():
-            def samples() -> list["Sample"]:
-                signatures = memory.signatures(sorted({r.task_id for r in rows}))
-                return samples_from(rows, {tid: learned.task_features(sig) for tid, sig in signatures.items()})
-
-            model = learned.cached_model(learned.model_path(data_dir, target), memory.measured_count(), samples)
-            if model is not None:
-                features = learned.task_features(memory.signature(task))
-                extents = tiled_extents(ref.extents, ref.space)
-
-                def rank(configs: list[Config]) -> list[Config]:
-                    return model.order(features, ref.name, ref.kind, configs, extents)
+        found = param_start(rows, memory.similar_tasks(task, NEIGHBOURS, target, rows), ref)
+        rank = learned_rank(memory, data_dir, task, ref, target, rows)
     except Exception as exc:  # memory is advice: the tuner goes on with the hand-written order
         log.warning("priors.tuning_unavailable", task=task.id, strategy=ref.name, error=f"{type(exc).__name__}: {exc}")
         return ref, None
+    start = found[0] if found else None
     if found:
         ref = ref.model_copy(update={"params": start, "rationale": f"{ref.rationale} [memory: {found[1]}]".strip()})
         log.info("priors.tuning_start", task=task.id, strategy=ref.name, start=start)
