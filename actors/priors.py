@@ -35,6 +35,8 @@ Config = dict[str, Any]
 Order = Callable[[list[Config]], list[Config]]
 NEIGHBOURS = 5
 FIXED_KINDS = frozenset({"recalled", "reference"})  # a same-task recall stays first, the reference last
+# A prior moves a strategy only beyond the noise of one CPU measurement: a 10% win or loss.
+MOVE = math.log(1.1)
 
 
 class StrategyPrior(BaseModel):
@@ -44,10 +46,9 @@ class StrategyPrior(BaseModel):
 
 
 def _outcome_value(o: StrategyOutcome) -> float:
-    if o.won and o.best_speedup:
-        return 1.0 + math.log(o.best_speedup)
-    if o.best_speedup is not None:
-        return max(-0.5, min(0.5, math.log(o.best_speedup)))
+    """Log of the best correct speedup (bounded); -1 for a strategy that never passed."""
+    if o.best_speedup is not None and o.best_speedup > 0:
+        return max(-0.5, min(2.0, math.log(o.best_speedup)))
     return -1.0
 
 
@@ -94,12 +95,13 @@ def prior_for(name: str, priors: dict[str, StrategyPrior]) -> StrategyPrior | No
 
 
 def order_strategies(strategies: Sequence[StrategyRef], priors: dict[str, StrategyPrior]) -> tuple[list[StrategyRef], str]:
-    """Winners first (best prior first), then strategies memory knows nothing of (in their given order),
-    then those that failed on similar tasks; a same-task recall stays first and the reference last.
+    """Clear winners first (best prior first), then strategies memory knows nothing or little of (in their
+    given order), then those that failed or ran slower on similar tasks; a same-task recall stays first
+    and the reference last.
     Returns the new order and the notes that say why."""
     def band(ref: StrategyRef) -> tuple[int, float]:
         prior = prior_for(ref.name, priors)
-        if prior is None or prior.score == 0:
+        if prior is None or abs(prior.score) < MOVE:
             return 1, 0.0
         return (0, -prior.score) if prior.score > 0 else (2, -prior.score)
 

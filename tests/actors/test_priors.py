@@ -75,6 +75,14 @@ def test_a_combination_of_rewrites_borrows_the_prior_of_its_parts() -> None:
     assert "as rewrite:idle_subgraphs+cheaper_activations: won on a" in ordered[0].rationale
 
 
+def test_a_win_within_noise_moves_nothing() -> None:
+    priors = strategy_priors([outcome("a", 0.9, "template:fused_tail", 1.05, won=True),
+                              outcome("a", 0.9, "template:matmul_epilogue", 0.97)])
+    ordered, notes = order_strategies([REWRITE, TAIL, EPILOGUE], priors)
+    assert [s.name for s in ordered] == [REWRITE.name, TAIL.name, EPILOGUE.name]
+    assert "won on a" in ordered[1].rationale  # the reason is still told
+
+
 def test_snap_picks_the_nearest_legal_value() -> None:
     assert snap(50, [8, 16, 32, 64]) == 64  # nearest in log scale
     assert snap(2 ** 4.5, [16, 32]) == 16  # a tie goes to the smaller block
