@@ -9,7 +9,7 @@ each run is measured again ``--confirm`` times and the median is its figure.
 
 Per task: evaluations and seconds to the first correct kernel and to within ``--tolerance`` of the cold
 run's confirmed best, and each run's final confirmed best. ``ratio``, over the tasks whose cold confirmed
-best is not the reference: warm's total evaluations to reach the cold confirmed best (``budget + 1`` when
+best is not the reference (nor a kernel that confirms at or below 1.0x, which does not beat it): warm's total evaluations to reach the cold confirmed best (``budget + 1`` when
 it never does) over cold's. Targets: ratio at most 0.33; warm's confirmed best at least cold's within the
 tolerance on 45 of 50; the ratio with ``--no-cost-model`` higher than without.
 
@@ -114,11 +114,12 @@ def run_in(data_dir: Path, task: str, evaluator: Any, args: argparse.Namespace, 
         result = asyncio.run(optimize(task, services, args.budget, args.time_s))
         steps, seconds = steps_of(services.store, result.session_id)
         report = result.best_report
-        is_reference = (result.best_source is None or result.best_strategy == "reference"
-                        or (report is not None and report.label == "reference-equivalent"))
+        confirmed = confirm(services, task, result, args.confirm)
+        # A best that does not beat the reference once confirmed is the reference returned.
+        is_reference = (result.best_source is None or result.best_strategy == "reference" or confirmed is None
+                        or confirmed <= 1.0 or (report is not None and report.label == "reference-equivalent"))
         run = Run(task=task, session_id=result.session_id, evaluations=result.evaluations, seconds=seconds,
-                  steps=steps, best_strategy=result.best_strategy, is_reference=is_reference,
-                  confirmed=confirm(services, task, result, args.confirm))
+                  steps=steps, best_strategy=result.best_strategy, is_reference=is_reference, confirmed=confirmed)
     finally:
         asyncio.run(services.aclose())
     print(f"  {label} {task}: {run.best_strategy or '-'} confirmed {run.confirmed}x, "
