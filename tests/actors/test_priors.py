@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
+from actors.brains.base import Tools
+from actors.brains.rules import RulesBrain
+from actors.config import ActorConfig
 from actors.priors import (
     first_then,
     order_strategies,
@@ -17,9 +21,10 @@ from actors.priors import (
     tiled_extents,
     tuning_priors,
 )
+from actors.services import Services
 from jaxbench import load_task
 from maxkernel.config import Settings
-from maxkernel.messages import StrategyRef
+from maxkernel.messages import OptimizeRequest, Recall, StrategyRef
 from maxkernel.tuning import learned
 from measured_sessions import record_session
 from memory import Memory
@@ -193,3 +198,24 @@ def test_tuning_priors_start_and_order(memory: Memory, tmp_path: Path, monkeypat
     assert ranked[0] == {"block_rows": 32}  # the recalled start first
     assert ranked[1:] == [{"block_rows": 64}, {"block_rows": 128}, {"block_rows": 256}]  # smaller blocks won there
     assert learned.model_path(tmp_path, "cpu").exists()
+
+
+def test_the_rules_planner_orders_its_plan_by_memory(tmp_path: Path) -> None:
+    services = Services(ActorConfig(data_dir=str(tmp_path / "data")))
+    try:
+        rowblock = StrategyRef(name="template:rowblock", kind="template")
+        record_session(services.store, GEMMS[0], [rowblock, EPILOGUE, REF],
+                       {"template:rowblock": ("compile_error", None), "template:matmul_epilogue": ("ok", 2.0)})
+
+        async def unused(*_: object) -> None:
+            raise AssertionError("planning evaluates nothing")
+
+        tools = Tools(task=services.task(GEMMS[2]), target="cpu", size="cpu", evaluate=unused, recall=unused)  # type: ignore[arg-type]
+        request = OptimizeRequest(session_id="s", task_id=GEMMS[2])
+        outcome = asyncio.run(RulesBrain("planner", services, tools).plan(request, Recall(session_id="s", task_id=GEMMS[2])))
+    finally:
+        asyncio.run(services.aclose())
+    names = [s.name for s in outcome.strategies]
+    assert names[0] == "template:matmul_epilogue" and names[-2:] == ["template:rowblock", "reference"]
+    assert f"won on {GEMMS[0]}" in outcome.strategies[0].rationale
+    assert "Memory on template:rowblock" in outcome.notes and "failed on" in outcome.notes
