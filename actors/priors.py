@@ -234,8 +234,8 @@ def prioritize(memory: "Memory", task: "Task", target: str,
     return order_strategies(strategies, priors)
 
 
-def learned_rank(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRef, target: str,
-                 rows: Sequence[Measurement]) -> Callable[[list[Config]], list[Config]] | None:
+def learned_rank(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRef,
+                 target: str) -> Callable[[list[Config]], list[Config]] | None:
     """The learned cost model's ranking of ``ref``'s configurations on ``task``, or None (switched off,
     or too little measured to learn from)."""
     from maxkernel.tuning import learned
@@ -243,7 +243,8 @@ def learned_rank(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRe
     if not learned.enabled():
         return None
 
-    def samples() -> list["Sample"]:
+    def samples() -> list["Sample"]:  # read only when the model is trained (again)
+        rows = memory.measurements(target)
         signatures = memory.signatures(sorted({r.task_id for r in rows}))
         return samples_from(rows, {tid: learned.task_features(sig) for tid, sig in signatures.items()})
 
@@ -262,9 +263,9 @@ def tuning_priors(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyR
     if not ref.space:
         return ref, None
     try:
-        rows = memory.measurements(target)
-        found = param_start(rows, memory.similar_tasks(task, NEIGHBOURS, target, rows), ref)
-        rank = learned_rank(memory, data_dir, task, ref, target, rows)
+        matches, rows = memory.nearest_measured(task, target, NEIGHBOURS)
+        found = param_start(rows, matches, ref)
+        rank = learned_rank(memory, data_dir, task, ref, target)
     except Exception as exc:  # memory is advice: the tuner goes on with the hand-written order
         log.warning("priors.tuning_unavailable", task=task.id, strategy=ref.name, error=f"{type(exc).__name__}: {exc}")
         return ref, None

@@ -337,20 +337,37 @@ class Memory:
                 log.debug("memory.signature_unavailable", task=task_id, error=str(exc))
         return found
 
-    def similar_tasks(
-        self, task: TaskLike, k: int = 5, target: str | None = None, rows: Sequence[Measurement] | None = None
-    ) -> list[TaskMatch]:
-        """The ``k`` measured tasks (on ``target``) structurally closest to ``task``, by the same embedding
-        that recall uses; ``rows`` are measurements already read."""
-        rows = self.measurements(target) if rows is None else rows
-        signatures = self.signatures(sorted({r.task_id for r in rows}))
-        vectors = {tid: self.embedder.embed(sig) for tid, sig in signatures.items()}
-        return rank_tasks(self.embedder.embed(self.signature(task)), vectors, k)
+    def nearest_measured(
+        self, task: TaskLike, target: str, k: int = 5
+    ) -> tuple[list[TaskMatch], list[Measurement]]:
+        """The ``k`` tasks measured on ``target`` that are structurally closest to ``task`` (by the same
+        embedding that recall uses), and their measurements. Only the nearest tasks' events are read."""
+        ids = self.store.event_task_ids([*JUDGED, TUNED])
+        vectors = {tid: self.embedder.embed(sig) for tid, sig in self.signatures(ids).items()}
+        ranked = rank_tasks(self.embedder.embed(self.signature(task)), vectors, len(vectors))
+        matches: list[TaskMatch] = []
+        rows: list[Measurement] = []
+        step = max(2 * k, 1)
+        for start in range(0, len(ranked), step):
+            chunk = ranked[start : start + step]
+            found = self.measurements(target, [m.task_id for m in chunk])
+            have = {r.task_id for r in found}
+            matches += [m for m in chunk if m.task_id in have]
+            rows += found
+            if len(matches) >= k:
+                break
+        matches = matches[:k]
+        keep = {m.task_id for m in matches}
+        return matches, [r for r in rows if r.task_id in keep]
+
+    def similar_tasks(self, task: TaskLike, k: int = 5, target: str = "cpu") -> list[TaskMatch]:
+        """The ``k`` tasks measured on ``target`` nearest to ``task``, nearest first."""
+        return self.nearest_measured(task, target, k)[0]
 
     def strategy_outcomes(self, task: TaskLike, target: str, k: int = 5) -> list[StrategyOutcome]:
         """How each strategy fared on the ``k`` measured tasks nearest to ``task`` on ``target``."""
-        rows = self.measurements(target)
-        return strategy_outcomes(rows, self.similar_tasks(task, k, target, rows))
+        matches, rows = self.nearest_measured(task, target, k)
+        return strategy_outcomes(rows, matches)
 
     # -- browsing -------------------------------------------------------------------------------
 

@@ -588,6 +588,13 @@ class Store:
                 query = query.where(EventRow.task_id.in_(list(task_ids)))
             return [EventRecord.model_validate(r) for r in s.scalars(query)]
 
+    def event_task_ids(self, types: Sequence[str]) -> list[str]:
+        """The distinct tasks that have events of these message types."""
+        with self.read("reading event tasks") as s:
+            query = (sa.select(EventRow.task_id).where(EventRow.message_type.in_(list(types)))
+                     .where(EventRow.task_id.is_not(None)).distinct())
+            return sorted(str(t) for t in s.scalars(query))
+
     def count_events(self, types: Sequence[str]) -> int:
         """How many events of these message types the log holds (cheap: a count, nothing parsed)."""
         with self.read("counting events") as s:

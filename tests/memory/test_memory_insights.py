@@ -20,7 +20,7 @@ REF = StrategyRef(name="reference", kind="reference")
 @pytest.fixture
 def memory(local_settings: Settings, task_dir):
     with Memory.open(local_settings) as m:
-        for name in ("t_gemm_gelu", "t_gemm_relu", "t_rmsnorm"):
+        for name in ("t_gemm_gelu", "t_gemm_relu", "t_gemm_tanh_scale", "t_rmsnorm"):
             m.signature(load_task(task_dir(name)))  # traced once, then known to the store by id
         yield m
 
@@ -48,6 +48,9 @@ def test_nearest_tasks_and_strategy_outcomes(memory: Memory, task_dir) -> None:
                     "reference": ("ok", 1.0)})
     record_session(memory.store, "t_rmsnorm", [TAIL, ROWBLOCK, REF],
                    {"template:fused_tail": ("ok", 2.5), "template:rowblock": ("ok", 0.7)})
+    # The nearest task of all, measured on another target only: it takes no place among the cpu matches.
+    record_session(memory.store, "t_gemm_tanh_scale", [ROWBLOCK], {"template:rowblock": ("ok", 3.0)},
+                   target="tpu-v5e")
     query = load_task(task_dir("t_gemm_gelu"))
     matches = memory.similar_tasks(query, k=5, target="cpu")
     assert [m.task_id for m in matches] == ["t_gemm_relu", "t_rmsnorm"]  # a matmul is nearer a matmul
@@ -63,4 +66,5 @@ def test_nearest_tasks_and_strategy_outcomes(memory: Memory, task_dir) -> None:
     assert not outcomes[("t_rmsnorm", "template:rowblock")].won  # slower than the reference
 
     assert memory.similar_tasks(query, k=1, target="cpu")[0].task_id == "t_gemm_relu"
-    assert memory.strategy_outcomes(query, "tpu-v5e") == []
+    assert [o.task_id for o in memory.strategy_outcomes(query, "tpu-v5e")] == ["t_gemm_tanh_scale"]
+    assert memory.strategy_outcomes(query, "tpu-v4") == []
