@@ -233,6 +233,7 @@ def main() -> int:
     parser.add_argument("--compare", action="store_true",
                         help="run the warm phase twice, with and without the learned cost model, against the same cold runs")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--keep", type=Path, default=None, help="keep every run's data dir under this folder")
     args = parser.parse_args()
 
     from actors.config import ActorConfig
@@ -255,7 +256,9 @@ def main() -> int:
         except TaskError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    root = Path(tempfile.mkdtemp(prefix="mk-reuse-"))
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="mk-reuse-", dir=args.keep))
     judge = Services(ActorConfig(data_dir=str(root / "judge")))
     started = time.monotonic()
     try:
@@ -271,7 +274,8 @@ def main() -> int:
             warm[tag] = warm_phase(measured, extra, cold_dirs, root, evaluator, args, tag)
     finally:
         asyncio.run(judge.aclose())
-        shutil.rmtree(root, ignore_errors=True)
+        if args.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
     sections: dict[str, dict[str, Any]] = {}
     for tag, model_on in variants:
         rows = [row(cold[t], warm[tag][t], args) for t in measured]
