@@ -1,7 +1,8 @@
 """Priors from memory: which strategies to try first, and which parameters the tuner starts from.
 
-Strategies that won on the nearest recalled tasks (same target) move to the front of the plan, those
-that only failed there move back, each with the recalled reason in its rationale. The tuner starts from
+Strategies that ran clearly faster than the reference on the nearest measured tasks (same target) move
+to the front of the plan, those that failed or ran slower there move back, each with the recalled reason
+in its rationale. The tuner starts from
 the best parameters the same strategy reached on the most similar task, scaled to this task's extents
 and snapped to this task's legal values; the learned cost model (``maxkernel.tuning.learned``) orders the
 rest. Memory only reorders what is tried: every candidate is still judged by the evaluator.

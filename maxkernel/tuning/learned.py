@@ -19,7 +19,7 @@ import json
 import math
 import os
 import pickle
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -164,7 +164,8 @@ class LearnedCostModel:
         from threadpoolctl import threadpool_limits
 
         x, y = training_set(samples)
-        groups = len({s.group for s in samples if sum(t.group == s.group for t in samples) >= 2})
+        sizes = Counter(s.group for s in samples)
+        groups = sum(1 for n in sizes.values() if n >= 2)
         if len(y) < MIN_SAMPLES or groups < MIN_GROUPS:
             return None
         regressor = HistGradientBoostingRegressor(

@@ -13,7 +13,6 @@ from actors.brains.llm import LlmBrain
 from actors.config import ActorConfig
 from actors.prompting import OPS, expert_for, kernel_excerpt
 from actors.services import Services
-from jaxbench import load_task
 from maxkernel.llm.transcript import Exchange, append_exchange, read_transcript
 from maxkernel.messages import Budget, OptimizeRequest, Plan, Recall, RecalledKernel, RecalledNote, StrategyRef
 from measured_sessions import record_session
@@ -23,7 +22,7 @@ RECALLED_CODE = "def kernel(x, w, b):\n    return recalled_marker_kernel(x, w, b
 NOTE = "template:rowblock on cpu: 1.4x; block_rows 512 beat 128 (recalled note marker)"
 
 
-def _brain(role: str, services: Services, transcript: Path, record: Path) -> LlmBrain:
+def _brain(role: str, services: Services) -> LlmBrain:
     task = services.task(TASK)
     recall = Recall(session_id="s", task_id=TASK, kernels=[RecalledKernel(id="k1", task_id="35k_Gemm_Scaling_Hardtanh_GELU",
                     score=0.8, strategy="template:rowblock", speedup=1.4, code=RECALLED_CODE)],
@@ -55,11 +54,11 @@ def test_planner_and_coder_prompts_carry_memory_and_the_expert_kernel(tmp_path: 
         record_session(services.store, "35k_Gemm_Scaling_Hardtanh_GELU",
                        [StrategyRef(name="template:rowblock", kind="template"), StrategyRef(name="reference", kind="reference")],
                        {"template:rowblock": ("ok", 1.4)})
-        planner = _brain("planner", services, transcript, record)
+        planner = _brain("planner", services)
         request = OptimizeRequest(session_id="s", task_id=TASK)
         outcome = asyncio.run(planner.plan(request, asyncio.run(planner.tools.recall())))
         assert outcome.strategies[0].name == "tiled-matmul-epilogue"
-        coder = _brain("coder", services, transcript, record)
+        coder = _brain("coder", services)
         plan = Plan(session_id="s", task_id=TASK, strategies=outcome.strategies, notes=outcome.notes)
         assert "pallas_call" in asyncio.run(coder.draft(plan))
     finally:
