@@ -11,7 +11,8 @@ Per task: evaluations and seconds to the first correct kernel and to within ``--
 run's confirmed best, and each run's final confirmed best. ``ratio``, over the tasks whose cold confirmed
 best is not the reference (nor a kernel that confirms at or below 1.0x, which does not beat it): warm's total evaluations to reach the cold confirmed best (``budget + 1`` when
 it never does) over cold's. Targets: ratio at most 0.33; warm's confirmed best at least cold's within the
-tolerance on 45 of 50; the ratio with ``--no-cost-model`` higher than without.
+tolerance on 45 of 50; the ratio with ``--no-cost-model`` higher than without. ``--compare`` runs the warm
+phase both ways against the same cold runs; ``--keep DIR`` keeps every run's data dir to inspect.
 
     python benchmarks/memory_reuse.py --measure 41k_Gemm_Add_ReLU,44k_Matmul_Divide_GELU --warm 35k_Gemm_Scaling_Hardtanh_GELU --budget 8
     python benchmarks/memory_reuse.py --budget 30                         # the full run: 50 tasks, 5 folds
