@@ -1,0 +1,132 @@
+"""The check size: the smallest task size at which a candidate still runs the block configuration it is
+priced for at ``full``, so that correctness (TPU interpret mode on a CPU) is proven on the priced code.
+
+Starting from ``full``, each integer size parameter is halved while every pallas_call keeps its block
+shapes and at least two grid steps along each axis that has two or more at ``full``; a parameter is never
+taken below its ``cpu`` value (the smallest size the task is known to work at). When the ``cpu`` size
+itself keeps the configuration it is used as is. Then the candidate traced at the chosen size must be a
+twin of its ``full`` trace (:mod:`maxkernel.targets.twins`), and checking there must fit in memory: the
+judge draws inputs and runs the reference at that size in its own process. Tracing imports the candidate,
+so this runs only inside the sandboxed TPU stage.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from types import ModuleType
+from typing import Any
+
+import jax
+from jax._src import core
+from pydantic import BaseModel, Field
+
+from jaxbench.task import Task
+from jaxbench.task_check import full_shapes
+from maxkernel.targets.device import tpu_device
+from maxkernel.targets.jaxpr_walk import find_pallas_calls
+from maxkernel.targets.specs import TpuSpec
+from maxkernel.targets.twins import KernelConfig, configuration_difference, static_steps, twin_difference
+
+# Inputs, outputs and temporaries of the reference at the check size: the judge holds them in its process.
+CHECK_MEMORY_BYTES = 3 << 30
+
+
+class CheckSize(BaseModel):
+    """Where a TPU candidate's correctness is checked, or why it cannot be."""
+
+    name: str = Field(description="size name used in reports, e.g. 'check(batch=2, seq=2048)'")
+    values: dict[str, Any]
+    grid_steps: int = Field(description="grid steps of all pallas_calls at the check size")
+    reference_bytes: int | None = Field(default=None, description="reference memory at the check size (XLA:CPU)")
+    refusal: str | None = Field(default=None, description="why the priced code cannot be checked")
+
+
+def size_name(values: dict[str, Any]) -> str:
+    return "check(" + ", ".join(f"{k}={v}" for k, v in values.items()) + ")"
+
+
+def trace_at(module: ModuleType, task: Task, values: dict[str, Any], spec: TpuSpec) -> core.Jaxpr:
+    """The candidate's program at the size ``values``, traced from abstract inputs (nothing is allocated)."""
+    name = size_name(values)
+    arg_shapes, static, _ = full_shapes(task.with_size(name, values), name)
+    with tpu_device(spec):
+        return jax.jit(partial(module.kernel, **static)).trace(*arg_shapes).jaxpr.jaxpr
+
+
+def _ladder(value: Any, floor: Any) -> list[int]:
+    """Smaller values to try for one size parameter: halvings of ``value`` down to its ``cpu`` value."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return []
+    lowest = floor if isinstance(floor, int) and not isinstance(floor, bool) and 1 <= floor <= value else 1
+    rungs, current = [], value
+    while current % 2 == 0 and current // 2 >= lowest:
+        current //= 2
+        rungs.append(current)
+    return rungs
+
+
+def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSize:
+    """The check size of this candidate (see the module docstring); ``refusal`` says why there is none."""
+    full = task.size("full")
+    priced = trace_at(module, task, full, spec)
+    configs = [KernelConfig.of(c) for c in find_pallas_calls(priced)]
+    traces: dict[str, core.Jaxpr | None] = {size_name(full): priced}
+
+    def traced(values: dict[str, Any]) -> core.Jaxpr | None:
+        key = size_name(values)
+        if key not in traces:
+            try:
+                traces[key] = trace_at(module, task, values, spec)
+            except Exception:  # the candidate or the task does not work at this size: not a check size
+                traces[key] = None
+        return traces[key]
+
+    def keeps(values: dict[str, Any]) -> bool:
+        jaxpr = traced(values)
+        return jaxpr is not None and configuration_difference(
+            configs, [KernelConfig.of(c) for c in find_pallas_calls(jaxpr)]) is None
+
+    cpu = task.size("cpu")
+    chosen = dict(full)
+    if cpu != full and keeps(cpu):
+        chosen = cpu
+    else:
+        for name, value in full.items():
+            for smaller in _ladder(value, cpu.get(name)):
+                trial = {**chosen, name: smaller}
+                if not keeps(trial):
+                    break
+                chosen = trial
+    checked = traced(chosen)
+    assert checked is not None  # every chosen size traced (full itself was traced first)
+    steps = sum(_steps(c.eqn.params["grid_mapping"].grid) for c in find_pallas_calls(checked))
+    result = CheckSize(name=size_name(chosen), values=chosen, grid_steps=steps)
+    difference = twin_difference(priced, checked, getattr(module, "__file__", "") or "")
+    if difference:
+        result.refusal = f"priced code has no checked twin at {result.name}: {difference}"
+        return result
+    result.reference_bytes = reference_bytes(task, chosen)
+    if result.reference_bytes > CHECK_MEMORY_BYTES:
+        result.refusal = (f"the smallest size that runs the priced block configuration, {result.name}, needs "
+                          f"{result.reference_bytes / 2**30:.1f} GiB to check (limit {CHECK_MEMORY_BYTES / 2**30:.0f} GiB); "
+                          "smaller blocks along the large dimensions would make it checkable")
+    return result
+
+
+def reference_bytes(task: Task, values: dict[str, Any]) -> int:
+    """Arguments, outputs and temporaries of the reference compiled for this CPU at the size ``values``."""
+    name = size_name(values)
+    arg_shapes, static, _ = full_shapes(task.with_size(name, values), name)
+    compiled = jax.jit(partial(task.reference, **static)).lower(*arg_shapes).compile()
+    memory = compiled.memory_analysis()
+    if memory is None:  # no analysis on this backend: count what goes in and out
+        leaves = jax.tree_util.tree_leaves((arg_shapes, jax.eval_shape(partial(task.reference, **static), *arg_shapes)))
+        return int(sum(leaf.size * leaf.dtype.itemsize for leaf in leaves))
+    return int(memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes)
+
+
+def _steps(grid: tuple[object, ...]) -> int:
+    total = 1
+    for extent in grid:
+        total *= static_steps(extent) or 1
+    return total
