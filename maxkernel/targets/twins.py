@@ -153,7 +153,7 @@ def _operands_difference(xs: list[core.Atom], ys: list[core.Atom], env: dict[cor
             if not (isinstance(x, core.Literal) and isinstance(y, core.Literal)):
                 return f"operand {n + 1} is a constant at one size and computed at the other"
             if not _same_literal(x, y):
-                return f"constant {x.val!r} at full size but {y.val!r} at the check size"
+                return f"constant {_value_text(x)} at full size but {_value_text(y)} at the check size"
         elif env.get(x) is not y:
             return f"operand {n + 1} comes from a different value at the check size"
     return None
@@ -166,6 +166,11 @@ def _same_literal(x: core.Literal, y: core.Literal) -> bool:
     if vx.dtype.kind in "iu":
         return True  # extents, offsets and step counts scale with the size
     return vx.shape == vy.shape and bool(np.array_equal(vx, vy, equal_nan=vx.dtype.kind in "fc"))
+
+
+def _value_text(literal: core.Literal) -> str:
+    value = np.asarray(literal.val)
+    return repr(value.item()) if value.ndim == 0 else f"{value.dtype}{list(value.shape)}"
 
 
 def _jaxprs_in(value: object) -> Iterator[core.Jaxpr]:
