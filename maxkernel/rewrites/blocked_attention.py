@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from maxkernel.analysis.program import Const, Node, Operand, Program, Var, arg_names, trace_program
-from maxkernel.rewrites.numeric import evaluate_nodes
+from maxkernel.rewrites.numeric import TooLargeToEvaluate, evaluate_nodes
 from maxkernel.rewrites.emit import Emitter, EmitError, dtype_expr, emit_function, scalar_text
 from maxkernel.rewrites.structural import candidate_header
 from maxkernel.rewrites.source import size_dispatch
@@ -86,6 +86,15 @@ def _scalar_factor(program: Program, var: Var, stop: Var) -> float:
 
 
 def match_attention(program: Program) -> AttentionPlan | str:
+    """The attention plan of ``program``, or why it has none (also when its masks are too large to evaluate
+    in this process)."""
+    try:
+        return _match_attention(program)
+    except TooLargeToEvaluate as exc:
+        return f"mask not evaluated: {exc}"
+
+
+def _match_attention(program: Program) -> AttentionPlan | str:
     rank4 = [v for v in program.inputs if len(v.shape) == 4]
     if len(rank4) < 3:
         return "no q, k, v inputs of rank 4"

@@ -4,6 +4,11 @@ A value B computed only from one value A (and constants) is evaluated on indepen
 If B always equals A (a logsumexp over one element, a mean of a single value) it is replaced by A; if B
 is always the same constant (``h - mean(h)`` over a size-1 axis: normalization statistics that are
 provably constant) it becomes that constant. The draws only nominate a rewrite: the evaluator proves it.
+
+Concrete evaluation runs in the optimizer's own process, so it is bounded: no node whose result has more
+than ``MAX_ELEMENTS`` elements is evaluated (at ``full`` size a scalar broadcast to a score tensor would
+take gigabytes), and :func:`evaluate_nodes` refuses any batch of nodes whose results would pass
+``CONCRETE_BYTES``. Larger programs are only ever traced abstractly.
 """
 
 from __future__ import annotations
@@ -13,10 +18,21 @@ import numpy as np
 from maxkernel.analysis.program import Const, Node, Program, Var, read
 from maxkernel.rewrites.base import Rewrite
 from maxkernel.rewrites.build import Splice
+from maxkernel.rewrites.emit import EmitError
 
 PLUMBING = {"reshape", "broadcast_in_dim", "convert_element_type", "squeeze", "expand_dims", "copy", "transpose"}
 NEVER = {"random_bits", "random_wrap", "random_seed", "random_unwrap", "rng_bit_generator", "while", "scan", "cond", "pallas_call"}
 MAX_ELEMENTS = 1 << 21
+CONCRETE_BYTES = 256 << 20
+
+
+class TooLargeToEvaluate(EmitError):
+    """Evaluating these nodes concretely would allocate more than ``CONCRETE_BYTES`` in this process."""
+
+
+def result_bytes(nodes: list[Node]) -> int:
+    """Bytes the results of ``nodes`` take once computed (what evaluating them allocates)."""
+    return sum(out.size * np.dtype(out.dtype).itemsize for node in nodes for out in node.outs)
 
 
 def _draws(var: Var, seed: int) -> list[np.ndarray]:
@@ -38,7 +54,8 @@ def _closure(program: Program, a: Var) -> tuple[list[Node], set[Var]]:
             found, pure, dependent = [], {a}, {a}
             continue
         vars_in = [op for op in node.ins if isinstance(op, Var)]
-        if all(v in pure for v in vars_in) and node.prim not in NEVER:
+        small = all(out.size <= MAX_ELEMENTS for out in node.outs)
+        if small and all(v in pure for v in vars_in) and node.prim not in NEVER:
             found.append(node)
             pure.update(node.outs)
             if any(v in dependent for v in vars_in):
@@ -47,7 +64,14 @@ def _closure(program: Program, a: Var) -> tuple[list[Node], set[Var]]:
 
 
 def evaluate_nodes(nodes: list[Node], bound: dict[Var, np.ndarray]) -> dict[Var, np.ndarray]:
-    """Run ``nodes`` (in program order) on concrete values for the vars in ``bound``."""
+    """Run ``nodes`` (in program order) on concrete values for the vars in ``bound``.
+
+    Raises TooLargeToEvaluate, before computing anything, when the results would pass ``CONCRETE_BYTES``.
+    """
+    needed = result_bytes(nodes)
+    if needed > CONCRETE_BYTES:
+        raise TooLargeToEvaluate(f"evaluating {len(nodes)} node(s) here would allocate {needed / 2**20:.0f} MiB "
+                                 f"(limit {CONCRETE_BYTES >> 20} MiB); left to abstract tracing")
     env: dict[Var, object] = dict(bound)
     for node in nodes:
         out = node.primitive.bind(*[read(env, op) for op in node.ins], **node.params)
@@ -58,6 +82,8 @@ def evaluate_nodes(nodes: list[Node], bound: dict[Var, np.ndarray]) -> dict[Var,
 def _find(program: Program, a: Var) -> tuple[Node, str, object] | None:
     nodes, dependent = _closure(program, a)
     if not nodes or not any(n.prim not in PLUMBING for n in nodes):
+        return None
+    if result_bytes(nodes) * 3 > CONCRETE_BYTES:  # three draws are held at once
         return None
     runs = [evaluate_nodes(nodes, {a: d}) for d in _draws(a, 0)]
     for node in reversed(nodes):  # the furthest downstream result first: it removes the most work
