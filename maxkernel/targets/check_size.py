@@ -2,7 +2,8 @@
 priced for at ``full``, so that correctness (TPU interpret mode on a CPU) is proven on the priced code.
 
 Starting from ``full``, each integer size parameter is halved while every pallas_call keeps its block
-shapes and at least two grid steps along each axis that has two or more at ``full``; a parameter is never
+shapes and at least two grid steps along each axis that has two or more at ``full`` (and every static loop
+that runs twice or more at ``full`` still does, see :mod:`maxkernel.targets.twins`); a parameter is never
 taken below its ``cpu`` value (the smallest size the task is known to work at). When the ``cpu`` size
 itself keeps the configuration it is used as is. Then the candidate traced at the chosen size must be a
 twin of its ``full`` trace (:mod:`maxkernel.targets.twins`), and checking there must fit in memory: the
@@ -25,7 +26,7 @@ from jaxbench.task_check import full_shapes
 from maxkernel.targets.device import tpu_device
 from maxkernel.targets.jaxpr_walk import find_pallas_calls
 from maxkernel.targets.specs import TpuSpec
-from maxkernel.targets.twins import KernelConfig, configuration_difference, static_steps, twin_difference
+from maxkernel.targets.twins import Configuration, configuration_difference, static_steps, twin_difference
 
 # Inputs, outputs and temporaries of the reference at the check size: the judge holds them in its process.
 CHECK_MEMORY_BYTES = 3 << 30
@@ -69,7 +70,7 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSiz
     """The check size of this candidate (see the module docstring); ``refusal`` says why there is none."""
     full = task.size("full")
     priced = trace_at(module, task, full, spec)
-    configs = [KernelConfig.of(c) for c in find_pallas_calls(priced)]
+    configuration = Configuration.of(priced)
     traces: dict[str, core.Jaxpr | None] = {size_name(full): priced}
 
     def traced(values: dict[str, Any]) -> core.Jaxpr | None:
@@ -83,8 +84,7 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSiz
 
     def keeps(values: dict[str, Any]) -> bool:
         jaxpr = traced(values)
-        return jaxpr is not None and configuration_difference(
-            configs, [KernelConfig.of(c) for c in find_pallas_calls(jaxpr)]) is None
+        return jaxpr is not None and configuration_difference(configuration, Configuration.of(jaxpr)) is None
 
     cpu = task.size("cpu")
     chosen = dict(full)

@@ -5,7 +5,9 @@ traces are twins when every priced pallas_call has a checked counterpart, in the
 
 - the same block shapes (operands whose block is the whole array are grid-invariant and may differ),
 - at least two grid steps along every axis that has two or more at ``full`` (so the block pipeline, the
-  first/last-step branches and the index maps between blocks all run),
+  first/last-step branches and the index maps between blocks all run), and likewise at least two trips of
+  every static loop (``scan``, ``fori_loop`` with static bounds) that makes two or more at ``full``, in the
+  kernel bodies and in the XLA code (loops whose trip count is read from the data are not seen here),
 - the same kernel body and index maps: equal equation by equation, up to shapes and integer literals
   (grid extents and offsets scale with the size; float and boolean constants, primitives, parameters
   other than integers, and the wiring between equations must match),
@@ -36,11 +38,13 @@ _INTEGER = re.compile(r"\d+")
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """What the twin check needs of one pallas_call: its grid and each operand's block (None: whole array)."""
+    """What the twin check needs of one pallas_call: its grid, each operand's block (None: whole array) and
+    the trip counts of the static loops in its body."""
 
     name: str
     grid: tuple[object, ...]
     blocks: tuple[tuple[str, tuple[int, ...] | None], ...]
+    loops: tuple[int, ...]
 
     @classmethod
     def of(cls, call: PallasCall) -> "KernelConfig":
@@ -49,18 +53,55 @@ class KernelConfig:
         for bm, block in zip(mapping.block_mappings, blocks_of(mapping)):
             whole = not block.pipelined or block.block_shape == tuple(bm.array_aval.shape)
             blocks.append((block.origin, None if whole else block.block_shape))
-        return cls(call.name, tuple(mapping.grid), tuple(blocks))
+        return cls(call.name, tuple(mapping.grid), tuple(blocks), tuple(scan_lengths(call.eqn.params["jaxpr"])))
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """A traced program as the check size sees it: its kernels, and the static loops of the XLA code."""
+
+    kernels: tuple[KernelConfig, ...]
+    loops: tuple[int, ...]
+
+    @classmethod
+    def of(cls, jaxpr: core.Jaxpr) -> "Configuration":
+        return cls(tuple(KernelConfig.of(c) for c in find_pallas_calls(jaxpr)), tuple(scan_lengths(jaxpr)))
+
+
+def scan_lengths(jaxpr: core.Jaxpr) -> list[int]:
+    """Trip counts of the ``scan`` loops (``fori_loop`` with static bounds) in program order, not looking
+    into pallas_call bodies."""
+    found: list[int] = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            continue
+        if eqn.primitive.name == "scan":
+            found.append(int(eqn.params["length"]))
+        for _, sub in sub_jaxprs(eqn):
+            found.extend(scan_lengths(sub))
+    return found
 
 
 def static_steps(extent: object) -> int | None:
     return int(extent) if isinstance(extent, (int, np.integer)) else None
 
 
-def configuration_difference(priced: list[KernelConfig], checked: list[KernelConfig]) -> str | None:
-    """Why ``checked`` does not run ``priced``'s block configurations with >= 2 steps per multi-step axis."""
+def _loops_difference(label: str, priced: tuple[int, ...], checked: tuple[int, ...]) -> str | None:
     if len(priced) != len(checked):
-        return f"{len(priced)} pallas_call(s) at full size but {len(checked)} at the check size"
-    for i, (p, c) in enumerate(zip(priced, checked)):
+        return f"{label} has {len(priced)} static loop(s) at full size but {len(checked)} at the check size"
+    for n, (full_trips, check_trips) in enumerate(zip(priced, checked)):
+        if full_trips >= 2 and check_trips < 2:
+            return (f"{label}: static loop {n + 1} runs {full_trips} times at full size but {check_trips} at the "
+                    "check size (the loop-carried path would never run)")
+    return None
+
+
+def configuration_difference(priced: Configuration, checked: Configuration) -> str | None:
+    """Why ``checked`` does not run ``priced``'s block configurations with >= 2 steps per multi-step grid
+    axis and >= 2 trips per multi-trip static loop."""
+    if len(priced.kernels) != len(checked.kernels):
+        return f"{len(priced.kernels)} pallas_call(s) at full size but {len(checked.kernels)} at the check size"
+    for i, (p, c) in enumerate(zip(priced.kernels, checked.kernels)):
         label = f"kernel {p.name} (pallas_call {i + 1})"
         if len(p.grid) != len(c.grid):
             return f"{label}: grid {p.grid} at full size but {c.grid} at the check size"
@@ -77,15 +118,17 @@ def configuration_difference(priced: list[KernelConfig], checked: list[KernelCon
             if full_steps >= 2 and check_steps < 2:
                 return (f"{label}: grid axis {axis} runs {full_steps} steps at full size but {check_steps} at the "
                         "check size (the multi-step pipeline would never run)")
-    return None
+        found = _loops_difference(f"{label} body", p.loops, c.loops)
+        if found:
+            return found
+    return _loops_difference("the XLA code around the kernels", priced.loops, checked.loops)
 
 
 def twin_difference(priced: core.Jaxpr, checked: core.Jaxpr, filename: str = "") -> str | None:
     """The first way ``checked`` (traced at the check size) differs from ``priced`` (traced at full), or None;
     equations are located by their line in the candidate file ``filename``."""
     priced_calls, checked_calls = find_pallas_calls(priced), find_pallas_calls(checked)
-    found = configuration_difference([KernelConfig.of(c) for c in priced_calls],
-                                     [KernelConfig.of(c) for c in checked_calls])
+    found = configuration_difference(Configuration.of(priced), Configuration.of(checked))
     if found:
         return found
     for i, (p, c) in enumerate(zip(priced_calls, checked_calls)):
