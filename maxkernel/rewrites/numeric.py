@@ -7,12 +7,18 @@ provably constant) it becomes that constant. The draws only nominate a rewrite: 
 
 Concrete evaluation runs in the optimizer's own process, so it is bounded: no node whose result has more
 than ``MAX_ELEMENTS`` elements is evaluated (at ``full`` size a scalar broadcast to a score tensor would
-take gigabytes), and :func:`evaluate_nodes` refuses any batch of nodes whose results would pass
-``CONCRETE_BYTES``. Larger programs are only ever traced abstractly.
+take gigabytes), :func:`evaluate_nodes` refuses any batch of nodes whose results would pass
+``CONCRETE_BYTES``, and input-free values that are only needed reduced (attention masks) are computed by
+XLA in one compiled program whose buffers are checked against the same limit before it runs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from maxkernel.analysis.program import Const, Node, Program, Var, read
@@ -23,7 +29,7 @@ from maxkernel.rewrites.emit import EmitError
 PLUMBING = {"reshape", "broadcast_in_dim", "convert_element_type", "squeeze", "expand_dims", "copy", "transpose"}
 NEVER = {"random_bits", "random_wrap", "random_seed", "random_unwrap", "rng_bit_generator", "while", "scan", "cond", "pallas_call"}
 MAX_ELEMENTS = 1 << 21
-CONCRETE_BYTES = 256 << 20
+CONCRETE_BYTES = 512 << 20
 
 
 class TooLargeToEvaluate(EmitError):
@@ -77,6 +83,50 @@ def evaluate_nodes(nodes: list[Node], bound: dict[Var, np.ndarray]) -> dict[Var,
         out = node.primitive.bind(*[read(env, op) for op in node.ins], **node.params)
         env.update(zip(node.outs, out if node.primitive.multiple_results else [out]))
     return {k: np.asarray(v) for k, v in env.items()}
+
+
+def _computed(nodes: list[Node], var: Var) -> Any:
+    """``var`` computed by binding ``nodes`` in order (under a trace: nothing runs yet)."""
+    env: dict[Var, object] = {}
+    for node in nodes:
+        out = node.primitive.bind(*[read(env, op) for op in node.ins], **node.params)
+        env.update(zip(node.outs, out if node.primitive.multiple_results else [out]))
+    return read(env, var)
+
+
+def _run_bounded(fn: Callable[[], Any], what: str) -> Any:
+    """Compile ``fn`` with XLA and run it, unless its buffers would pass ``CONCRETE_BYTES``."""
+    compiled = jax.jit(fn).lower().compile()
+    memory = compiled.memory_analysis()
+    needed = None if memory is None else memory.temp_size_in_bytes + memory.output_size_in_bytes
+    if needed is None or needed > CONCRETE_BYTES:
+        shown = "an unknown amount" if needed is None else f"{needed / 2**20:.0f} MiB"
+        raise TooLargeToEvaluate(f"evaluating {what} here would take {shown} (limit {CONCRETE_BYTES >> 20} MiB)")
+    return jax.tree_util.tree_map(np.asarray, compiled())
+
+
+def evaluate_reduced(nodes: list[Node], var: Var, finish: Callable[[Any], Any]) -> Any:
+    """``finish(value of var)`` for a var computed by ``nodes`` from constants alone, run by XLA as one
+    compiled program so that only what ``finish`` returns need be materialized.
+
+    Raises TooLargeToEvaluate, before running, when XLA's buffers for it would pass ``CONCRETE_BYTES``.
+    """
+    return _run_bounded(lambda: finish(_computed(nodes, var)), f"{var.name} {var.shape}")
+
+
+def evaluate_any(nodes: list[Node], var: Var, kept: Callable[[Any], Any], steps: int) -> np.ndarray:
+    """OR over axis 0 of ``kept(value of var)`` (an array of ``steps`` rows), one row per loop step, so that
+    XLA holds one row at a time (a mask over a full-size score tensor reduces to [q, k] without the tensor
+    ever existing). Raises TooLargeToEvaluate like :func:`evaluate_reduced`."""
+
+    def run() -> Any:
+        def step(i: Any, acc: Any) -> Any:
+            return acc | jax.lax.dynamic_index_in_dim(kept(_computed(nodes, var)), i, keepdims=False)
+
+        first = jax.eval_shape(lambda: kept(_computed(nodes, var)))
+        return jax.lax.fori_loop(0, steps, step, jnp.zeros(first.shape[1:], bool))
+
+    return np.asarray(_run_bounded(run, f"{var.name} {var.shape}"))
 
 
 def _find(program: Program, a: Var) -> tuple[Node, str, object] | None:
