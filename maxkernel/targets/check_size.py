@@ -6,8 +6,8 @@ shapes and at least two grid steps along each axis that has two or more at ``ful
 that runs twice or more at ``full`` still does, see :mod:`maxkernel.targets.twins`); a parameter is never
 taken below its ``cpu`` value (the smallest size the task is known to work at). When the ``cpu`` size
 itself keeps the configuration it is used as is. Then the candidate traced at the chosen size must be a
-twin of its ``full`` trace (:mod:`maxkernel.targets.twins`), and checking there must fit in memory: the
-judge draws inputs and runs the reference at that size in its own process. Tracing imports the candidate,
+twin of its ``full`` trace (:mod:`maxkernel.targets.twins`), and checking there must fit in memory (the
+judge draws inputs and runs the reference at that size in its own process) and in time. Tracing imports the candidate,
 so this runs only inside the sandboxed TPU stage.
 """
 
@@ -30,6 +30,11 @@ from maxkernel.targets.twins import Configuration, configuration_difference, sta
 
 # Inputs, outputs and temporaries of the reference at the check size: the judge holds them in its process.
 CHECK_MEMORY_BYTES = 3 << 30
+# The correctness run must fit the evaluator's timeout: the reference runs five times on this CPU, and TPU
+# interpret mode costs about 12 ms a grid step on 2 cores even for tiny blocks (measured on a 256-step
+# gather kernel).
+CHECK_FLOPS = 1e11
+CHECK_GRID_STEPS = 1024
 
 
 class CheckSize(BaseModel):
@@ -39,6 +44,7 @@ class CheckSize(BaseModel):
     values: dict[str, Any]
     grid_steps: int = Field(description="grid steps of all pallas_calls at the check size")
     reference_bytes: int | None = Field(default=None, description="reference memory at the check size (XLA:CPU)")
+    reference_flops: float | None = Field(default=None, description="reference FLOPs at the check size (XLA:CPU)")
     refusal: str | None = Field(default=None, description="why the priced code cannot be checked")
 
 
@@ -71,58 +77,77 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSiz
     full = task.size("full")
     priced = trace_at(module, task, full, spec)
     configuration = Configuration.of(priced)
-    traces: dict[str, core.Jaxpr | None] = {size_name(full): priced}
+    traces: dict[str, core.Jaxpr | str] = {size_name(full): priced}
 
-    def traced(values: dict[str, Any]) -> core.Jaxpr | None:
+    def traced(values: dict[str, Any]) -> core.Jaxpr | str:
+        """The trace at ``values``, or why there is none."""
         key = size_name(values)
         if key not in traces:
             try:
                 traces[key] = trace_at(module, task, values, spec)
-            except Exception:  # the candidate or the task does not work at this size: not a check size
-                traces[key] = None
+            except Exception as exc:  # the candidate or the task does not work at this size: not a check size
+                first = (str(exc).strip().splitlines() or [""])[0][:200]
+                traces[key] = f"it does not trace there ({type(exc).__name__}: {first})"
         return traces[key]
 
-    def keeps(values: dict[str, Any]) -> bool:
+    def kept(values: dict[str, Any]) -> str | None:
+        """None when ``values`` runs the priced configuration, else why not."""
         jaxpr = traced(values)
-        return jaxpr is not None and configuration_difference(configuration, Configuration.of(jaxpr)) is None
+        return jaxpr if isinstance(jaxpr, str) else configuration_difference(configuration, Configuration.of(jaxpr))
 
     cpu = task.size("cpu")
     chosen = dict(full)
-    if cpu != full and keeps(cpu):
+    stopped: list[str] = []  # why each parameter could not shrink further
+    if cpu != full and kept(cpu) is None:
         chosen = cpu
     else:
         for name, value in full.items():
             for smaller in _ladder(value, cpu.get(name)):
                 trial = {**chosen, name: smaller}
-                if not keeps(trial):
+                why = kept(trial)
+                if why is not None:
+                    stopped.append(f"{name}={smaller}: {why}")
                     break
                 chosen = trial
     checked = traced(chosen)
-    assert checked is not None  # every chosen size traced (full itself was traced first)
+    assert not isinstance(checked, str)  # every chosen size traced (full itself was traced first)
     steps = sum(_steps(c.eqn.params["grid_mapping"].grid) for c in find_pallas_calls(checked))
     result = CheckSize(name=size_name(chosen), values=chosen, grid_steps=steps)
     difference = twin_difference(priced, checked, getattr(module, "__file__", "") or "")
     if difference:
         result.refusal = f"priced code has no checked twin at {result.name}: {difference}"
         return result
-    result.reference_bytes = reference_bytes(task, chosen)
+    result.reference_bytes, result.reference_flops = reference_cost(task, chosen)
+    over = []
     if result.reference_bytes > CHECK_MEMORY_BYTES:
+        over.append(f"{result.reference_bytes / 2**30:.1f} GiB of memory (limit {CHECK_MEMORY_BYTES / 2**30:.0f} GiB)")
+    if (result.reference_flops or 0) > CHECK_FLOPS:
+        over.append(f"{result.reference_flops:.2g} reference FLOPs (limit {CHECK_FLOPS:.0e})")
+    if steps > CHECK_GRID_STEPS:
+        over.append(f"{steps} grid steps in TPU interpret mode (limit {CHECK_GRID_STEPS})")
+    if over:
         result.refusal = (f"the smallest size that runs the priced block configuration, {result.name}, needs "
-                          f"{result.reference_bytes / 2**30:.1f} GiB to check (limit {CHECK_MEMORY_BYTES / 2**30:.0f} GiB); "
-                          "smaller blocks along the large dimensions would make it checkable")
+                          f"{' and '.join(over)} to check; no smaller size does: "
+                          + ("; ".join(stopped[:2]) or "no size parameter can be halved"))
     return result
 
 
-def reference_bytes(task: Task, values: dict[str, Any]) -> int:
-    """Arguments, outputs and temporaries of the reference compiled for this CPU at the size ``values``."""
+def reference_cost(task: Task, values: dict[str, Any]) -> tuple[int, float | None]:
+    """(arguments + outputs + temporaries in bytes, FLOPs) of the reference compiled for this CPU at the size
+    ``values``: what checking there costs the judge."""
     name = size_name(values)
     arg_shapes, static, _ = full_shapes(task.with_size(name, values), name)
     compiled = jax.jit(partial(task.reference, **static)).lower(*arg_shapes).compile()
     memory = compiled.memory_analysis()
     if memory is None:  # no analysis on this backend: count what goes in and out
         leaves = jax.tree_util.tree_leaves((arg_shapes, jax.eval_shape(partial(task.reference, **static), *arg_shapes)))
-        return int(sum(leaf.size * leaf.dtype.itemsize for leaf in leaves))
-    return int(memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes)
+        used = int(sum(leaf.size * leaf.dtype.itemsize for leaf in leaves))
+    else:
+        used = int(memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes)
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if cost else {}) if isinstance(cost, list) else (cost or {})
+    flops = cost.get("flops")
+    return used, float(flops) if flops is not None else None
 
 
 def _steps(grid: tuple[object, ...]) -> int:

@@ -151,7 +151,8 @@ def test_a_check_size_too_big_for_memory_is_refused(tmp_path: Path) -> None:
     task = load_task(write_task(tmp_path / "huge", HUGE_ROWS_TASK))
     check = _check(HALF_BLOCKS, task)
     assert check.values == task.size("full") and (check.reference_bytes or 0) > CHECK_MEMORY_BYTES
-    assert check.refusal is not None and "needs" in check.refusal and "GiB to check" in check.refusal
+    assert check.refusal is not None and "GiB of memory (limit 3 GiB) to check" in check.refusal
+    assert "rows=524288: kernel _body (pallas_call 1): block shape of args[0] is (524288, 1024)" in check.refusal
 
 
 # A plain-JAX loop over 256-row chunks: one trip at cpu size (256 rows), sixteen at full size.
@@ -177,6 +178,23 @@ def test_static_loops_keep_two_trips_at_the_check_size(rmsnorm_task: Task) -> No
     priced = trace_at(module, rmsnorm_task, rmsnorm_task.size("full"), V5E)
     difference = twin_difference(priced, trace_at(module, rmsnorm_task, rmsnorm_task.size("cpu"), V5E))
     assert difference is not None and "static loop 1 runs 16 times at full size but 1" in difference
+
+
+# Specialized for the full shape only, as a per-size dispatch is: nothing smaller runs the priced code.
+FULL_ONLY = rmsnorm_source(128).replace(
+    "    rows, hidden = x.shape\n",
+    "    rows, hidden = x.shape\n    if rows != 4096:\n        raise ValueError(f'no specialization for {rows} rows')\n")
+
+
+def test_a_check_too_slow_for_the_evaluator_is_refused(rmsnorm_task: Task, monkeypatch: pytest.MonkeyPatch) -> None:
+    from maxkernel.targets import check_size
+
+    monkeypatch.setattr(check_size, "CHECK_GRID_STEPS", 8)
+    monkeypatch.setattr(check_size, "CHECK_FLOPS", 1e6)
+    check = _check(FULL_ONLY, rmsnorm_task)
+    assert check.values == rmsnorm_task.size("full") and check.refusal is not None
+    assert "32 grid steps in TPU interpret mode (limit 8)" in check.refusal and "reference FLOPs" in check.refusal
+    assert "rows=2048: it does not trace there (ValueError: no specialization for 2048 rows)" in check.refusal
 
 
 def test_plain_jax_candidate_is_checked_at_cpu_size(rmsnorm_task: Task) -> None:
