@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from target_kernels import PLAIN_JAX_RMSNORM, matmul_source, rmsnorm_source, write_task
+from target_kernels import PLAIN_JAX_RMSNORM, RMSNORM_TASK, matmul_source, rmsnorm_source, write_task
 
 from jaxbench.task import Task, load_task
 from maxkernel.evaluation import evaluate_candidate
@@ -47,53 +47,16 @@ SIZE_CHOSEN_BLOCKS = rmsnorm_source(128).replace(
 # 256-wide blocks), invisible at cpu size (n=256: one step).
 N_OFF_BY_ONE = matmul_source(256, 256, 512).replace("lambda i, j, kk: (kk, j)", "lambda i, j, kk: (kk, 0)")
 
+# The row-wise task at a full size whose arrays need gigabytes (only traced here, never allocated).
 HUGE_ROWS_TASK = {
-    "task.yaml": """\
-id: tgt_huge_rows
-name: HugeRows
-category: elementwise
-description: y = 2 x for a float32 matrix whose full size needs gigabytes (only traced, never allocated).
-dtype: float32
-tolerance: {atol: 1.0e-6, rtol: 1.0e-6}
-sizes:
-  cpu: {rows: 256, hidden: 1024}
-  full: {rows: 1048576, hidden: 1024}
-""",
-    "reference.py": """\
-import jax
-import jax.numpy as jnp
-
-
-def get_inputs(key, *, rows, hidden):
-    return (jax.random.normal(key, (rows, hidden), jnp.float32),), {}
-
-
-def reference(x):
-    return 2.0 * x
-""",
+    "task.yaml": RMSNORM_TASK["task.yaml"].replace("id: tgt_rmsnorm", "id: tgt_huge_rows").replace(
+        "full: {rows: 4096,", "full: {rows: 1048576,"),
+    "reference.py": RMSNORM_TASK["reference.py"],
 }
 
 # Blocks of half the rows at every size: the priced configuration exists only at full size.
-HALF_BLOCKS = '''\
-import jax
-from jax.experimental import pallas as pl
-
-
-def _body(x_ref, o_ref):
-    o_ref[...] = 2.0 * x_ref[...]
-
-
-def kernel(x):
-    rows, hidden = x.shape
-    half = rows // 2
-    return pl.pallas_call(
-        _body,
-        grid=(2,),
-        in_specs=[pl.BlockSpec((half, hidden), lambda i: (i, 0))],
-        out_specs=pl.BlockSpec((half, hidden), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-    )(x)
-'''
+HALF_BLOCKS = rmsnorm_source(128).replace("BR = 128\n", "").replace(
+    "    rows, hidden = x.shape\n", "    rows, hidden = x.shape\n    BR = rows // 2\n")
 
 
 def _check(source: str, task: Task):  # type: ignore[no-untyped-def]
@@ -152,7 +115,7 @@ def test_a_check_size_too_big_for_memory_is_refused(tmp_path: Path) -> None:
     check = _check(HALF_BLOCKS, task)
     assert check.values == task.size("full") and (check.reference_bytes or 0) > CHECK_MEMORY_BYTES
     assert check.refusal is not None and "GiB of memory (limit 3 GiB) to check" in check.refusal
-    assert "rows=524288: kernel _body (pallas_call 1): block shape of args[0] is (524288, 1024)" in check.refusal
+    assert "rows=524288: kernel <lambda> (pallas_call 1): block shape of args[0] is (524288, 1024)" in check.refusal
 
 
 # A plain-JAX loop over 256-row chunks: one trip at cpu size (256 rows), sixteen at full size.
