@@ -8,9 +8,9 @@ are then ``modelled``. On a TPU host the evaluator measures and the model's figu
 Priced = checked: correctness on a TPU target runs at the candidate's check size
 (:mod:`maxkernel.targets.check_size`), not at ``cpu``: the smallest size at which every priced pallas_call
 keeps its ``full`` block shapes and runs at least two steps per multi-step grid axis, with the same kernel
-bodies and the same XLA code around them. A candidate whose priced code has no such twin is ``rejected``,
-not ``incorrect``: nothing wrong was observed, but what would be priced cannot be run, and a model may
-only price what ran.
+bodies and the same XLA code around them. A candidate whose priced code has no such twin small enough to
+check is ``rejected``, not ``incorrect``: nothing wrong was observed, but what would be priced cannot be
+run, and a model may only price what ran.
 """
 
 from __future__ import annotations
@@ -94,10 +94,14 @@ def _evaluate_tpu(task: "Task", source: str, target: str, generation: str, size:
     finally:
         ev.config.timing = previous_timing
     report.size = "check"  # the values are in the priced_is_checked detail; sizes are short names in the store
+    why_this_size = f"; smaller sizes run other code: {'; '.join(check.smaller[:2])}" if check.smaller else ""
     report.checks.insert(1, lowered)
     report.checks.insert(2, CheckResult(
         name="priced_is_checked", passed=True,
-        detail=f"checked at {check.name}: the full-size kernels, block shapes and XLA code, {check.grid_steps} grid steps"))
+        detail=f"checked at {check.name}: the full-size kernels, block shapes and XLA code, "
+               f"{check.grid_steps} grid steps{why_this_size}"))
+    if report.status == "incorrect":
+        report.reason += f" (checked at {check.name}{why_this_size})"
     if stage.model is None:
         if stage.model_error:
             report.flags.append(f"cost model: {stage.model_error}")

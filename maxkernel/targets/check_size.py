@@ -1,15 +1,15 @@
-"""The check size: the smallest task size at which a candidate still runs the block configuration it is
-priced for at ``full``, so that correctness (TPU interpret mode on a CPU) is proven on the priced code.
+"""The check size: the smallest task size at which a candidate still runs the code it is priced for at
+``full``, so that correctness (TPU interpret mode on a CPU) is proven on the priced code.
 
-Starting from ``full``, each integer size parameter is halved while every pallas_call keeps its block
-shapes and at least two grid steps along each axis that has two or more at ``full`` (and every static loop
-that runs twice or more at ``full`` still does, see :mod:`maxkernel.targets.twins`); a parameter is never
-taken below its ``cpu`` value (the smallest size the task is known to work at). When the ``cpu`` size
-itself keeps the configuration it is used as is. Then the candidate traced at the chosen size must be a
-twin of its ``full`` trace (:mod:`maxkernel.targets.twins`), and checking there must fit in memory (the
-judge draws inputs and runs the reference at that size in its own process) and in time. Tracing imports the candidate,
-so this runs only inside the sandboxed TPU stage.
-"""
+Starting from ``full``, each integer size parameter is halved while the candidate traced there stays a twin
+of its ``full`` trace (:mod:`maxkernel.targets.twins`: the same kernels, bodies, block shapes and XLA code,
+at least two grid steps along each axis that has two or more at ``full``, at least two trips of each static
+loop that makes two or more); a parameter is never taken below its ``cpu`` value (the smallest size the
+task is known to work at), and the ``cpu`` size itself is used when it is a twin. A candidate that runs
+other code at smaller sizes is therefore checked at a larger one, up to ``full``: it is refused only when
+checking there would not fit in memory (the judge draws inputs and runs the reference at that size in its
+own process) or in the evaluator's time, and the refusal names what differs at each smaller size. Tracing
+imports the candidate, so this runs only inside the sandboxed TPU stage."""
 
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ class CheckSize(BaseModel):
     reference_bytes: int | None = Field(default=None, description="reference memory at the check size (XLA:CPU)")
     reference_flops: float | None = Field(default=None, description="reference FLOPs at the check size (XLA:CPU)")
     refusal: str | None = Field(default=None, description="why the priced code cannot be checked")
+    smaller: list[str] = Field(default_factory=list, description="what differs at the next smaller size, per parameter")
 
 
 def size_name(values: dict[str, Any]) -> str:
@@ -90,10 +91,14 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSiz
                 traces[key] = f"it does not trace there ({type(exc).__name__}: {first})"
         return traces[key]
 
+    filename = getattr(module, "__file__", "") or ""
+
     def kept(values: dict[str, Any]) -> str | None:
-        """None when ``values`` runs the priced configuration, else why not."""
+        """None when the trace at ``values`` is a twin of the priced one, else the first difference."""
         jaxpr = traced(values)
-        return jaxpr if isinstance(jaxpr, str) else configuration_difference(configuration, Configuration.of(jaxpr))
+        if isinstance(jaxpr, str):
+            return jaxpr
+        return configuration_difference(configuration, Configuration.of(jaxpr)) or twin_difference(priced, jaxpr, filename)
 
     cpu = task.size("cpu")
     chosen = dict(full)
@@ -112,11 +117,7 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSiz
     checked = traced(chosen)
     assert not isinstance(checked, str)  # every chosen size traced (full itself was traced first)
     steps = sum(_steps(c.eqn.params["grid_mapping"].grid) for c in find_pallas_calls(checked))
-    result = CheckSize(name=size_name(chosen), values=chosen, grid_steps=steps)
-    difference = twin_difference(priced, checked, getattr(module, "__file__", "") or "")
-    if difference:
-        result.refusal = f"priced code has no checked twin at {result.name}: {difference}"
-        return result
+    result = CheckSize(name=size_name(chosen), values=chosen, grid_steps=steps, smaller=stopped)
     result.reference_bytes, result.reference_flops = reference_cost(task, chosen)
     over = []
     if result.reference_bytes > CHECK_MEMORY_BYTES:
@@ -126,8 +127,8 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSiz
     if steps > CHECK_GRID_STEPS:
         over.append(f"{steps} grid steps in TPU interpret mode (limit {CHECK_GRID_STEPS})")
     if over:
-        result.refusal = (f"the smallest size that runs the priced block configuration, {result.name}, needs "
-                          f"{' and '.join(over)} to check; no smaller size does: "
+        result.refusal = (f"priced code has no checked twin small enough to run: the smallest size that runs it, "
+                          f"{result.name}, needs {' and '.join(over)} to check; smaller sizes run other code: "
                           + ("; ".join(stopped[:2]) or "no size parameter can be halved"))
     return result
 

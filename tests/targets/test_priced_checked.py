@@ -21,9 +21,9 @@ from maxkernel.targets.twins import twin_difference
 
 V5E = load_tpu_spec("v5e")
 
-# Right at cpu size (256 rows), wrong at full (4096): the wrapper scales x only past 2048 rows.
+# Right at cpu size (256 rows), wrong at full (4096): the wrapper scales the weight only past 2048 rows.
 XLA_BRANCH = rmsnorm_source(128).replace(
-    "    rows, hidden = x.shape\n", "    rows, hidden = x.shape\n    if rows > 2048:\n        x = x * 1.0001\n")
+    "    rows, hidden = x.shape\n", "    rows, hidden = x.shape\n    if rows > 2048:\n        w = w * 1.001\n")
 
 # The same shape branch inside the kernel body: a different body is traced at full size.
 BODY_BRANCH = rmsnorm_source(128).replace(
@@ -88,33 +88,38 @@ def test_too_few_steps_at_a_size_are_named(matmul_task: Task) -> None:
     assert cpu is not None and "block shape of args[0] is (256, 512) at full size but the whole array" in cpu
 
 
-def test_a_shape_branch_in_the_xla_code_has_no_twin(rmsnorm_task: Task) -> None:
+def test_a_shape_branch_in_the_xla_code_is_checked_where_it_is_priced(rmsnorm_task: Task) -> None:
     check = _check(XLA_BRANCH, rmsnorm_task)
-    assert check.refusal is not None and "XLA code around the kernels differs" in check.refusal
-    assert "mul (candidate line" in check.refusal and "pallas_call" in check.refusal
+    assert check.refusal is None and check.values == rmsnorm_task.size("full")
+    (why,) = check.smaller
+    assert why.startswith("rows=2048: XLA code around the kernels differs") and "mul (candidate line" in why
 
 
 def test_a_shape_branch_in_the_kernel_body_names_the_kernel_and_equation(rmsnorm_task: Task) -> None:
     check = _check(BODY_BRANCH, rmsnorm_task)
-    assert check.refusal is not None and "kernel body" in check.refusal and "branch on shape" in check.refusal
-    assert "pallas_call 1" in check.refusal
+    assert check.values == rmsnorm_task.size("full")
+    (why,) = check.smaller
+    assert "kernel <lambda> (pallas_call 1): kernel body" in why and "branch on shape" in why
 
 
-def test_a_constant_that_changes_with_size_has_no_twin(rmsnorm_task: Task) -> None:
+def test_a_constant_that_changes_with_size_is_a_difference(rmsnorm_task: Task) -> None:
     check = _check(CONSTANT_BRANCH, rmsnorm_task)
-    assert check.refusal is not None and "constant 1.5 at full size but 1.0 at the check size" in check.refusal
+    assert check.values == rmsnorm_task.size("full")
+    assert "constant 1.5 at full size but 1.0 at the check size" in check.smaller[0]
 
 
 def test_blocks_chosen_by_size_are_checked_at_full_size(rmsnorm_task: Task) -> None:
     check = _check(SIZE_CHOSEN_BLOCKS, rmsnorm_task)
     assert check.refusal is None and check.values == rmsnorm_task.size("full")
+    assert "block shape of args[0] is (256, 1024) at full size but (128, 1024)" in check.smaller[0]
 
 
 def test_a_check_size_too_big_for_memory_is_refused(tmp_path: Path) -> None:
     task = load_task(write_task(tmp_path / "huge", HUGE_ROWS_TASK))
     check = _check(HALF_BLOCKS, task)
     assert check.values == task.size("full") and (check.reference_bytes or 0) > CHECK_MEMORY_BYTES
-    assert check.refusal is not None and "GiB of memory (limit 3 GiB) to check" in check.refusal
+    assert check.refusal is not None and check.refusal.startswith("priced code has no checked twin small enough")
+    assert "GiB of memory (limit 3 GiB) to check" in check.refusal
     assert "rows=524288: kernel <lambda> (pallas_call 1): block shape of args[0] is (524288, 1024)" in check.refusal
 
 
@@ -168,17 +173,28 @@ def test_plain_jax_candidate_is_checked_at_cpu_size(rmsnorm_task: Task) -> None:
 # --- end to end: evaluate_candidate, with derivation and twin check in the sandboxed TPU stage ---------------
 
 
-def test_kernel_wrong_only_at_full_size_is_not_ok(rmsnorm_task: Task, matmul_task: Task, evaluator) -> None:  # type: ignore[no-untyped-def]
+def test_kernel_wrong_only_at_full_size_is_not_ok(rmsnorm_task: Task, evaluator) -> None:  # type: ignore[no-untyped-def]
+    # The shape branch sends the check to full size, where its wrong scaling is seen; the reason says why.
     branchy = evaluate_candidate(rmsnorm_task, XLA_BRANCH, target="tpu-v5e", evaluator=evaluator)
-    assert branchy.status == "rejected" and not branchy.correct and branchy.speedup is None
-    assert "no checked twin" in branchy.reason and "XLA code around the kernels differs" in branchy.reason
-    assert any(c.name == "priced_is_checked" and not c.passed for c in branchy.checks)
-    # The off-by-one passes at cpu size in TPU interpret mode (what used to be checked), not at the check size.
+    assert branchy.status == "incorrect" and not branchy.correct and branchy.speedup is None
+    assert "checked at check(rows=4096, hidden=1024); smaller sizes run other code: rows=2048: XLA code" in branchy.reason
+
+
+def test_off_by_one_that_needs_two_grid_steps_is_caught(matmul_task: Task, evaluator) -> None:  # type: ignore[no-untyped-def]
+    # It passes at cpu size in TPU interpret mode (what used to be checked), not at the check size.
     at_cpu = evaluator.evaluate(matmul_task, N_OFF_BY_ONE, target="tpu-v5e", size="cpu")
     assert at_cpu.status == "ok", at_cpu.reason
     report = evaluate_candidate(matmul_task, N_OFF_BY_ONE, target="tpu-v5e", evaluator=evaluator)
     assert report.status == "incorrect" and report.size == "check" and report.speedup is None
     assert "checked at check(m=512, k=1024, n=512)" in next(c.detail for c in report.checks if c.name == "priced_is_checked")
+
+
+def test_priced_code_only_a_huge_size_runs_is_rejected(tmp_path: Path, evaluator) -> None:  # type: ignore[no-untyped-def]
+    huge = load_task(write_task(tmp_path / "huge", HUGE_ROWS_TASK))
+    refused = evaluate_candidate(huge, FULL_ONLY.replace("rows != 4096", "rows != 1048576"), target="tpu-v5e",
+                                 evaluator=evaluator)
+    assert refused.status == "rejected" and "no checked twin small enough" in refused.reason
+    assert any(c.name == "priced_is_checked" and not c.passed for c in refused.checks)
 
 
 @pytest.mark.parametrize("kind", ["pallas", "plain-jax"])
