@@ -94,7 +94,7 @@ def _evaluate_tpu(task: "Task", source: str, target: str, generation: str, size:
     finally:
         ev.config.timing = previous_timing
     report.size = "check"  # the values are in the priced_is_checked detail; sizes are short names in the store
-    why_this_size = f"; smaller sizes run other code: {'; '.join(check.smaller[:2])}" if check.smaller else ""
+    why_this_size = f"; smaller sizes differ: {'; '.join(check.smaller[:2])}" if check.smaller else ""
     report.checks.insert(1, lowered)
     report.checks.insert(2, CheckResult(
         name="priced_is_checked", passed=True,

@@ -128,7 +128,7 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSiz
         over.append(f"{steps} grid steps in TPU interpret mode (limit {CHECK_GRID_STEPS})")
     if over:
         result.refusal = (f"priced code has no checked twin small enough to run: the smallest size that runs it, "
-                          f"{result.name}, needs {' and '.join(over)} to check; smaller sizes run other code: "
+                          f"{result.name}, needs {' and '.join(over)} to check; smaller sizes differ: "
                           + ("; ".join(stopped[:2]) or "no size parameter can be halved"))
     return result
 

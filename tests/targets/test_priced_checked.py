@@ -177,7 +177,7 @@ def test_kernel_wrong_only_at_full_size_is_not_ok(rmsnorm_task: Task, evaluator)
     # The shape branch sends the check to full size, where its wrong scaling is seen; the reason says why.
     branchy = evaluate_candidate(rmsnorm_task, XLA_BRANCH, target="tpu-v5e", evaluator=evaluator)
     assert branchy.status == "incorrect" and not branchy.correct and branchy.speedup is None
-    assert "checked at check(rows=4096, hidden=1024); smaller sizes run other code: rows=2048: XLA code" in branchy.reason
+    assert "checked at check(rows=4096, hidden=1024); smaller sizes differ: rows=2048: XLA code" in branchy.reason
 
 
 def test_off_by_one_that_needs_two_grid_steps_is_caught(matmul_task: Task, evaluator) -> None:  # type: ignore[no-untyped-def]
