@@ -85,6 +85,15 @@ class Task:
             raise TaskError(f"{self.path}/task.yaml: no size {name!r} (has {sorted(self.spec.sizes)})")
         return dict(self.spec.sizes[name])
 
+    def with_size(self, name: str, values: dict[str, Any]) -> "Task":
+        """The same task (same folder, same reference) with one more named size, e.g. a derived check size."""
+        sizes = {**self.spec.sizes, name: dict(values)}
+        task = Task(self.spec.model_copy(update={"sizes": sizes}), self.path)
+        for cached in ("source_digest", "module"):  # already read: a sandboxed process may not read them again
+            if cached in self.__dict__:
+                task.__dict__[cached] = self.__dict__[cached]
+        return task
+
     @cached_property
     def module(self) -> ModuleType:
         """Import ``reference.py`` under a name unique to this folder."""

@@ -4,6 +4,13 @@ CPU and GPU targets go straight to the JaxBench evaluator. TPU targets, on a mac
 lower the candidate for the chosen generation (``compile_error`` with Mosaic's message if that fails),
 then check correctness in TPU interpret mode, and rank by the roofline cost model: the report's times
 are then ``modelled``. On a TPU host the evaluator measures and the model's figures ride along.
+
+Priced = checked: correctness on a TPU target runs at the candidate's check size
+(:mod:`maxkernel.targets.check_size`), not at ``cpu``: the smallest size at which every priced pallas_call
+keeps its ``full`` block shapes and runs at least two steps per multi-step grid axis, with the same kernel
+bodies and the same XLA code around them. A candidate whose priced code has no such twin small enough to
+check is ``rejected``, not ``incorrect``: nothing wrong was observed, but what would be priced cannot be
+run, and a model may only price what ran.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ def evaluate_candidate(
     evaluator: "Evaluator | None" = None,
     progress: Callable[[str], None] | None = None,
 ) -> "EvalReport":
+    """Evaluate ``source`` for ``target``; ``size`` is where CPU and GPU targets check and measure (TPU
+    targets check at the candidate's own check size, derived from ``full``)."""
     from maxkernel.targets.names import parse_target
 
     kind, generation = parse_target(target)  # TargetError (one line) for an unknown name
@@ -64,15 +73,35 @@ def _evaluate_tpu(task: "Task", source: str, target: str, generation: str, size:
         report.checks.append(CheckResult(name=f"tpu_lowering_{generation}", passed=False, detail=reason))
         return report
 
+    lowered = CheckResult(name=f"tpu_lowering_{generation}", passed=True,
+                          detail=f"lowers for {generation}; VMEM {lowering.get('vmem_bytes') or 0} of "
+                                 f"{lowering.get('vmem_budget_bytes') or 0} bytes")
+    check = stage.check
+    if check is None or check.refusal:
+        reason = check.refusal if check is not None and check.refusal else "no check size was derived"
+        report = EvalReport(task=task.id, target=target, size="full", status="rejected", reason=reason,
+                            candidate_sha=source_sha(source))
+        report.checks += [lowered, CheckResult(name="priced_is_checked", passed=False, detail=reason)]
+        return report
+
     on_tpu = jax.default_backend() == "tpu"
     previous_timing = ev.config.timing
     ev.config.timing = on_tpu  # interpreted TPU semantics on a CPU say nothing about TPU speed
+    note(f"checking at {check.name}")
     try:
-        report = ev.evaluate(task, source, target=target, size=size, filename=filename, progress=progress)
+        report = ev.evaluate(task.with_size(check.name, check.values), source, target=target, size=check.name,
+                             filename=filename, progress=progress)
     finally:
         ev.config.timing = previous_timing
-    detail = f"lowers for {generation}; VMEM {lowering.get('vmem_bytes') or 0} of {lowering.get('vmem_budget_bytes') or 0} bytes"
-    report.checks.insert(1, CheckResult(name=f"tpu_lowering_{generation}", passed=True, detail=detail))
+    report.size = "check"  # the values are in the priced_is_checked detail; sizes are short names in the store
+    why_this_size = f"; smaller sizes differ: {'; '.join(check.smaller[:2])}" if check.smaller else ""
+    report.checks.insert(1, lowered)
+    report.checks.insert(2, CheckResult(
+        name="priced_is_checked", passed=True,
+        detail=f"checked at {check.name}: the full-size kernels, block shapes and XLA code, "
+               f"{check.grid_steps} grid steps{why_this_size}"))
+    if report.status == "incorrect":
+        report.reason += f" (checked at {check.name}{why_this_size})"
     if stage.model is None:
         if stage.model_error:
             report.flags.append(f"cost model: {stage.model_error}")

@@ -21,7 +21,7 @@ import numpy as np
 from maxkernel.analysis.program import Node, Program, Var
 from maxkernel.rewrites.base import Rewrite
 from maxkernel.rewrites.build import splice_traced
-from maxkernel.rewrites.numeric import MAX_ELEMENTS, _closure, evaluate_nodes
+from maxkernel.rewrites.numeric import MAX_ELEMENTS, TooLargeToEvaluate, _closure, evaluate_nodes
 
 SATURATED = 20.0
 
@@ -65,12 +65,15 @@ def _softplus_source(program: Program, node: Node) -> Var | None:
         if u not in dependent:
             continue
         upto = nodes[: next(i for i, n in enumerate(nodes) if u in n.outs) + 1]
-        for draw in _probe(a):
-            got = evaluate_nodes(upto, {a: draw})[u].astype(np.float64)
-            if not np.allclose(got, _softplus_reference(draw), rtol=1e-6, atol=1e-7):
-                break
-        else:
-            return a
+        try:
+            for draw in _probe(a):
+                got = evaluate_nodes(upto, {a: draw})[u].astype(np.float64)
+                if not np.allclose(got, _softplus_reference(draw), rtol=1e-6, atol=1e-7):
+                    break
+            else:
+                return a
+        except TooLargeToEvaluate:
+            continue
     return None
 
 

@@ -14,13 +14,15 @@ output shaped like q. The plan (query blocks and their key spans) is written int
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from maxkernel.analysis.program import Const, Node, Operand, Program, Var, arg_names, trace_program
-from maxkernel.rewrites.numeric import evaluate_nodes
+from maxkernel.rewrites.numeric import TooLargeToEvaluate, evaluate_any, evaluate_reduced
 from maxkernel.rewrites.emit import Emitter, EmitError, dtype_expr, emit_function, scalar_text
 from maxkernel.rewrites.structural import candidate_header
 from maxkernel.rewrites.source import size_dispatch
@@ -58,9 +60,16 @@ class AttentionPlan:
     tail: list[Node] = field(default_factory=list)  # ... and the reference's nodes that follow it
 
 
-def _evaluate(program: Program, var: Var) -> np.ndarray:
-    """The value of a var that depends on no input (iota, constants), computed now."""
-    return np.asarray(evaluate_nodes(program.ancestors(var), {})[var])
+def _visible_keys(program: Program, var: Var, score_shape: tuple[int, ...], hides: Callable[[Any], Any]) -> np.ndarray:
+    """[q, k]: whether any score row of any batch and head keeps each key, where ``hides(var)`` is True for
+    hidden entries of the (input-free) mask or factor ``var``. Only [q, k] slices are ever materialized."""
+    sq, sk = score_shape[-2:]
+    lead = int(np.prod(score_shape[:-2]))
+
+    def kept(value: Any) -> Any:
+        return jnp.broadcast_to(jnp.logical_not(hides(value)), score_shape).reshape(lead, sq, sk)
+
+    return evaluate_any(program.ancestors(var), var, kept, lead)
 
 
 def _scalar_factor(program: Program, var: Var, stop: Var) -> float:
@@ -86,6 +95,15 @@ def _scalar_factor(program: Program, var: Var, stop: Var) -> float:
 
 
 def match_attention(program: Program) -> AttentionPlan | str:
+    """The attention plan of ``program``, or why it has none (also when its masks are too large to evaluate
+    in this process)."""
+    try:
+        return _match_attention(program)
+    except TooLargeToEvaluate as exc:
+        return f"mask not evaluated: {exc}"
+
+
+def _match_attention(program: Program) -> AttentionPlan | str:
     rank4 = [v for v in program.inputs if len(v.shape) == 4]
     if len(rank4) < 3:
         return "no q, k, v inputs of rank 4"
@@ -132,10 +150,8 @@ def match_attention(program: Program) -> AttentionPlan | str:
             if fill_value is None or not np.isneginf(fill_value):
                 return "a mask that fills with something other than -inf"
             keeps = cases[1] is current
-            visible = _evaluate(program, pred)
-            visible = visible if keeps else ~visible
-            full = np.broadcast_to(visible, tuple(score.shape)).reshape(-1, sq, sk)
-            mask &= full.any(axis=0)
+            mask &= _visible_keys(program, pred, tuple(score.shape),
+                                  jnp.logical_not if keeps else (lambda hidden: hidden))
             steps.append(ChainStep("select_n", pred, keeps, "mask", f"_term_{len(steps)}"))
         else:
             other = others[0] if others else None
@@ -149,8 +165,7 @@ def match_attention(program: Program) -> AttentionPlan | str:
                 kind = "side" if names else "static"
                 side_inputs |= names
                 if kind == "static" and node.prim == "mul":  # a static factor that is zero hides the key
-                    factor = _evaluate(program, other)
-                    mask &= np.broadcast_to(factor != 0, tuple(score.shape)).reshape(-1, sq, sk).any(axis=0)
+                    mask &= _visible_keys(program, other, tuple(score.shape), lambda factor: factor == 0)
                 steps.append(ChainStep(node.prim, other, first, kind, f"_term_{len(steps)}"))
             else:
                 return f"{node.prim} with an array constant"
@@ -181,9 +196,15 @@ def match_attention(program: Program) -> AttentionPlan | str:
 def _uniform(program: Program, var: Var) -> float | None:
     if program.reads(var):
         return None
-    value = _evaluate(program, var)
-    flat = value.reshape(-1)
-    return float(flat[0]) if flat.size and np.all(flat == flat[0]) else None
+    if not var.size:
+        return None
+
+    def first_if_uniform(value: Any) -> Any:
+        flat = value.reshape(-1)
+        return flat[0], jnp.all(flat == flat[0])
+
+    first, uniform = evaluate_reduced(program.ancestors(var), var, first_if_uniform)
+    return float(first) if bool(uniform) else None
 
 
 def block_plan(mask: np.ndarray, block_q: int) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:

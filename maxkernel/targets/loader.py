@@ -1,4 +1,4 @@
-"""Loading a candidate's source text into a fresh module (kept to one function so it can move to jaxbench)."""
+"""Loading a candidate's source text into a fresh module, and finding the candidate line of a traced equation."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ import itertools
 import linecache
 import sys
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from maxkernel.targets.names import TargetError
+
+if TYPE_CHECKING:
+    from jax._src import core
 
 _serial = itertools.count()
 
@@ -53,6 +57,15 @@ def load_candidate(source: str) -> ModuleType:
         del sys.modules[name]
         raise CandidateLoadError("candidate does not define a callable kernel()")
     return module
+
+
+def eqn_line(eqn: "core.JaxprEqn", filename: str) -> int | None:
+    """The candidate line that created an equation (innermost candidate frame of its traceback)."""
+    traceback = eqn.source_info.traceback
+    for frame in getattr(traceback, "frames", []) if traceback is not None else []:
+        if frame.file_name == filename:
+            return int(frame.line_num)
+    return None
 
 
 def _frames(exc: BaseException):  # type: ignore[no-untyped-def]

@@ -21,7 +21,7 @@ from jaxbench.task_check import full_shapes
 from maxkernel.targets.blocks import VmemBudgetError, check_vmem
 from maxkernel.targets.device import tpu_device
 from maxkernel.targets.jaxpr_walk import find_pallas_calls, sub_jaxprs
-from maxkernel.targets.loader import CandidateLoadError, candidate_filename, load_candidate
+from maxkernel.targets.loader import CandidateLoadError, candidate_filename, eqn_line, load_candidate
 from maxkernel.targets.specs import load_tpu_spec
 
 Stage = Literal["load", "trace", "lowering", "vmem"]
@@ -104,7 +104,7 @@ def validate_tpu(candidate_source: str, task: Task, generation: str) -> Lowering
         try:
             used, budget = check_vmem(call.eqn, call.name, spec)
         except VmemBudgetError as exc:
-            return fail("vmem", exc, _eqn_line(call.eqn, filename), pallas_calls=len(calls),
+            return fail("vmem", exc, eqn_line(call.eqn, filename), pallas_calls=len(calls),
                         vmem_bytes=exc.vmem_bytes, vmem_budget_bytes=exc.budget_bytes)
         if largest is None or used > largest:
             largest, budget_of_largest = used, budget
@@ -133,10 +133,10 @@ def _kernel_line(message: str, jaxpr: core.Jaxpr, filename: str) -> int | None:
         for call in calls:
             for eqn in _kernel_eqns(call.eqn.params["jaxpr"]):
                 if eqn.primitive.name == match.group(1):
-                    line = _eqn_line(eqn, filename)
+                    line = eqn_line(eqn, filename)
                     if line is not None:
                         return line
-    return next((ln for call in calls if (ln := _eqn_line(call.eqn, filename)) is not None), None)
+    return next((ln for call in calls if (ln := eqn_line(call.eqn, filename)) is not None), None)
 
 
 def _kernel_eqns(jaxpr: core.Jaxpr) -> Iterator[core.JaxprEqn]:
@@ -168,15 +168,6 @@ def _candidate_line(exc: BaseException, filename: str) -> int | None:
         if found is not None:
             return found
         pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
-    return None
-
-
-def _eqn_line(eqn: core.JaxprEqn, filename: str) -> int | None:
-    """The candidate line that created an equation (innermost candidate frame of its traceback)."""
-    traceback = eqn.source_info.traceback
-    for frame in getattr(traceback, "frames", []) if traceback is not None else []:
-        if frame.file_name == filename:
-            return int(frame.line_num)
     return None
 
 

@@ -1,6 +1,7 @@
-"""TPU lowering and modelling of an untrusted candidate, in a one-shot sandboxed process.
+"""TPU lowering, check-size derivation and modelling of an untrusted candidate, in a one-shot sandboxed process.
 
-Lowering and modelling import and trace the candidate, so they must not run in the caller. This module
+Lowering, finding the size at which the priced code is checked (:mod:`maxkernel.targets.check_size`) and
+modelling import and trace the candidate, so they must not run in the caller. This module
 runs as ``python -m maxkernel.targets.sandboxed`` with a JSON request on stdin: it loads the task first
 (trusted), then enters the JaxBench sandbox (rlimits, no network, audit hook refusing writes, process
 creation and reads of task references) before the candidate's code is touched, and prints one JSON
@@ -15,22 +16,29 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+
+from maxkernel.targets.check_size import CheckSize
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
 
 SANDBOX_MEMORY_BYTES = 16 << 30
 
 
 class TpuStageResult(BaseModel):
     lowering: dict[str, Any] | None = None
+    check: CheckSize | None = None
     model: dict[str, Any] | None = None
     model_error: str | None = None
     failure: str | None = None  # the sandboxed process itself failed (timeout, crash, refusal)
 
 
 def run_tpu_stage(task_path: Path, source: str, generation: str, timeout_s: float = 300) -> TpuStageResult:
-    """Validate lowering and model the candidate for ``generation`` in a fresh sandboxed process."""
+    """Validate lowering, derive the check size and model the candidate for ``generation`` in a fresh
+    sandboxed process."""
     request = json.dumps({"task": str(task_path), "source": source, "generation": generation})
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONDONTWRITEBYTECODE="1")
     try:
@@ -69,6 +77,8 @@ def _main() -> None:
         lowering = validate_tpu(request["source"], task, request["generation"])
         result.lowering = lowering.model_dump(mode="json")
         if lowering.ok:
+            result.check = _check_size(request["source"], task, request["generation"])
+        if lowering.ok and result.check is not None and result.check.refusal is None:
             try:
                 result.model = model_candidate(request["source"], task, request["generation"]).as_report_fields()
             except TargetError as exc:
@@ -80,6 +90,19 @@ def _main() -> None:
         result.failure = f"sandbox: {violations[0]} is not allowed"
     sys.stdout.write(result.model_dump_json() + "\n")
     sys.stdout.flush()
+
+
+def _check_size(source: str, task: "Task", generation: str) -> CheckSize:
+    from maxkernel.targets.check_size import derive_check_size
+    from maxkernel.targets.loader import load_candidate
+    from maxkernel.targets.specs import load_tpu_spec
+
+    try:
+        return derive_check_size(load_candidate(source), task, load_tpu_spec(generation))
+    except Exception as exc:  # the candidate lowered at full size, so this is its own doing at another size
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return CheckSize(name="check", values={}, grid_steps=0,
+                         refusal=f"no check size could be derived: {type(exc).__name__}: {first}")
 
 
 if __name__ == "__main__":
