@@ -194,6 +194,12 @@ class AutoRun:
             return None
         return self.budget.time_s - (time.monotonic() - self.started)
 
+    def grace(self) -> float | None:
+        """How long a step already started may take: the time left, plus the overrun a step in flight is let
+        have (an evaluation cannot be cut short)."""
+        left = self.time_left()
+        return None if left is None else max(0.0, left) + OVERRUN_S
+
     def evaluations_left(self) -> int | None:
         if self.budget.max_evaluations is None:
             return None
@@ -221,7 +227,7 @@ class AutoRun:
 
     def stop_reason(self) -> str | None:
         left = self.time_left()
-        if left is not None and left <= 0:
+        if left is not None and left <= 0 and self.iterations:  # the first strategy is always worked on
             return f"time budget of {self.budget.time_s} s spent"
         if self.budget.max_evaluations is not None and self.evaluations >= self.budget.max_evaluations:
             return f"evaluation budget spent ({self.evaluations} of {self.budget.max_evaluations})"
@@ -337,7 +343,7 @@ class AutoRun:
                                   size=self.size, brain=brain_label(self.services.config), budget=self.message_budget(),
                                   sender="auto", feedback=feedback_text(tried),
                                   exclude=sorted({attempt.strategy for attempt in tried}))
-        outcome = await self.bus.plan(request, self.time_left())
+        outcome = await self.bus.plan(request, self.grace())
         if isinstance(outcome, SessionFinished):
             return outcome.reason or f"planner ended with {outcome.status}"
         ordered = policy.work_order(outcome.strategies, lambda ref: ref.kind, self.target)
@@ -395,8 +401,7 @@ class AutoRun:
         mark, spent_before, began = len(record.messages), self.evaluations, time.monotonic()
         self.emit("iteration", {"n": len(self.iterations), "strategy": plan.current.name,
                                 "budget_s": round(plan.budget.tune_budget_s, 1)})
-        left = self.time_left()
-        finished = await self.bus.run_plan(plan, None if left is None else max(0.0, left) + OVERRUN_S)
+        finished = await self.bus.run_plan(plan, self.grace())
         seen = attempts(record.since(mark))
         for attempt in seen:
             self.history[attempt.strategy] = attempt
