@@ -26,6 +26,7 @@ from jaxbench.report import EvalReport as JudgeReport
 SUSPECT_BIAS = 1.05
 CONFIRM_TOP = 3
 PLAIN_JAX_KINDS = ("rewrite", "reference")
+STEP_TUNE_S = 120.0  # one tuning step asked for by a person (chat): no session budget to take a share of
 BASELINE = "auto:baseline"
 CONFIRM = "auto:confirm"
 

@@ -32,7 +32,6 @@ from maxkernel.messages import (
     CandidateScored,
     EvalReport,
     FixRequest,
-    KernelDraft,
     OptimizeRequest,
     Plan,
     SessionFinished,
@@ -246,11 +245,8 @@ class AutoRun:
     # -- judging outside the pipeline: the baseline and confirmation runs -----------------------
 
     async def judge(self, source: str, produced_by: str, ref: StrategyRef, candidate_id: str | None = None) -> JudgeReport:
-        plan = Plan(session_id=self.session_id, task_id=self.task.id, target=self.target, size=self.size,
-                    strategies=[ref], sender="auto")
-        draft = KernelDraft(session_id=self.session_id, task_id=self.task.id, candidate_id=candidate_id or new_id(),
-                            plan=plan, source=source, produced_by=produced_by, sender="auto")
-        reply = await self.bus.evaluate(draft)
+        reply = await self.bus.judge(self.session_id, self.task.id, source, ref, produced_by, target=self.target,
+                                     size=self.size, candidate_id=candidate_id)
         return reply.report
 
     async def measure_baseline(self) -> None:

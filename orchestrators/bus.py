@@ -27,6 +27,8 @@ from maxkernel.messages import (
     OptimizeRequest,
     Plan,
     SessionFinished,
+    StrategyRef,
+    new_id,
 )
 from maxkernel.runtime import CODER, LIBRARIAN, PLANNER, RECORDER, ROLES, SESSION, TESTER, TOPICS, local_runtime, publish
 
@@ -150,6 +152,16 @@ class Bus:
         if not isinstance(reply, EvalReport):
             raise RuntimeError(f"the tester gave no report for {draft.produced_by or 'a draft'} (it failed; see the event log)")
         return reply
+
+    async def judge(self, session_id: str, task_id: str, source: str, ref: StrategyRef, produced_by: str, *,
+                    target: str, size: str, candidate_id: str | None = None) -> EvalReport:
+        """Judge ``source`` outside the pipeline as a draft of ``ref`` (the baseline, or a confirmation run of
+        the candidate ``candidate_id``)."""
+        plan = Plan(session_id=session_id, task_id=task_id, target=target, size=size, strategies=[ref],
+                    sender="orchestrator")
+        draft = KernelDraft(session_id=session_id, task_id=task_id, candidate_id=candidate_id or new_id(), plan=plan,
+                            source=source, produced_by=produced_by, sender="orchestrator")
+        return await self.evaluate(draft)
 
     async def send(self, message: BusMessage, role: str) -> None:
         """Publish any message on the work runtime (HITL steps)."""
