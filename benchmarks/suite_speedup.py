@@ -1,7 +1,7 @@
 """Speedups of the one engine (``maxkernel optimize``: an Auto session on the actors) over the suite at
 ``cpu`` size (a benchmark, not a test).
 
-    python benchmarks/suite_speedup.py [--tasks 12p_RMSNorm 21k_...] [--budget 120] [--json FILE] [--compare-old]
+    python benchmarks/suite_speedup.py [--tasks 12p_RMSNorm 21k_...] [--budget 120] [--json FILE]
 
 Per task: reference ms, best ms, the confirmed speedup, what produced it (rewrite, or template with
 parameters), and "ref as cand.": the judge's speedup of the reference itself evaluated as a candidate
@@ -40,7 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=120.0, help="seconds per task")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
-    parser.add_argument("--compare-old", action="store_true", help="also run the separate rules loop, side by side")
     args = parser.parse_args(argv)
 
     os.environ["MAXKERNEL_DATA_DIR"] = tempfile.mkdtemp(prefix="suite_speedup_")
@@ -53,29 +52,24 @@ def main(argv: list[str] | None = None) -> int:
     configure("warning")
     tasks = [load_task(t) for t in args.tasks] if args.tasks else list_tasks()
     console = Console(width=170)
-    runs: dict[str, list[dict[str, Any]]] = {"engine": []}
-    if args.compare_old:
-        runs["old loop"] = []
+    rows: list[dict[str, Any]] = []
     with Evaluator() as evaluator:
         services = Services(ActorConfig(remember=False), evaluator=evaluator)
         try:
-            for i, task in enumerate(tasks):
-                order = list(runs) if i % 2 == 0 else list(reversed(runs))
-                for name in order:
-                    run = _engine(services, args) if name == "engine" else _old(evaluator, args)
-                    runs[name].append(_timed(run, task, console, name))
+            run = _engine(services, args)
+            for task in tasks:
+                rows.append(_timed(run, task, console))
                 if args.json:
-                    args.json.write_text(json.dumps(runs, indent=2))
+                    args.json.write_text(json.dumps(rows, indent=2))
         finally:
             asyncio.run(services.aclose())
-    for name, rows in runs.items():
-        _print(console, rows, args.budget, name)
+    _print(console, rows, args.budget)
     if args.json:
-        args.json.write_text(json.dumps(runs, indent=2))
+        args.json.write_text(json.dumps(rows, indent=2))
     return 0
 
 
-def _timed(run: Callable[[Any], dict[str, Any]], task: Any, console: Console, name: str) -> dict[str, Any]:
+def _timed(run: Callable[[Any], dict[str, Any]], task: Any, console: Console) -> dict[str, Any]:
     started = time.monotonic()
     try:
         row = run(task)
@@ -83,7 +77,7 @@ def _timed(run: Callable[[Any], dict[str, Any]], task: Any, console: Console, na
         row = {"task": task.id, "error": f"{type(exc).__name__}: {exc}"[:200], "speedup": 1.0, "correct_nonref": False}
     row["seconds"] = round(time.monotonic() - started, 1)
     said = f"error {row['error']}" if "error" in row else f"{row['produced_by']} {row['speedup']:.2f}x"
-    console.print(f"{name}: {task.id}: {said} ({row['seconds']:.0f}s)", markup=False)
+    console.print(f"{task.id}: {said} ({row['seconds']:.0f}s)", markup=False)
     return row
 
 
@@ -111,30 +105,8 @@ def _engine(services: Any, args: argparse.Namespace) -> Callable[[Any], dict[str
     return run
 
 
-def _old(evaluator: Any, args: argparse.Namespace) -> Callable[[Any], dict[str, Any]]:
-    from maxkernel.rules import optimize_rules
-
-    def run(task: Any) -> dict[str, Any]:
-        result = optimize_rules(task, target="cpu", budget_s=args.budget, evaluator=evaluator, seed=args.seed)
-        report = result.best_report
-        beat = bool(result.beat_reference)
-        tried = [t for t in result.tried if t.score > 0 and t.report.label != "reference-equivalent"]
-        params = {k: v for k, v in result.best_params.items() if k != "rewrites"}
-        return {"task": result.task, "ref_ms": report.ref_ms if report else None,
-                "best_ms": report.kernel_ms if report else None,
-                "speedup": float(report.speedup) if beat and report and report.speedup else 1.0,
-                "produced_by": result.best_strategy + (f" {params}" if params else ""),
-                "label": report.label if report else None, "beat_reference": beat, "correct_nonref": bool(tried),
-                "best_nonref": max((t.score for t in tried), default=None),
-                "best_nonref_by": max(tried, key=lambda t: t.score).strategy if tried else None,
-                "correct_nonref_by": sorted({t.strategy for t in tried}), "baseline": result.baseline_speedup,
-                "trials": len(result.tried)}
-
-    return run
-
-
-def _print(console: Console, rows: list[dict[str, Any]], budget: float, name: str) -> None:
-    table = Table(title=f"{name}, cpu size, {budget:g} s per task")
+def _print(console: Console, rows: list[dict[str, Any]], budget: float) -> None:
+    table = Table(title=f"maxkernel optimize (one engine), cpu size, {budget:g} s per task")
     for col in ("task", "ref ms", "best ms", "speedup", "produced by", "best non-ref", "ref as cand.", "s"):
         table.add_column(col, justify="left" if col in ("task", "produced by") else "right")
     for r in rows:
@@ -150,7 +122,7 @@ def _print(console: Console, rows: list[dict[str, Any]], budget: float, name: st
     fast11 = sum(1 for r in rows if float(r["speedup"]) >= 1.1)  # type: ignore[arg-type]
     fast15 = sum(1 for r in rows if float(r["speedup"]) >= 1.5)  # type: ignore[arg-type]
     geo = math.exp(sum(math.log(max(float(r["speedup"]), 1e-9)) for r in rows) / n) if n else 1.0  # type: ignore[arg-type]
-    console.print(f"{name}: tasks: {n}   correct non-reference candidate: {nonref}/{n}   "
+    console.print(f"tasks: {n}   correct non-reference candidate: {nonref}/{n}   "
                   f"fast_1.1: {fast11}/{n} ({fast11 / max(n, 1):.0%})   fast_1.5: {fast15}/{n} ({fast15 / max(n, 1):.0%})   "
                   f"geomean speedup: {geo:.2f}x", markup=False)
 
