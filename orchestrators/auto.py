@@ -225,8 +225,10 @@ class AutoRun:
                       share_ends_at=None if time_share is None else time.time() + time_share, seed=self.budget.seed)
 
     def stop_reason(self) -> str | None:
+        if not self.iterations and not any(name != REFERENCE for name in self.history):
+            return None  # the first strategy is always worked on, whatever the baseline cost
         left = self.time_left()
-        if left is not None and left <= 0 and self.iterations:  # the first strategy is always worked on
+        if left is not None and left <= 0:
             return f"time budget of {self.budget.time_s} s spent"
         if self.budget.max_evaluations is not None and self.evaluations >= self.budget.max_evaluations:
             return f"evaluation budget spent ({self.evaluations} of {self.budget.max_evaluations})"
