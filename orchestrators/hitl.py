@@ -381,7 +381,8 @@ class Chat:
                 continue
             word, _, rest = line.partition(" ")
             if word in ("quit", "exit"):
-                self.write(f"session {self.session_id} saved; resume with: maxkernel chat {self.task.id} --resume {self.session_id}")
+                self.write(f"session {self.session_id} saved; resume with: maxkernel chat {task_argument(self.task)} "
+                           f"--resume {self.session_id}")
                 return
             if word in commands:
                 try:
@@ -390,6 +391,13 @@ class Chat:
                     self.write(f"{word} failed: {type(exc).__name__}: {exc}")
             else:
                 await self.guidance(line)
+
+
+def task_argument(task: Any) -> str:
+    """How to name ``task`` on the command line again: its suite id, or its folder when it is not one."""
+    from jaxbench.task import SUITE_DIR
+
+    return task.id if task.path.resolve().parent == SUITE_DIR.resolve() else str(task.path)
 
 
 def _unrecorded(services: Services, candidate_id: str) -> bool:
