@@ -16,8 +16,8 @@ from pydantic import BaseModel, Field
 from jaxbench.report import EvalReport
 from maxkernel.tuning.database import Database, Trial
 from maxkernel.tuning.runner import run_config
-from maxkernel.tuning.space import SearchSpace
-from maxkernel.tuning.strategy import order
+from maxkernel.tuning.space import Config, SearchSpace
+from maxkernel.tuning.strategy import order as hand_order
 
 log = structlog.get_logger("maxkernel.tuning")
 
@@ -36,12 +36,15 @@ class TuneResult(BaseModel):
 def tune_space(strategy: str, space: SearchSpace, render: Callable[[dict[str, Any]], str],
                evaluate: Callable[[str], EvalReport], task_id: str, target: str, budget_s: float,
                extents: dict[str, int] | None = None, seed: int = 0, max_trials: int | None = None,
-               patience: int = 3, on_trial: Callable[[Trial], None] | None = None) -> TuneResult:
+               patience: int = 3, on_trial: Callable[[Trial], None] | None = None,
+               order: Callable[[list[Config]], list[Config]] | None = None) -> TuneResult:
+    """``order``, when given (memory's priors and the learned cost model), replaces the hand-written order."""
     deadline = time.monotonic() + budget_s
     db = Database()
     result = TuneResult(strategy=strategy, stopped="exhausted")
     best_score, since_best = 0.0, 0
-    for config in order(space.configs(), extents or {}, target, seed):
+    configs = space.configs()
+    for config in (order(configs) if order is not None else hand_order(configs, extents or {}, target, seed)):
         if max_trials is not None and len(db.trials) >= max_trials:
             result.stopped = "max_trials"
             break

@@ -9,6 +9,8 @@ import time
 from actors import policy
 from actors.brains.base import Tools
 from actors.brains.rules import RulesBrain
+from actors.config import ActorConfig
+from actors.services import Services
 from jaxbench.report import EvalReport as JudgeReport
 from maxkernel.messages import Budget, KernelDraft, Plan, ProfileReport, Recall, StrategyRef
 
@@ -94,15 +96,18 @@ def test_the_tuner_gives_a_strategy_slow_to_judge_no_trials_and_a_fast_one_its_s
     async def recall() -> Recall:
         return Recall(session_id="s", task_id=task.id)
 
-    brain = RulesBrain("tuner", None, Tools(task=task, target="cpu", size="cpu", evaluate=evaluate, recall=recall))
+    services = Services(ActorConfig(remember=False))  # an empty memory: no priors move the order
+    brain = RulesBrain("tuner", services, Tools(task=task, target="cpu", size="cpu", evaluate=evaluate, recall=recall))
     share = Budget(tune_budget_s=30.0, tune_max_trials=None, share_ends_at=time.time() + 30.0)
+    try:
+        # Its draft took 70 s to judge (a plain-JAX trial on a TPU target): no trial fits its 30 s share.
+        slow = asyncio.run(brain.tune(_profile(task, ref, share, draft_seconds=70.0)))
+        assert judged == [] and slow.trials == [] and slow.best_report.speedup == 1.0
 
-    # Its draft took 70 s to judge (a plain-JAX trial on a TPU target): no trial fits its 30 s share.
-    slow = asyncio.run(brain.tune(_profile(task, ref, share, draft_seconds=70.0)))
-    assert judged == [] and slow.trials == [] and slow.best_report.speedup == 1.0
-
-    # A fast one is tuned, and its own draft is not judged a second time.
-    fast = asyncio.run(brain.tune(_profile(task, ref, share.model_copy(update={"tune_max_trials": 3}), 0.01)))
+        # A fast one is tuned, and its own draft is not judged a second time.
+        fast = asyncio.run(brain.tune(_profile(task, ref, share.model_copy(update={"tune_max_trials": 3}), 0.01)))
+    finally:
+        asyncio.run(services.aclose())
     drafted = _profile(task, ref, share, 0.01).draft.source.strip()
     assert 1 <= len(judged) <= 3 and all(s.strip() != drafted for s in judged)
     assert fast.best_report.speedup == 1.5 and fast.trials
