@@ -42,11 +42,14 @@ class Services:
         self._lock = threading.Lock()
 
     def task(self, task_id: str) -> "Task":
+        """A suite id or a task folder. A folder's task is kept under its id too: messages name tasks by id,
+        and the actors of this process must find a folder task by the id its messages carry."""
         from jaxbench.task import load_task
 
         with self._lock:
             if task_id not in self._tasks:
-                self._tasks[task_id] = load_task(task_id)
+                task = load_task(task_id)
+                self._tasks[task_id] = self._tasks[task.id] = task
             return self._tasks[task_id]
 
     @property

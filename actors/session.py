@@ -1,7 +1,8 @@
 """One optimization session through the actors, on the local runtime.
 
-``run_session`` is the async entry point (orchestrators call it); ``optimize`` is the blocking one the CLI
-calls with a brain name (rules, gemini, openai, replay).
+``run_session`` runs one plan through the pipeline once (the building block; an optimization with a budget
+is an Auto session, ``orchestrators.api.optimize``); ``prepare_brain`` turns a brain name (rules, gemini,
+openai, replay) into a checked actor config.
 """
 
 from __future__ import annotations
@@ -116,12 +117,11 @@ async def run_session(task_id: str, config: ActorConfig | None = None, *, target
                          strategy=best.strategy if best else "", tokens=ledger.tokens, cost_usd=round(ledger.cost_usd, 6))
 
 
-def optimize(task_id: str, brain: str = "rules", *, model: str | None = None, base_url: str | None = None,
-             transcript: Path | None = None, record_to: Path | None = None, target: str = "cpu", size: str = "cpu",
-             max_tokens: int | None = None, max_cost_usd: float | None = None, timeout_s: float | None = None,
-             data_dir: str | None = None, on_message: Callable[[BusMessage], None] | None = None) -> SessionResult:
-    """Blocking: one session with the named brain. Raises MissingApiKeyError / TranscriptError (one line)
-    before starting when the brain cannot run."""
+def prepare_brain(brain: str, *, model: str | None = None, base_url: str | None = None,
+                  transcript: Path | None = None, record_to: Path | None = None,
+                  data_dir: str | None = None) -> ActorConfig:
+    """The config of a named brain, checked before anything starts: raises ValueError (unknown brain),
+    MissingApiKeyError or TranscriptError, each one line."""
     config = config_for_brain(brain, model=model, base_url=base_url, transcript=transcript, record_to=record_to)
     if data_dir:
         config = config.model_copy(update={"data_dir": data_dir})
@@ -133,6 +133,4 @@ def optimize(task_id: str, brain: str = "rules", *, model: str | None = None, ba
         if transcript is None:
             raise TranscriptError("replay: no transcript file given (--transcript PATH); or run with --brain rules")
         read_transcript(Path(transcript))
-    budget = Budget(max_tokens=max_tokens, max_cost_usd=max_cost_usd)
-    return asyncio.run(run_session(task_id, config, target=target, size=size, budget=budget, timeout_s=timeout_s,
-                                   on_message=on_message))
+    return config

@@ -8,6 +8,7 @@ With ``edge_cases`` in the actor config, a draft that passes is also judged on t
 from __future__ import annotations
 
 import asyncio
+import time
 
 from autogen_core import MessageContext, message_handler
 
@@ -25,8 +26,12 @@ class Tester(Actor):
         task = self.services.task(draft.task_id)
         plan = draft.plan
         evaluator = self.services.evaluator if timing else self.services.untimed_evaluator
-        return await asyncio.to_thread(evaluate_candidate, task, draft.source, plan.target, plan.size,
-                                       f"candidate_{draft.candidate_id}.py", evaluator)
+        began = time.monotonic()
+        report = await asyncio.to_thread(evaluate_candidate, task, draft.source, plan.target, plan.size,
+                                         f"candidate_{draft.candidate_id}.py", evaluator)
+        # The whole judgement (a TPU target's lowering included) is what a further trial would cost.
+        report.duration_s = round(max(report.duration_s, time.monotonic() - began), 3)
+        return report
 
     async def edge_check(self, draft: KernelDraft, report: JudgeReport) -> JudgeReport:
         """Judge a passing draft on the configured edge cases; the first failure fails the report."""

@@ -1,23 +1,30 @@
-"""Rules-optimizer speedups over the suite at ``cpu`` size (a benchmark, not a test).
+"""Speedups of the one engine (``maxkernel optimize``: an Auto session on the actors) over the suite at
+``cpu`` size (a benchmark, not a test).
 
     python benchmarks/suite_speedup.py [--tasks 12p_RMSNorm 21k_...] [--budget 120] [--json FILE]
 
-Per task: reference ms, best ms, speedup (measured side by side in the same evaluation), what produced
-it (rewrite, or template with parameters), and "ref as cand.": the judge's speedup of the reference itself
-evaluated as a candidate (how much the judge-process vs worker-process timing alone moves the ratio; a
-winner must beat max(1, that)). At the end: tasks with a correct candidate that is
-not the reference itself, fast_1.1 / fast_1.5 (share of tasks correct and at least 1.1x / 1.5x faster),
-and the geometric-mean speedup (a task without a faster correct candidate counts 1.0x).
+Per task: reference ms, best ms, the confirmed speedup, what produced it (rewrite, or template with
+parameters), and "ref as cand.": the judge's speedup of the reference itself evaluated as a candidate
+(how much the judge-process vs worker-process timing alone moves the ratio; a winner must beat max(1,
+that)). At the end: tasks with a correct candidate that is not the reference itself, fast_1.1 / fast_1.5
+(share of tasks correct and at least 1.1x / 1.5x faster), and the geometric-mean speedup (a task without
+a confirmed faster candidate counts 1.0x). ``--compare-old`` runs the separate rules loop on the same
+tasks in the same run (alternating which goes first) and prints both tables. Every run uses one
+evaluator and a fresh data dir, so no task recalls a kernel from an earlier run of the benchmark.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -35,62 +42,71 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     args = parser.parse_args(argv)
 
+    os.environ["MAXKERNEL_DATA_DIR"] = tempfile.mkdtemp(prefix="suite_speedup_")
+    from actors.config import ActorConfig
+    from actors.services import Services
     from jaxbench.evaluate import Evaluator
     from jaxbench.task import list_tasks, load_task
     from maxkernel.logging import configure
-    from maxkernel.rules import optimize_rules
 
     configure("warning")
     tasks = [load_task(t) for t in args.tasks] if args.tasks else list_tasks()
     console = Console(width=170)
-    rows = []
+    rows: list[dict[str, Any]] = []
     with Evaluator() as evaluator:
-        for task in tasks:
-            started = time.monotonic()
-            try:
-                result = optimize_rules(task, target="cpu", budget_s=args.budget, evaluator=evaluator, seed=args.seed)
-            except Exception as exc:  # one broken task must not end the benchmark: it is a row with a reason
-                rows.append({"task": task.id, "error": f"{type(exc).__name__}: {exc}"[:200], "speedup": 1.0,
-                             "correct_nonref": False, "seconds": round(time.monotonic() - started, 1)})
-                console.print(f"{task.id}: error {rows[-1]['error']}", markup=False)
-                continue
-            rows.append(_row(result, time.monotonic() - started))
-            r = rows[-1]
-            console.print(f"{task.id}: {r['produced_by']} {r['speedup']:.2f}x ({r['seconds']:.0f}s)", markup=False)
-            if args.json:
-                args.json.write_text(json.dumps(rows, indent=2))
+        services = Services(ActorConfig(remember=False), evaluator=evaluator)
+        try:
+            run = _engine(services, args)
+            for task in tasks:
+                rows.append(_timed(run, task, console))
+                if args.json:
+                    args.json.write_text(json.dumps(rows, indent=2))
+        finally:
+            asyncio.run(services.aclose())
     _print(console, rows, args.budget)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
 
 
-def _row(result: object, seconds: float) -> dict[str, object]:
-    report = result.best_report  # type: ignore[attr-defined]
-    beat = bool(result.beat_reference)  # type: ignore[attr-defined]
-    # Best correct non-reference trial, even when it lost to the reference (counts toward "correct").
-    tried = [t for t in result.tried if t.score > 0 and t.report.label != "reference-equivalent"]  # type: ignore[attr-defined]
-    params = {k: v for k, v in result.best_params.items() if k != "rewrites"}  # type: ignore[attr-defined]
-    return {
-        "task": result.task,  # type: ignore[attr-defined]
-        "ref_ms": report.ref_ms if report else None,
-        "best_ms": report.kernel_ms if report else None,
-        "speedup": float(report.speedup) if beat and report and report.speedup else 1.0,
-        "produced_by": result.best_strategy + (f" {params}" if params else ""),  # type: ignore[attr-defined]
-        "label": report.label if report else None,
-        "beat_reference": beat,
-        "correct_nonref": bool(tried),
-        "best_nonref": max((t.score for t in tried), default=None),
-        "best_nonref_by": max(tried, key=lambda t: t.score).strategy if tried else None,
-        "correct_nonref_by": sorted({t.strategy for t in tried}),
-        "baseline": result.baseline_speedup,  # type: ignore[attr-defined]
-        "trials": len(result.tried),  # type: ignore[attr-defined]
-        "seconds": round(seconds, 1),
-    }
+def _timed(run: Callable[[Any], dict[str, Any]], task: Any, console: Console) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        row = run(task)
+    except Exception as exc:  # one broken task must not end the benchmark: it is a row with a reason
+        row = {"task": task.id, "error": f"{type(exc).__name__}: {exc}"[:200], "speedup": 1.0, "correct_nonref": False}
+    row["seconds"] = round(time.monotonic() - started, 1)
+    said = f"error {row['error']}" if "error" in row else f"{row['produced_by']} {row['speedup']:.2f}x"
+    console.print(f"{task.id}: {said} ({row['seconds']:.0f}s)", markup=False)
+    return row
 
 
-def _print(console: Console, rows: list[dict[str, object]], budget: float) -> None:
-    table = Table(title=f"rules optimizer, cpu size, {budget:g} s per task")
+def _engine(services: Any, args: argparse.Namespace) -> Callable[[Any], dict[str, Any]]:
+    from orchestrators.auto import AutoBudget, run_auto
+
+    def run(task: Any) -> dict[str, Any]:
+        budget = AutoBudget(time_s=args.budget, max_evaluations=None, seed=args.seed)
+        result = asyncio.run(run_auto(str(task.path), services=services, budget=budget, mode="optimize"))
+        report = result.best_report
+        tried = [t for t in result.trials if t.role in ("draft", "fix", "tune") and t.status == "ok"
+                 and t.label != "reference-equivalent" and t.speedup]
+        best = max(tried, key=lambda t: t.speedup or 0.0, default=None)
+        params = {k: v for k, v in result.best_params.items() if k not in ("rewrites", "source")}
+        return {"task": result.task_id, "ref_ms": report.ref_ms if report else None,
+                "best_ms": report.kernel_ms if report else None,
+                "speedup": float(result.confirmed_speedup) if result.beat_reference and result.confirmed_speedup else 1.0,
+                "produced_by": result.best_strategy + (f" {params}" if params else ""),
+                "label": report.label if report else None, "beat_reference": result.beat_reference,
+                "correct_nonref": bool(tried), "best_nonref": best.speedup if best else None,
+                "best_nonref_by": best.strategy if best else None,
+                "correct_nonref_by": sorted({t.strategy for t in tried}), "baseline": result.baseline_speedup,
+                "trials": result.evaluations, "session_id": result.session_id}
+
+    return run
+
+
+def _print(console: Console, rows: list[dict[str, Any]], budget: float) -> None:
+    table = Table(title=f"maxkernel optimize (one engine), cpu size, {budget:g} s per task")
     for col in ("task", "ref ms", "best ms", "speedup", "produced by", "best non-ref", "ref as cand.", "s"):
         table.add_column(col, justify="left" if col in ("task", "produced by") else "right")
     for r in rows:

@@ -1,3 +1,20 @@
-"""MaxKernel: writes and optimizes JAX/Pallas kernels with a pool of cooperating sub-agents."""
+"""MaxKernel: writes and optimizes JAX/Pallas kernels with a pool of cooperating sub-agents.
+
+``maxkernel.optimize(task, target=..., budget_s=..., brain=...)`` runs one optimization session; it is
+loaded on first use (it lives with the orchestrators), so ``import maxkernel`` stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+__all__ = ["optimize"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "optimize":
+        from orchestrators.api import optimize
+
+        return optimize
+    raise AttributeError(f"module 'maxkernel' has no attribute {name!r}")

@@ -44,6 +44,9 @@ class Budget(BaseModel):
     max_fix_attempts: int = 2
     tune_budget_s: float = 60.0
     tune_max_trials: int | None = 4
+    share_ends_at: float | None = Field(None, description="epoch seconds when the current strategy's share of the "
+                                        "session's time ends; a tuner starts no trial that would end after it")
+    seed: int = Field(0, description="seed of the tuner's search order")
 
 
 class OptimizeRequest(BusMessage):

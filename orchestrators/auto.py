@@ -1,11 +1,15 @@
 """Auto: plan → implement → validate (self-debug) → test → tune → profile → plan again, unattended.
 
-One iteration hands the coder one step of the plan; the pipeline of actors takes it to a scored candidate
-(or gives the strategy up, or runs out of strategies). Between iterations the orchestrator folds what
-happened into feedback, picks the next untried strategy, and asks the planner again when the plan is used
-up. It stops when the budget (time, evaluations, tokens) ends, after ``patience`` iterations without a
-better kernel, or when the planner has nothing new. Memory seeds the planner (it recalls before planning);
-at the end the best correct kernel is remembered with a note on what worked and what failed.
+This is the one engine: ``maxkernel optimize`` with any brain, daemon jobs and the Python API run it.
+First the reference itself is judged as a candidate: that reading is the bar a winner must clear. Then one
+iteration hands the coder one step of the plan, and the pipeline of actors takes it to a scored candidate
+(or gives the strategy up); each strategy gets its share of the time and evaluations left, which also
+bounds its tuning. Between iterations the orchestrator folds what happened into feedback, picks the next
+untried strategy, and asks the planner again when the plan is used up. It stops when the budget (time,
+evaluations, tokens) ends or the planner has nothing new. Then the top candidates are measured again and
+the best confirmed one above the bar wins; when none holds up, the reference is returned and said so.
+The rules behind each of these steps live in ``actors.policy``. Memory seeds the planner (it recalls
+before planning); at the end the winner is remembered with a note on what worked and what failed.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any, Callable, Literal
 import structlog
 from pydantic import BaseModel, Field
 
+from actors import policy
 from actors.config import ActorConfig
 from actors.services import Services
 from jaxbench.report import EvalReport as JudgeReport
@@ -25,34 +30,46 @@ from maxkernel.messages import (
     Budget,
     BusMessage,
     CandidateScored,
+    EvalReport,
+    FixRequest,
     OptimizeRequest,
     Plan,
     SessionFinished,
     StrategyRef,
+    TuneReport,
     message_from_event,
     new_id,
 )
 from orchestrators.bus import Bus, is_evaluation
 from orchestrators.feedback import Attempt, attempts, feedback_text
+from orchestrators.trials import TrialRow, trial_row, trial_rows
 
 log = structlog.get_logger("orchestrators.auto")
 
 OnEvent = Callable[[str, dict[str, Any]], None]
+REFERENCE = "reference"
+UNCAPPED_TUNE_S = 3600.0
+OVERRUN_S = 180.0  # an iteration past the time budget is let finish the evaluation it has in flight
 
 
 class AutoBudget(BaseModel):
     """Limits of one Auto run; ``None`` means unlimited. Evaluations are checked between iterations and
-    cap the tuner's trials, so an iteration can overshoot by its fix attempts."""
+    cap each strategy's tuning trials, so an iteration can overshoot by its fix attempts; the baseline
+    and confirmation runs count as evaluations too."""
 
     time_s: float | None = 900.0
     max_evaluations: int | None = 60
     max_tokens: int | None = None
     max_cost_usd: float | None = None
-    max_iterations: int = 8
-    patience: int = Field(2, description="stop after this many iterations without a better kernel")
+    max_iterations: int | None = None
+    patience: int | None = Field(None, description="stop after this many iterations without a better kernel "
+                                                   "(None: only the budget and the planner end a run)")
     max_fix_attempts: int = 2
-    tune_max_trials: int | None = 3
-    tune_budget_s: float = 60.0
+    tune_max_trials: int | None = Field(None, description="a cap on each strategy's tuning trials on top of its share")
+    tune_budget_s: float | None = Field(None, description="a cap on each strategy's tuning seconds on top of its share")
+    baseline: bool = Field(True, description="judge the reference as a candidate first: the bar a winner must clear")
+    confirm: bool = Field(True, description="measure the top candidates again before naming a winner")
+    seed: int = 0
 
 
 class Iteration(BaseModel):
@@ -69,6 +86,8 @@ class Iteration(BaseModel):
 
 
 class AutoResult(BaseModel):
+    """What one session gave, the same for every brain and every way it was started."""
+
     session_id: str
     task_id: str
     target: str
@@ -78,13 +97,23 @@ class AutoResult(BaseModel):
     best_source: str | None = None
     best_report: JudgeReport | None = None
     best_strategy: str = ""
+    best_params: dict[str, Any] = Field(default_factory=dict)
     best_candidate_id: str | None = None
+    beat_reference: bool = Field(False, description="a candidate's confirmed speedup cleared the bar")
+    speedup: float | None = Field(None, description="the returned kernel's first reading")
+    confirmed_speedup: float | None = Field(None, description="the winner's speedup after re-measurement")
+    confirmation: str = Field("", description="how the confirmed speedup was reached")
+    baseline_speedup: float | None = Field(None, description="the reference itself judged as a candidate")
+    bar: float = Field(1.0, description="what a winner had to clear: 1.0 and the baseline reading")
+    note: str = ""
     iterations: list[Iteration] = Field(default_factory=list)
     attempts: list[Attempt] = Field(default_factory=list)
+    trials: list[TrialRow] = Field(default_factory=list)
     evaluations: int = 0
     first_correct_at: int | None = Field(None, description="evaluations spent when the first correct kernel came")
-    best_at: int | None = Field(None, description="evaluations spent when the best kernel came")
+    best_at: int | None = Field(None, description="evaluations spent when the returned kernel was first judged")
     tokens: int = 0
+    cost_usd: float = 0.0
     recalled: list[str] = Field(default_factory=list)
     remembered_kernel: str | None = None
     remembered_note: str | None = None
@@ -100,15 +129,22 @@ def strategy_key(ref: StrategyRef) -> str:
     return ref.name
 
 
+def _counts_as_kernel(message: BusMessage) -> bool:
+    """A passing evaluation of a real candidate: not the baseline, a confirmation run or the reference again."""
+    assert isinstance(message, (EvalReport, FixRequest))
+    return (message.draft.produced_by not in (policy.BASELINE, policy.CONFIRM)
+            and message.report.label != "reference-equivalent")
+
+
 def evaluation_index(messages: list[Any], report: JudgeReport | None) -> int | None:
-    """How many evaluations had been spent when ``report`` came (or, with None, the first passing one)."""
+    """How many evaluations had been spent when ``report`` came (or, with None, the first correct kernel)."""
     count = 0
     for message in messages:
         if not is_evaluation(message):
             continue
         count += 1
         got = message.report
-        if report is None and got.passed:
+        if report is None and got.passed and _counts_as_kernel(message):
             return count
         if report is not None and got.passed and got.kernel_ms == report.kernel_ms and got.speedup == report.speedup:
             return count
@@ -127,12 +163,18 @@ class AutoRun:
         self.started = time.monotonic()
         self.history: dict[str, Attempt] = {}
         self.iterations: list[Iteration] = []
+        self.scored: list[CandidateScored] = []
         self.best: CandidateScored | None = None
-        self.best_kernel: CandidateScored | None = None  # the best that is more than the reference again
         self.best_at: int | None = None
         self.first_correct_at: int | None = None
         self.catalog: Plan | None = None
         self.recalled: list[str] = []
+        self.baseline_runs: list[JudgeReport] = []
+        self.bar = 1.0
+        self.winner: CandidateScored | None = None
+        self.confirmed_speedup: float | None = None
+        self.confirmation = ""
+        self.note = ""
 
     # -- budget ---------------------------------------------------------------------------------
 
@@ -140,36 +182,147 @@ class AutoRun:
     def evaluations(self) -> int:
         return self.bus.log(self.session_id).evaluations
 
+    @property
+    def baseline(self) -> JudgeReport | None:
+        if not self.baseline_runs:
+            return None
+        return self.baseline_runs[policy.baseline_bar(self.baseline_runs)[1]]
+
     def time_left(self) -> float | None:
         if self.budget.time_s is None:
             return None
         return self.budget.time_s - (time.monotonic() - self.started)
 
+    def grace(self) -> float | None:
+        """How long a step already started may take: the time left, plus the overrun a step in flight is let
+        have (an evaluation cannot be cut short)."""
+        left = self.time_left()
+        return None if left is None else max(0.0, left) + OVERRUN_S
+
+    def evaluations_left(self) -> int | None:
+        if self.budget.max_evaluations is None:
+            return None
+        return max(0, self.budget.max_evaluations - self.evaluations)
+
+    def strategies_left(self) -> int:
+        """Steps of the plan not yet worked on (the one about to start included)."""
+        if self.catalog is None:
+            return 1
+        return max(1, sum(1 for ref in self.catalog.strategies if strategy_key(ref) not in self.history))
+
     def message_budget(self) -> Budget:
-        trials = self.budget.tune_max_trials
-        if self.budget.max_evaluations is not None:
-            left = self.budget.max_evaluations - self.evaluations - 1  # one goes to the draft itself
-            trials = max(1, min(trials if trials is not None else left, left))
+        """The budget the next strategy works under: its share of what is left (``actors.policy``)."""
+        n = self.strategies_left()
+        time_share = policy.share(self.time_left(), n)
+        trials = policy.trial_cap(self.evaluations_left(), n)
+        if self.budget.tune_max_trials is not None:
+            trials = self.budget.tune_max_trials if trials is None else min(trials, self.budget.tune_max_trials)
+        tune_s = UNCAPPED_TUNE_S if time_share is None else time_share
+        if self.budget.tune_budget_s is not None:
+            tune_s = min(tune_s, self.budget.tune_budget_s)
         return Budget(max_tokens=self.budget.max_tokens, max_cost_usd=self.budget.max_cost_usd,
-                      max_fix_attempts=self.budget.max_fix_attempts, tune_budget_s=self.budget.tune_budget_s,
-                      tune_max_trials=trials)
+                      max_fix_attempts=self.budget.max_fix_attempts, tune_budget_s=tune_s, tune_max_trials=trials,
+                      share_ends_at=None if time_share is None else time.time() + time_share, seed=self.budget.seed)
 
     def stop_reason(self) -> str | None:
+        if not self.iterations and not any(name != REFERENCE for name in self.history):
+            return None  # the first strategy is always worked on, whatever the baseline cost
         left = self.time_left()
         if left is not None and left <= 0:
             return f"time budget of {self.budget.time_s} s spent"
         if self.budget.max_evaluations is not None and self.evaluations >= self.budget.max_evaluations:
             return f"evaluation budget spent ({self.evaluations} of {self.budget.max_evaluations})"
-        if len(self.iterations) >= self.budget.max_iterations:
+        if self.budget.max_iterations is not None and len(self.iterations) >= self.budget.max_iterations:
             return f"{self.budget.max_iterations} iterations done"
-        stale = 0
-        for it in reversed(self.iterations):
-            if it.improved:
-                break
-            stale += 1
-        if self.best is not None and stale >= self.budget.patience:
-            return f"no improvement in {stale} iterations"
+        if self.budget.patience is not None and self.best is not None:
+            stale = 0
+            for it in reversed(self.iterations):
+                if it.improved:
+                    break
+                stale += 1
+            if stale >= self.budget.patience:
+                return f"no improvement in {stale} iterations"
         return None
+
+    # -- judging outside the pipeline: the baseline and confirmation runs -----------------------
+
+    async def judge(self, source: str, produced_by: str, ref: StrategyRef, candidate_id: str | None = None) -> JudgeReport:
+        reply = await self.bus.judge(self.session_id, self.task.id, source, ref, produced_by, target=self.target,
+                                     size=self.size, candidate_id=candidate_id)
+        return reply.report
+
+    async def measure_baseline(self) -> None:
+        """The reference run as a candidate, re-measured when its reading is suspect; it sets the bar."""
+        from maxkernel.rules.strategy import reference_source
+
+        ref = StrategyRef(name=REFERENCE, kind="reference", target=self.target,
+                          rationale="the reference itself, judged as a candidate: the bar")
+        source = reference_source(self.task)
+        self.baseline_runs = [await self.judge(source, policy.BASELINE, ref)]
+        if policy.baseline_needs_more(self.baseline_runs[0]):
+            for _ in range(2):
+                self.baseline_runs.append(await self.judge(source, policy.BASELINE, ref))
+        self._set_bar()
+        baseline = self.baseline
+        assert baseline is not None
+        self.emit("baseline", {"speedup": baseline.speedup, "status": baseline.status, "bar": self.bar,
+                               "runs": len(self.baseline_runs)})
+
+    def _set_bar(self) -> None:
+        self.bar, _ = policy.baseline_bar(self.baseline_runs)
+        baseline = self.baseline
+        assert baseline is not None
+        self.history[REFERENCE] = Attempt(
+            strategy=REFERENCE, step=-1, evaluations=len(self.baseline_runs),
+            status="ok" if baseline.passed else baseline.status, speedup=baseline.speedup,
+            reason="" if baseline.passed else baseline.reason)
+
+    async def conclude(self) -> None:
+        """Re-measure the top candidates; the best whose confirmed speedup clears the bar wins."""
+        kernels = [c for c in self.scored if c.report.passed and c.report.label != "reference-equivalent"]
+        for candidate in policy.to_confirm(kernels, lambda c: c.report.speedup or 0.0, self.bar):
+            first = float(candidate.report.speedup or 0.0)
+            runs, reports = [first], [candidate.report]
+            if self.budget.confirm and policy.needs_confirmation(candidate.report):
+                ref = self._ref(candidate.strategy)
+                while policy.confirm_more(runs, self.bar):
+                    again = await self.judge(candidate.source, policy.CONFIRM, ref, candidate.candidate_id)
+                    runs.append(policy.reading(again) or 0.0)
+                    reports.append(again)
+                    self.emit("confirm", {"strategy": candidate.strategy, "first": first, "again": runs[-1]})
+                    if not again.passed:
+                        break
+            value = policy.confirmed(runs)
+            log.info("auto.confirm", session=self.session_id, strategy=candidate.strategy, runs=runs, bar=self.bar)
+            if value >= self.bar:
+                self.winner = candidate.model_copy(update={"report": reports[runs.index(value)]})
+                self.confirmed_speedup = value
+                self.confirmation = policy.confirmation_label(runs)
+                if not policy.needs_confirmation(candidate.report):
+                    self.confirmation = f"{candidate.report.basis}, deterministic"
+                base = self.baseline.speedup if self.baseline is not None else None
+                self.note = (f"{candidate.strategy} is {value:.2f}x the reference ({self.confirmation})"
+                             + (f"; the reference itself run as a candidate scored {base:.2f}x" if base else ""))
+                return
+        best = max(kernels, key=lambda c: c.report.speedup or 0.0, default=None)
+        self.note = "nothing beat the reference: the best candidate is the reference itself"
+        if best is not None:
+            self.note += f" (best tried: {best.strategy} at {best.report.speedup}x"
+            self.note += f"; the bar was {self.bar:.2f}x)"
+
+    def params_of(self, candidate: CandidateScored) -> dict[str, Any]:
+        """The parameters ``candidate`` was written at: the tuner's best, else its strategy's defaults."""
+        for message in self.bus.log(self.session_id).messages:
+            if isinstance(message, TuneReport) and message.candidate_id == candidate.candidate_id:
+                return dict(message.best_params)
+        return dict(self._ref(candidate.strategy).params)
+
+    def _ref(self, strategy: str) -> StrategyRef:
+        if self.catalog is not None:
+            for ref in self.catalog.strategies:
+                if ref.name == strategy:
+                    return ref
+        return StrategyRef(name=strategy, target=self.target)
 
     # -- one iteration --------------------------------------------------------------------------
 
@@ -188,24 +341,23 @@ class AutoRun:
                                   size=self.size, brain=brain_label(self.services.config), budget=self.message_budget(),
                                   sender="auto", feedback=feedback_text(tried),
                                   exclude=sorted({attempt.strategy for attempt in tried}))
-        outcome = await self.bus.plan(request, self.time_left())
+        outcome = await self.bus.plan(request, self.grace())
         if isinstance(outcome, SessionFinished):
             return outcome.reason or f"planner ended with {outcome.status}"
-        self.catalog = outcome
+        ordered = policy.work_order(outcome.strategies, lambda ref: ref.kind, self.target)
+        self.catalog = outcome.model_copy(update={"strategies": ordered})
         self.recalled = sorted(set(self.recalled) | set(outcome.recalled))
-        self.emit("plan", {"strategies": [s.name for s in outcome.strategies], "recalled": outcome.recalled})
+        self.emit("plan", {"strategies": [s.name for s in ordered], "recalled": outcome.recalled})
         if self.next_step() is None:
             return "the planner proposed nothing that was not tried already"
         return None
 
     def consider(self, candidate: CandidateScored) -> bool:
-        """Keep ``candidate`` if it is the best so far (and the best real kernel); True when it improved."""
+        """Keep ``candidate`` for confirmation; True when its reading is the best so far."""
         speedup = candidate.report.speedup if candidate.report.passed else None
         if speedup is None:
             return False
-        if candidate.report.label != "reference-equivalent" and (
-                self.best_kernel is None or speedup > (self.best_kernel.report.speedup or 0.0)):
-            self.best_kernel = candidate
+        self.scored.append(candidate)
         if self.best is not None and speedup <= (self.best.report.speedup or 0.0):
             return False
         self.best = candidate
@@ -216,8 +368,8 @@ class AutoRun:
         """Carry an interrupted run's work into this one (a daemon job run again after its daemon died).
 
         Its evaluations count against the budget, the strategies it evaluated are not worked on
-        again, its best kernel is the one to beat, and its plan is reused. Returns how many
-        evaluations were carried.
+        again, its baseline stands, its candidates are confirmed with this run's, and its plan is
+        reused. Returns how many evaluations were carried.
         """
         record = self.bus.log(self.session_id)
         record.messages[:0] = messages
@@ -227,6 +379,10 @@ class AutoRun:
         plans = [m for m in messages if isinstance(m, Plan)]
         if plans:
             self.catalog = plans[-1].model_copy(update={"session_id": self.session_id, "step": 0})
+        self.baseline_runs = [m.report for m in messages
+                              if isinstance(m, EvalReport) and m.draft.produced_by == policy.BASELINE][:3]
+        if self.baseline_runs:
+            self._set_bar()
         for message in messages:
             if isinstance(message, CandidateScored):
                 self.consider(message)
@@ -241,8 +397,9 @@ class AutoRun:
             "sent_at": datetime.now(timezone.utc), "candidate_id": None, "parent_id": None})
         record = self.bus.log(self.session_id)
         mark, spent_before, began = len(record.messages), self.evaluations, time.monotonic()
-        self.emit("iteration", {"n": len(self.iterations), "strategy": plan.current.name})
-        finished = await self.bus.run_plan(plan, self.time_left())
+        self.emit("iteration", {"n": len(self.iterations), "strategy": plan.current.name,
+                                "budget_s": round(plan.budget.tune_budget_s, 1)})
+        finished = await self.bus.run_plan(plan, self.grace())
         seen = attempts(record.since(mark))
         for attempt in seen:
             self.history[attempt.strategy] = attempt
@@ -260,8 +417,10 @@ class AutoRun:
         return finished
 
     async def run(self) -> tuple[str, str]:
-        """Iterate until a stop condition; returns (status, stop reason)."""
+        """Baseline, iterate until a stop condition, confirm; returns (status, stop reason)."""
         status = "failed"
+        if self.budget.baseline and not self.baseline_runs:
+            await self.measure_baseline()
         while True:
             reason = self.stop_reason()
             if reason:
@@ -277,9 +436,24 @@ class AutoRun:
             if finished.status in ("budget", "error"):
                 status, reason = finished.status, finished.reason
                 break
-        if self.best is not None and status not in ("budget", "error"):
+        if status != "error":
+            await self.conclude()
+        if self.returned() is not None and status not in ("budget", "error"):
             status = "scored"
         return status, reason or ""
+
+    def returned(self) -> tuple[str, JudgeReport, str, dict[str, Any]] | None:
+        """(source, report, strategy, params) of what the run hands back: the winner, else the reference."""
+        if self.winner is not None:
+            return self.winner.source, self.winner.report, self.winner.strategy, self.params_of(self.winner)
+        if not self.budget.baseline and self.best is not None:  # no bar was measured: the best reading stands
+            return self.best.source, self.best.report, self.best.strategy, self.params_of(self.best)
+        baseline = self.baseline
+        if baseline is not None and baseline.passed:
+            from maxkernel.rules.strategy import reference_source
+
+            return reference_source(self.task), baseline, REFERENCE, {}
+        return None
 
 
 def messages_of(store: Any, session_ids: list[str]) -> list[BusMessage]:
@@ -300,19 +474,19 @@ def summary_note(run: AutoRun) -> tuple[str, str]:
     """The note remembered at the end: what worked and what failed on this task (and its outcome)."""
     worked = [a.line() for a in run.history.values() if a.status == "ok"]
     failed = [a.line() for a in run.history.values() if a.status != "ok"]
-    head = f"Auto on {run.task.id} ({run.target})"
-    if run.best is not None:
-        head += f": best {run.best.strategy} at {run.best.report.speedup}x ({run.best.report.basis})"
+    head = f"Auto on {run.task.id} ({run.target}): {run.note}" if run.note else f"Auto on {run.task.id} ({run.target})"
     text = head + ". Worked: " + ("; ".join(worked) or "nothing") + ". Failed: " + ("; ".join(failed) or "nothing") + "."
-    outcome = "worked" if run.best is not None and (run.best.report.speedup or 0) > 1 else "failed" if run.best is None else "info"
+    outcome = "worked" if run.winner is not None else "failed" if not run.scored else "info"
     return text[:2000], outcome
 
 
 def remember(run: AutoRun) -> tuple[str | None, str | None]:
-    """Store the best correct kernel (not one that is just the reference again) and the run's note."""
+    """Store the winner with its confirmed report (else the best correct kernel that is not the reference
+    again: verified, though not faster) and the run's note."""
     memory = run.services.memory
     kernel_id = None
-    best = run.best_kernel
+    kernels = [c for c in run.scored if c.report.label != "reference-equivalent"]
+    best = run.winner or max(kernels, key=lambda c: c.report.speedup or 0.0, default=None)
     if best is not None:
         record = memory.remember_kernel(best.report, best.source, task=run.task, strategy=best.strategy,
                                         produced_by=best.produced_by, session_id=run.session_id,
@@ -330,9 +504,14 @@ async def run_auto(task_id: str, config: ActorConfig | None = None, *, target: s
                    budget: AutoBudget | None = None, services: Services | None = None, session_id: str | None = None,
                    mode: str = "auto", on_event: OnEvent | None = None, remember_best: bool = True,
                    prior: list[BusMessage] | None = None) -> AutoResult:
-    """One Auto run. With ``services`` given (a daemon's), its evaluator, store and memory are shared; give
-    it a config with ``remember=False`` so that only the run's best kernel and note are remembered.
-    ``prior``: the messages of an interrupted run of the same job, whose work this run carries on."""
+    """One Auto run on a suite id or a task folder. With ``services`` given (a daemon's), its evaluator,
+    store and memory are shared; give it a config with ``remember=False`` so that only the run's winner and
+    note are remembered. ``prior``: the messages of an interrupted run of the same job, whose work this run
+    carries on. ``on_event`` sees ``baseline``, ``plan``, ``iteration``, ``trial``, ``iterated`` and
+    ``confirm`` events (a progress display)."""
+    from maxkernel.targets.names import parse_target
+
+    parse_target(target)  # a bad target fails here (one line), before anything starts
     config = config or (services.config if services else ActorConfig())
     budget = budget or AutoBudget()
     own = services is None
@@ -351,11 +530,18 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
     brain = brain_label(services.config)
     await asyncio.to_thread(services.store.create_session, mode=mode, brain=brain, target=target,
                             budget=budget.model_dump(), task_id=task.id, id=session_id)
-    bus = Bus(services)
+    emit: OnEvent = on_event or (lambda _k, _d: None)
+
+    def on_message(message: BusMessage) -> None:
+        row = trial_row(message) if message.session_id == session_id else None
+        if row is not None:
+            emit("trial", row.model_dump())
+
+    bus = Bus(services, on_message=on_message)
     status, reason, interrupted = "error", "", True
     try:
         await bus.__aenter__()
-        run = AutoRun(bus, task.id, target=target, size=size, budget=budget, session_id=session_id, on_event=on_event)
+        run = AutoRun(bus, task.id, target=target, size=size, budget=budget, session_id=session_id, on_event=emit)
         carried = run.restore(prior) if prior else 0
         if prior:
             run.emit("resumed", {"evaluations": carried, "tried": sorted(run.history)})
@@ -370,18 +556,36 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
         await asyncio.to_thread(services.store.set_session_status, session_id, status)
     kernel_id, note_id = (await asyncio.to_thread(remember, run)) if remember_best else (None, None)
     ledger = services.ledger(session_id, Budget())
-    best = run.best
+    returned = run.returned()
+    source, report, strategy, params = returned if returned is not None else (None, None, "", {})
+    messages = bus.log(session_id).messages
+    baseline = run.baseline
     result = AutoResult(
         session_id=session_id, task_id=task.id, target=target, brain=brain, status=status,  # type: ignore[arg-type]
-        stop_reason=reason, best_source=best.source if best else None, best_report=best.report if best else None,
-        best_strategy=best.strategy if best else "", best_candidate_id=best.candidate_id if best else None,
-        iterations=run.iterations, attempts=list(run.history.values()), evaluations=run.evaluations,
-        first_correct_at=run.first_correct_at, best_at=run.best_at, tokens=ledger.tokens, recalled=run.recalled,
-        remembered_kernel=kernel_id, remembered_note=note_id, seconds=round(time.monotonic() - run.started, 3),
-        resumed_evaluations=carried)
+        stop_reason=reason, best_source=source, best_report=report, best_strategy=strategy, best_params=params,
+        best_candidate_id=run.winner.candidate_id if run.winner else None, beat_reference=run.winner is not None,
+        speedup=_first_reading(run, report), confirmed_speedup=run.confirmed_speedup, confirmation=run.confirmation,
+        baseline_speedup=baseline.speedup if baseline is not None else None, bar=run.bar, note=run.note,
+        iterations=run.iterations, attempts=list(run.history.values()), trials=trial_rows(messages),
+        evaluations=run.evaluations, first_correct_at=run.first_correct_at,
+        best_at=evaluation_index(messages, _first_report(run, report)), tokens=ledger.tokens,
+        cost_usd=round(ledger.cost_usd, 6), recalled=run.recalled, remembered_kernel=kernel_id,
+        remembered_note=note_id, seconds=round(time.monotonic() - run.started, 3), resumed_evaluations=carried)
     log.info("auto.finished", session=session_id, task=task.id, status=status, reason=reason,
-             evaluations=result.evaluations, best=result.best_report.speedup if result.best_report else None)
+             evaluations=result.evaluations, speedup=result.speedup, confirmed=result.confirmed_speedup)
     return result
+
+
+def _first_report(run: AutoRun, report: JudgeReport | None) -> JudgeReport | None:
+    """The first judgement of the returned kernel (the winner's before it was re-measured)."""
+    if run.winner is not None:
+        return next((c.report for c in run.scored if c.candidate_id == run.winner.candidate_id), report)
+    return report
+
+
+def _first_reading(run: AutoRun, report: JudgeReport | None) -> float | None:
+    first = _first_report(run, report)
+    return first.speedup if first is not None else None
 
 
 def auto(task_id: str, config: ActorConfig | None = None, **kwargs: Any) -> AutoResult:

@@ -11,15 +11,26 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 import structlog
-from autogen_core import ClosureAgent, ClosureContext, MessageContext, SingleThreadedAgentRuntime, TypeSubscription
+from autogen_core import AgentId, ClosureAgent, ClosureContext, MessageContext, SingleThreadedAgentRuntime, TypeSubscription
 
 from actors.registry import register_actors
 from actors.services import Services
-from maxkernel.messages import BusMessage, EvalReport, FixRequest, OptimizeRequest, Plan, SessionFinished
-from maxkernel.runtime import CODER, LIBRARIAN, PLANNER, RECORDER, ROLES, SESSION, TOPICS, local_runtime, publish
+from maxkernel.messages import (
+    BusMessage,
+    EvalReport,
+    EvalRequest,
+    FixRequest,
+    KernelDraft,
+    OptimizeRequest,
+    Plan,
+    SessionFinished,
+    StrategyRef,
+    new_id,
+)
+from maxkernel.runtime import CODER, LIBRARIAN, PLANNER, RECORDER, ROLES, SESSION, TESTER, TOPICS, local_runtime, publish
 
 log = structlog.get_logger("orchestrators.bus")
 
@@ -51,8 +62,9 @@ class SessionLog:
 class Bus:
     """Owns the two runtimes for as long as an orchestrator runs; ``async with Bus(services) as bus``."""
 
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: Services, on_message: Callable[[BusMessage], None] | None = None) -> None:
         self.services = services
+        self.on_message = on_message
         self.logs: dict[str, SessionLog] = defaultdict(SessionLog)
         self.work: SingleThreadedAgentRuntime | None = None
         self.planning: SingleThreadedAgentRuntime | None = None
@@ -91,6 +103,8 @@ class Bus:
                 return
             record = self.logs[message.session_id]
             record.messages.append(message)
+            if self.on_message is not None:
+                self.on_message(message)
             if isinstance(message, SessionFinished):
                 record.finished.put_nowait(message)
             elif isinstance(message, Plan) and runtime is self.planning:
@@ -125,6 +139,29 @@ class Bus:
         plan.sender = "orchestrator"
         await publish(self.work, plan, CODER)
         return await asyncio.wait_for(self.log(plan.session_id).finished.get(), timeout_s)
+
+    async def evaluate(self, draft: KernelDraft, timing: bool = True) -> EvalReport:
+        """Have the tester judge ``draft`` directly (a baseline or confirmation run): the draft is recorded
+        as a candidate first, and the tester copies its report to the event log."""
+        assert self.work is not None, "the bus is not open"
+        draft.sender = draft.sender or "orchestrator"
+        await publish(self.work, draft, RECORDER)
+        request = EvalRequest(session_id=draft.session_id, task_id=draft.task_id, candidate_id=draft.candidate_id,
+                              parent_id=draft.parent_id, draft=draft, timing=timing, sender=draft.sender)
+        reply = await self.work.send_message(request, AgentId(TESTER, draft.session_id))
+        if not isinstance(reply, EvalReport):
+            raise RuntimeError(f"the tester gave no report for {draft.produced_by or 'a draft'} (it failed; see the event log)")
+        return reply
+
+    async def judge(self, session_id: str, task_id: str, source: str, ref: StrategyRef, produced_by: str, *,
+                    target: str, size: str, candidate_id: str | None = None) -> EvalReport:
+        """Judge ``source`` outside the pipeline as a draft of ``ref`` (the baseline, or a confirmation run of
+        the candidate ``candidate_id``)."""
+        plan = Plan(session_id=session_id, task_id=task_id, target=target, size=size, strategies=[ref],
+                    sender="orchestrator")
+        draft = KernelDraft(session_id=session_id, task_id=task_id, candidate_id=candidate_id or new_id(), plan=plan,
+                            source=source, produced_by=produced_by, sender="orchestrator")
+        return await self.evaluate(draft)
 
     async def send(self, message: BusMessage, role: str) -> None:
         """Publish any message on the work runtime (HITL steps)."""

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from typing import Any
 
 import sqlalchemy as sa
 from pydantic import BaseModel, Field
 
+from actors import policy
 from memory import Store
 from orchestrators.tables import ensure, expansions, searches
 
 ROOT = "root"
 EVALUATION_TYPES = ("EvalReport", "FixRequest")
+CONFIRM_SESSION = "confirm"
+_NS = uuid.UUID("6f1d1c52-58a4-4c8f-9a53-2f0b0d7c1e11")
 
 
 class Node(BaseModel):
@@ -40,6 +44,19 @@ class Node(BaseModel):
     lane: int = 0
     seq: int = 0
     produced_by: str = ""
+    basis: str | None = None
+    confirm_runs: list[float] = Field(default_factory=list, description="readings of the re-measurements")
+
+    @property
+    def confirmed(self) -> float | None:
+        """The speedup after re-measurement (``actors.policy``); a modelled one stands as it is."""
+        if self.speedup is None or not self.passed:
+            return None
+        if self.basis is not None and self.basis != "measured":
+            return self.speedup
+        if not self.confirm_runs:
+            return None
+        return policy.confirmed([self.speedup, *self.confirm_runs])
 
 
 class Expansion(BaseModel):
@@ -71,12 +88,26 @@ class SearchGraph(BaseModel):
         return [n for n in self.nodes if n.passed]
 
     def best(self) -> Node | None:
+        """The best node by confirmed speedup; by first reading only when no node has been confirmed."""
+        confirmed = [n for n in self.valid if n.confirmed is not None]
+        if confirmed:
+            return max(confirmed, key=lambda n: n.confirmed or 0.0)
         return max(self.valid, key=lambda n: n.speedup or 0.0, default=None)
 
     def result_of(self, expansion: Expansion) -> Node | None:
         """An expansion's best valid node (its draft, or the debugger's fix of it)."""
         mine = [n for n in self.nodes if n.expansion == expansion.n and n.passed]
         return max(mine, key=lambda n: n.speedup or 0.0, default=None)
+
+
+def session_for(search_id: str, n: int | str) -> str:
+    """The session of a search's expansion ``n`` (or of its plan or its confirmation runs): stable ids, so
+    that a resumed search finds what its killed run recorded."""
+    return uuid.uuid5(_NS, f"{search_id}:{n}").hex
+
+
+def confirm_session(search_id: str) -> str:
+    return session_for(search_id, CONFIRM_SESSION)
 
 
 def shown(params: dict[str, Any]) -> dict[str, Any]:
@@ -110,6 +141,12 @@ def load_graph(store: Store, search_id: str) -> SearchGraph:
         rows = conn.execute(sa.select(expansions).where(expansions.c.search_id == search_id)
                             .order_by(expansions.c.n)).all()
     exps = [Expansion.model_validate(dict(r._mapping)) for r in rows]
+    confirm_runs: dict[str, list[float]] = {}
+    for event in store.events(session_id=confirm_session(search_id)):
+        if event.message_type == "EvalReport" and event.candidate_id:
+            report = event.payload["report"]
+            passed = report["status"] == "ok" and bool(report["correct"])
+            confirm_runs.setdefault(event.candidate_id, []).append(float(report.get("speedup") or 0.0) if passed else 0.0)
     nodes: list[Node] = []
     for exp in exps:
         for event in store.events(session_id=exp.session_id):
@@ -125,6 +162,7 @@ def load_graph(store: Store, search_id: str) -> SearchGraph:
                 passed=report["status"] == "ok" and bool(report["correct"]), speedup=report.get("speedup"),
                 kernel_ms=report.get("kernel_ms"), label=report.get("label"), reason=(report.get("reason") or "")[:300],
                 niche=niche(exp.strategy, exp.params), lane=exp.lane, seq=event.seq,
-                produced_by=draft.get("produced_by", "")))
+                produced_by=draft.get("produced_by", ""), basis=report.get("basis"),
+                confirm_runs=confirm_runs.get(event.candidate_id or draft["candidate_id"], [])))
     return SearchGraph(search_id=search_id, task_id=row.task_id, algorithm=row.algorithm, config=row.config,
                        status=row.status, expansions=exps, nodes=nodes)

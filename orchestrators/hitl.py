@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, Field
 
+from actors import policy
 from actors.config import ActorConfig
 from actors.services import Services
 from jaxbench.report import EvalReport as JudgeReport
@@ -86,7 +87,7 @@ class Chat:
         self.undo_stack: list[State] = []
         self.history: list[str] = []
         self.llm = services.config.brain == "llm"
-        self.budget = Budget(tune_max_trials=3, tune_budget_s=60)
+        self.budget = Budget(tune_max_trials=None, tune_budget_s=policy.STEP_TUNE_S)
 
     # -- persistence ----------------------------------------------------------------------------
 
@@ -290,6 +291,9 @@ class Chat:
         if draft is None or report is None or not report.passed:
             self.write("accept needs a kernel that passed the judge")
             return
+        report, how = await self.confirm(draft, report)
+        if report is None:
+            return
         memory = self.services.memory
         kernel = await asyncio.to_thread(memory.remember_kernel, report, draft.source, task=self.task,
                                          strategy=draft.plan.current.name, produced_by=draft.produced_by,
@@ -298,7 +302,24 @@ class Chat:
         self.state.accepted = kernel.id
         await self.log_decision("approve", f"accepted kernel {kernel.id}")
         await asyncio.to_thread(self.services.store.set_session_status, self.session_id, "accepted")
-        self.write(f"accepted: {report.speedup}x, remembered as {kernel.id}")
+        self.write(f"accepted: {report.speedup}x ({how}), remembered as {kernel.id}")
+
+    async def confirm(self, draft: KernelDraft, report: JudgeReport) -> tuple[JudgeReport | None, str]:
+        """Measure the kernel again before it is accepted (``actors.policy``): the confirmed report, or None
+        when a re-run fails."""
+        if not policy.needs_confirmation(report):
+            return report, f"{report.basis}, deterministic"
+        runs, reports = [float(report.speedup or 0.0)], [report]
+        while policy.confirm_more(runs, 1.0):
+            out = await ask_tester(self.services, draft.model_copy(update={"produced_by": policy.CONFIRM}), True)
+            assert isinstance(out, EvalReport)
+            if not out.report.passed:
+                self.write(f"not accepted: a re-run failed: {out.report.status}: {out.report.reason[:300]}")
+                return None, ""
+            runs.append(policy.reading(out.report) or 0.0)
+            reports.append(out.report)
+        value = policy.confirmed(runs)
+        return reports[runs.index(value)], f"confirmed, {policy.confirmation_label(runs)}"
 
     async def do_undo(self, _arg: str) -> None:
         if self._undo():
@@ -360,7 +381,8 @@ class Chat:
                 continue
             word, _, rest = line.partition(" ")
             if word in ("quit", "exit"):
-                self.write(f"session {self.session_id} saved; resume with: maxkernel chat {self.task.id} --resume {self.session_id}")
+                self.write(f"session {self.session_id} saved; resume with: maxkernel chat {task_argument(self.task)} "
+                           f"--resume {self.session_id}")
                 return
             if word in commands:
                 try:
@@ -369,6 +391,13 @@ class Chat:
                     self.write(f"{word} failed: {type(exc).__name__}: {exc}")
             else:
                 await self.guidance(line)
+
+
+def task_argument(task: Any) -> str:
+    """How to name ``task`` on the command line again: its suite id, or its folder when it is not one."""
+    from jaxbench.task import SUITE_DIR
+
+    return task.id if task.path.resolve().parent == SUITE_DIR.resolve() else str(task.path)
 
 
 def _unrecorded(services: Services, candidate_id: str) -> bool:

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 import structlog
 from pydantic import BaseModel, Field
 
+from actors import policy
 from actors.config import ActorConfig
 from actors.services import Services
 from maxkernel.messages import Budget, OptimizeRequest, Plan, SessionFinished, StrategyRef
@@ -30,14 +31,22 @@ from memory import Store
 from memory.errors import RecordNotFoundError
 from orchestrators.auto import brain_label
 from orchestrators.bus import Bus
-from orchestrators.graph import Expansion, Node, SearchGraph, load_graph, params_key, shown
+from orchestrators.graph import (
+    Expansion,
+    Node,
+    SearchGraph,
+    confirm_session,
+    load_graph,
+    params_key,
+    session_for,
+    shown,
+)
 from orchestrators.tables import ensure, expansions, searches, utcnow, writing
 
 log = structlog.get_logger("orchestrators.search")
 
 Algorithm = Literal["parallel", "beam", "evolve"]
 OnEvent = Callable[[str, dict[str, Any]], None]
-_NS = uuid.UUID("6f1d1c52-58a4-4c8f-9a53-2f0b0d7c1e11")
 
 
 class SearchConfig(BaseModel):
@@ -67,10 +76,6 @@ class Spec(BaseModel):
     params: dict[str, Any]
     edge: str
     lane: int = 0
-
-
-def session_for(search_id: str, n: int | str) -> str:
-    return uuid.uuid5(_NS, f"{search_id}:{n}").hex
 
 
 # -- moves on the catalog ---------------------------------------------------------------------------
@@ -283,7 +288,9 @@ class SearchResult(BaseModel):
     best_candidate_id: str | None = None
     best_strategy: str = ""
     best_params: dict[str, Any] = Field(default_factory=dict)
-    best_speedup: float | None = None
+    best_speedup: float | None = Field(None, description="the best node's confirmed speedup (its first reading "
+                                                           "when no node could be confirmed)")
+    confirmed: bool = Field(False, description="best_speedup is a confirmed figure")
     first_correct_at: int | None = None
     resumed: int = Field(0, description="expansions found interrupted and closed from their recorded evaluations")
 
@@ -422,8 +429,34 @@ class Search:
             self.emit("round", {"round": round_, "expansions": len(specs)})
             graph = await asyncio.to_thread(load_graph, self.store, self.search_id)
             graph = await self.settle(graph, plan)
+        graph = await self.confirm(graph, plan)
         await asyncio.to_thread(self.set_status, "done")
         return result_of(graph, reason or "", self.resumed)
+
+    async def confirm(self, graph: SearchGraph, plan: Plan) -> SearchGraph:
+        """Re-measure the top nodes (``actors.policy``), so that the search names its best by confirmed
+        speedup; runs a killed search recorded already are not repeated."""
+        kernels = [n for n in graph.valid if n.label != "reference-equivalent" and n.basis == "measured"]
+        todo = policy.to_confirm(kernels, lambda n: n.speedup or 0.0, 1.0)
+        if not todo:
+            return graph
+        session_id = confirm_session(self.search_id)
+        await asyncio.to_thread(self.ensure_session, session_id)
+        for node in todo:
+            runs = [float(node.speedup or 0.0), *node.confirm_runs]
+            if not policy.confirm_more(runs, 1.0):
+                continue
+            ref = next((s for s in plan.strategies if s.name == node.strategy), StrategyRef(name=node.strategy))
+            ref = ref.model_copy(update={"params": dict(ref.params) | node.params, "space": {}})
+            source = (await asyncio.to_thread(self.store.get_candidate, node.candidate_id)).code
+            while policy.confirm_more(runs, 1.0):
+                reply = await self.bus.judge(session_id, self.task_id, source, ref, policy.CONFIRM,
+                                             target=self.config.target, size=self.config.size,
+                                             candidate_id=node.candidate_id)
+                runs.append(policy.reading(reply.report) or 0.0)
+                self.emit("confirm", {"strategy": node.strategy, "params": shown(node.params), "runs": runs})
+        await asyncio.to_thread(self.store.set_session_status, session_id, "done")
+        return await asyncio.to_thread(load_graph, self.store, self.search_id)
 
 
 def result_of(graph: SearchGraph, reason: str, resumed: int = 0) -> SearchResult:
@@ -434,8 +467,10 @@ def result_of(graph: SearchGraph, reason: str, resumed: int = 0) -> SearchResult
                         status="scored" if best else "failed", stop_reason=reason, evaluations=len(graph.nodes),
                         expansions=len(graph.expansions), nodes=len(graph.nodes),
                         best_candidate_id=best.candidate_id if best else None, best_strategy=best.strategy if best else "",
-                        best_params=best.params if best else {}, best_speedup=best.speedup if best else None,
-                        first_correct_at=first, resumed=resumed)
+                        best_params=best.params if best else {},
+                        best_speedup=(best.confirmed or best.speedup) if best else None,
+                        confirmed=best is not None and best.confirmed is not None, first_correct_at=first,
+                        resumed=resumed)
 
 
 async def run_search(task_id: str, config: SearchConfig | None = None, actor_config: ActorConfig | None = None, *,
@@ -476,7 +511,9 @@ def remember_best(services: Services, store: Store, search_id: str) -> str | Non
     """The search's best Pallas kernel and a note on what each strategy gave, into memory."""
     graph = load_graph(store, search_id)
     kernels = [n for n in graph.valid if n.label != "reference-equivalent"]
-    best = max(kernels, key=lambda n: n.speedup or 0.0, default=None)
+    confirmed = [n for n in kernels if n.confirmed is not None]
+    best = (max(confirmed, key=lambda n: n.confirmed or 0.0) if confirmed
+            else max(kernels, key=lambda n: n.speedup or 0.0, default=None))
     task = services.task(graph.task_id)
     if best is None:
         return None

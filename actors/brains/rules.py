@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from actors.brains.base import Brain, Diagnosis, PlanOutcome, TuneOutcome
+from actors.policy import tune_window
 from actors.priors import prioritize, tuning_priors
 from actors.profile_facts import gather, rules_diagnosis
 from jaxbench.report import EvalReport as JudgeReport
-from maxkernel.messages import EvalReport, FixRequest, OptimizeRequest, Plan, ProfileReport, Recall, StrategyRef, TuneTrial
+from maxkernel.messages import Budget, EvalReport, FixRequest, OptimizeRequest, Plan, ProfileReport, Recall, StrategyRef, TuneTrial
 
 RECALLED = "recalled"
 
@@ -72,9 +74,16 @@ class RulesBrain(Brain):
         budget = profile.draft.plan.budget
         if ref.kind == RECALLED or not ref.space:
             return TuneOutcome(best_source=profile.draft.source, best_report=profile.report, best_params=dict(ref.params))
+        window = tune_seconds(budget, profile.report.duration_s)
+        if window <= 0:
+            return TuneOutcome(best_source=profile.draft.source, best_report=profile.report, best_params=dict(ref.params))
         loop = asyncio.get_running_loop()
+        drafted = profile.draft.source.strip()
 
         def evaluate(source: str) -> JudgeReport:
+            # The draft at its own parameters was judged already: its report stands, no second evaluation.
+            if source.strip() == drafted:
+                return profile.report
             # rules.tune runs in a worker thread; each trial goes to the tester through the bus.
             return asyncio.run_coroutine_threadsafe(self.tools.evaluate(source, True), loop).result()
 
@@ -82,8 +91,16 @@ class RulesBrain(Brain):
         start, order = await asyncio.to_thread(tuning_priors, self.services.memory, self.services.settings.data_path,
                                                self.tools.task, ref, self.tools.target)
         result = await asyncio.to_thread(tune, self.tools.task, _strategy(start), self.tools.target, evaluate,
-                                         budget.tune_budget_s, 0, budget.tune_max_trials, order=order)
+                                         window, budget.seed, budget.tune_max_trials, order=order)
         return _outcome(self.tools.task, ref, result, profile)
+
+
+def tune_seconds(budget: Budget, trial_s: float) -> float:
+    """How long the tuner may start trials: ``tune_budget_s``, cut to the strategy's share when one is set."""
+    left = budget.tune_budget_s
+    if budget.share_ends_at is not None:
+        left = min(left, budget.share_ends_at - time.time())
+    return tune_window(left, trial_s)
 
 
 def _outcome(task: Any, ref: StrategyRef, result: Any, profile: ProfileReport) -> TuneOutcome:

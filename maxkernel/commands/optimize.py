@@ -1,8 +1,7 @@
-"""``maxkernel optimize TASK --brain rules``: run the model-free optimizer and write the best kernel."""
+"""``maxkernel optimize TASK``: one optimization session on the actors with any brain; writes the kernel."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -15,11 +14,12 @@ from rich.table import Table
 def optimize_command(
     task: str = typer.Argument(..., help="suite id or task folder"),
     brain: str = typer.Option("rules", help="rules (no model) | gemini | openai | replay"),
-    budget: float = typer.Option(300.0, help="seconds to spend (rules brain)"),
+    budget: float = typer.Option(300.0, help="seconds to spend"),
+    evals: Optional[int] = typer.Option(None, help="evaluations to spend (default: no limit but the time)"),
     out: Path = typer.Option(Path("kernels"), help="folder for the best kernel file"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the result and every trial as JSON"),
     target: str = typer.Option("cpu", help="cpu | gpu | tpu-v4 | tpu-v5e | tpu-v5p | tpu-v6e | tpu-v7"),
-    seed: int = typer.Option(0, help="seed of the search order"),
+    seed: int = typer.Option(0, help="seed of the tuner's search order"),
     model: Optional[str] = typer.Option(None, help="model preset of config/models.yaml (LLM brains)"),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible server URL (--brain openai)"),
     transcript: Optional[Path] = typer.Option(None, help="recorded session to replay (--brain replay)"),
@@ -30,109 +30,102 @@ def optimize_command(
     """Optimize one task; exit 0 when a correct kernel file was written."""
     from maxkernel.cli import guarded
 
-    if brain == "rules":
-        guarded(_optimize)(task, brain, budget, out, json_out, target, seed)
-    else:
-        guarded(_optimize_with_actors)(task, brain, out, json_out, target, model, base_url, transcript, record,
-                                       max_tokens, max_cost)
+    guarded(_optimize)(task, brain, budget, evals, out, json_out, target, seed, model, base_url, transcript, record,
+                       max_tokens, max_cost)
 
 
-def _optimize_with_actors(task: str, brain: str, out: Path, json_out: Optional[Path], target: str,
-                          model: Optional[str], base_url: Optional[str], transcript: Optional[Path],
-                          record: Optional[Path], max_tokens: Optional[int], max_cost: Optional[float]) -> None:
-    """An LLM brain: one session through the actors (planner, coder, tester, debugger, profiler, tuner)."""
-    from actors.session import BRAINS, optimize
-    from jaxbench.task import load_task
-    from maxkernel.cli import UserError, print_report
-    from maxkernel.targets.names import parse_target
-
-    if brain not in BRAINS:
-        raise UserError(f"--brain {brain}: choose one of {', '.join(BRAINS)}")
-    parse_target(target)
-    loaded = load_task(task)
-    err = Console(stderr=True)
-    with err.status(f"{loaded.id}: {brain} session") as status:
-        result = optimize(str(loaded.path), brain, model=model, base_url=base_url, transcript=transcript,
-                          record_to=record, target=target, max_tokens=max_tokens, max_cost_usd=max_cost,
-                          on_message=lambda m: status.update(f"{loaded.id}: {type(m).__name__}"))
-    if result.report is not None:
-        print_report(result.report)
-    console = Console()
-    console.print(f"session {result.session_id}: {result.status} {escape(result.reason)} "
-                  f"(tokens {result.tokens}, ${result.cost_usd:.4f})", highlight=False)
-    if result.source and result.report is not None and result.report.correct:
-        out.mkdir(parents=True, exist_ok=True)
-        kernel_path = out / f"{loaded.id}_{target}.py"
-        kernel_path.write_text(result.source)
-        console.print(f"kernel written to {kernel_path}", highlight=False)
-    if json_out:
-        json_out.write_text(result.model_dump_json(indent=2))
-    raise typer.Exit(0 if result.status == "scored" and result.report is not None and result.report.correct else 1)
-
-
-def _optimize(task: str, brain: str, budget: float, out: Path, json_out: Optional[Path], target: str, seed: int) -> None:
+def _optimize(task: str, brain: str, budget: float, evals: Optional[int], out: Path, json_out: Optional[Path],
+              target: str, seed: int, model: Optional[str], base_url: Optional[str], transcript: Optional[Path],
+              record: Optional[Path], max_tokens: Optional[int], max_cost: Optional[float]) -> None:
+    from actors.session import BRAINS
     from jaxbench.task import load_task
     from maxkernel.cli import UserError
     from maxkernel.targets.names import parse_target
+    from orchestrators.api import optimize
 
+    if brain not in BRAINS:
+        raise UserError(f"--brain {brain}: choose one of {', '.join(BRAINS)}")
     if budget <= 0:
         raise UserError(f"--budget {budget}: must be positive")
+    if evals is not None and evals < 1:
+        raise UserError(f"--evals {evals}: must be at least 1")
     parse_target(target)
     loaded = load_task(task)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder")
-
     err = Console(stderr=True)
-    result = _run(loaded, target, budget, seed, err)
-    out.mkdir(parents=True, exist_ok=True)
-    kernel_path = out / f"{loaded.id}_{target}.py"
-    kernel_path.write_text(result.best_source)
+    with _Progress(err, loaded.id, budget) as on_event:
+        result = optimize(task, target=target, budget_s=budget, evals=evals, brain=brain, seed=seed, model=model,
+                          base_url=base_url, transcript=transcript, record_to=record, max_tokens=max_tokens,
+                          max_cost_usd=max_cost, on_event=on_event)
+    kernel_path = None
+    if result.best_source and result.best_report is not None and result.best_report.correct:
+        out.mkdir(parents=True, exist_ok=True)
+        kernel_path = out / f"{loaded.id}_{target}.py"
+        kernel_path.write_text(result.best_source)
     _print(result, kernel_path)
     if json_out:
-        json_out.write_text(json.dumps(result.model_dump(mode="json"), indent=2))
-    raise typer.Exit(0 if result.best_report is not None and result.best_report.correct else 1)
+        json_out.write_text(result.model_dump_json(indent=2))
+    raise typer.Exit(0 if kernel_path is not None else 1)
 
 
-def _run(loaded: Any, target: str, budget: float, seed: int, err: Console) -> Any:
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+class _Progress:
+    """A rich progress bar over the time budget, a line per trial, fed by the session's events."""
 
-    from maxkernel.rules import optimize_rules
+    def __init__(self, console: Console, task_id: str, budget: float) -> None:
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                        console=err, transient=False)
-    with progress:
-        bar = progress.add_task(f"{loaded.id}: analyzing", total=budget)
+        self.task_id, self.budget = task_id, budget
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                                 console=console, transient=False)
+        self.bar: Any = None
 
-        def on_event(kind: str, data: dict[str, Any]) -> None:
-            if kind == "strategy":
-                progress.update(bar, description=f"{loaded.id}: {data['name']}")
-            elif kind == "trial":
-                speed = f"{data['speedup']:.2f}x" if data.get("speedup") else data["status"]
-                progress.console.print(f"  {data['strategy']} {data['params'] or ''}: {speed}", highlight=False, markup=False)
-            elif kind == "confirm":
-                progress.update(bar, description=f"{loaded.id}: re-measuring {data['strategy']}")
-            progress.update(bar, completed=min(budget, progress.tasks[0].elapsed or 0.0))
+    def __enter__(self) -> Any:
+        self.progress.__enter__()
+        self.bar = self.progress.add_task(f"{self.task_id}: baseline", total=self.budget)
+        return self.on_event
 
-        result = optimize_rules(loaded, target=target, budget_s=budget, on_event=on_event, seed=seed)
-        progress.update(bar, completed=budget, description=f"{loaded.id}: done")
-    return result
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "iteration":
+            self.progress.update(self.bar, description=f"{self.task_id}: {data['strategy']}")
+        elif kind == "trial":
+            speed = f"{data['speedup']:.2f}x" if data.get("speedup") else data["status"]
+            params = data["params"] or ""
+            self.progress.console.print(f"  {data['role']:8} {data['strategy']} {params}: {speed}", highlight=False,
+                                        markup=False)
+        elif kind == "confirm":
+            self.progress.update(self.bar, description=f"{self.task_id}: re-measuring {data['strategy']}")
+        self.progress.update(self.bar, completed=min(self.budget, self.progress.tasks[0].elapsed or 0.0))
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.progress.update(self.bar, completed=self.budget, description=f"{self.task_id}: done")
+        self.progress.__exit__(*exc)  # type: ignore[arg-type]
 
 
-def _print(result: Any, kernel_path: Path) -> None:
+def _print(result: Any, kernel_path: Path | None) -> None:
     console = Console()
-    table = Table(title=f"{result.task} · {result.target} · rules brain")
-    for col in ("strategy", "params", "status", "speedup", "label"):
+    table = Table(title=f"{result.task_id} · {result.target} · {result.brain} brain · session {result.session_id[:12]}")
+    for col in ("strategy", "role", "params", "status", "speedup", "label"):
         table.add_column(col, overflow="fold")
-    for trial in result.tried:
-        r = trial.report
-        params = {k: v for k, v in trial.params.items() if k != "rewrites"}
-        table.add_row(escape(trial.strategy), escape(str(params or "")), r.status, f"{r.speedup:.2f}x" if r.speedup else "-", r.label or "-")
+    for row in result.trials:
+        table.add_row(escape(row.strategy), row.role, escape(str(row.params or "")), row.status,
+                      f"{row.speedup:.2f}x" if row.speedup else "-", row.label or "-")
     console.print(table)
     report = result.best_report
     basis = f" ({report.basis})" if report is not None and report.basis else ""
-    speed = f"{report.speedup:.2f}x{basis}" if result.beat_reference and report is not None and report.speedup else "1.00x"
-    verdict = "[green]faster than the reference[/]" if result.beat_reference else "[yellow]no candidate beat the reference[/]"
-    params = {k: v for k, v in result.best_params.items() if k != "rewrites"}
-    console.print(f"best: {escape(result.best_strategy)} {escape(str(params or ''))} — {speed} — {verdict}")
-    console.print(result.note, highlight=False, markup=False)
-    console.print(f"kernel written to {kernel_path}", highlight=False)
+    if result.beat_reference and result.confirmed_speedup is not None:
+        speed = f"{result.confirmed_speedup:.2f}x{basis} confirmed"
+        verdict = "[green]faster than the reference[/]"
+    else:
+        speed = "1.00x"
+        verdict = "[yellow]no candidate beat the reference[/]"
+    params = {k: v for k, v in result.best_params.items() if k not in ("rewrites", "source")}
+    console.print(f"best: {escape(result.best_strategy or '-')} {escape(str(params or ''))} — {speed} — {verdict}")
+    if result.note:
+        console.print(result.note, highlight=False, markup=False)
+    console.print(f"session {result.session_id}: {result.status} ({result.stop_reason}); {result.evaluations} "
+                  f"evaluations, {result.seconds:.0f} s" + (f", tokens {result.tokens}, ${result.cost_usd:.4f}"
+                                                             if result.tokens else ""), highlight=False, markup=False)
+    if kernel_path is not None:
+        console.print(f"kernel written to {kernel_path}", highlight=False)

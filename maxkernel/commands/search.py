@@ -70,7 +70,9 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, global_evals: Op
                 raise UserError(f"--resume {resume}: no such search in {store.where}")
     if brain == "replay" and transcript is None:
         raise UserError("--brain replay needs --transcript PATH")
-    loaded = [load_task(t).id for t in tasks]
+    for t in tasks:
+        load_task(t)  # a bad name fails here, in one line; a folder is passed on as its path
+    loaded = list(tasks)
     try:
         config_actor = config_for_brain(brain, transcript=transcript)
     except ValueError as exc:
@@ -90,7 +92,8 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, global_evals: Op
         table.add_column(col)
     for r in results:
         table.add_row(r.search_id[:12], escape(r.task_id), str(r.evaluations), escape(r.best_strategy),
-                      escape(str(r.best_params or "")), f"{r.best_speedup}x" if r.best_speedup else "-",
+                      escape(str(r.best_params or "")),
+                      (f"{r.best_speedup}x" + (" confirmed" if r.confirmed else "")) if r.best_speedup else "-",
                       str(r.first_correct_at or "-"))
     Console().print(table)
     if json_out:

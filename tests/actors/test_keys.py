@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from actors import ActorConfig, optimize, run_session
+from actors import ActorConfig, run_session
+from maxkernel import optimize
 from actors.services import Services
 from maxkernel.llm.errors import MissingApiKeyError, TranscriptError
 from transcripts import TASK

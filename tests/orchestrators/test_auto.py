@@ -1,5 +1,6 @@
-"""Auto end to end: the rules brain over several iterations with feedback and memory, and the LLM brain
-driven by a replay transcript (plan, broken draft, fix, second strategy with the feedback, re-plan)."""
+"""Auto end to end: the rules brain over several iterations with feedback and memory (the baseline bar
+first, confirmation last), and the LLM brain driven by a replay transcript (plan, broken draft, fix,
+second strategy with the feedback, re-plan) under the same behaviour."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from transcripts import PROFILER_REPLY, fenced, kernel_source, text
 
 GEMM = "41k_Gemm_Add_ReLU"
 NORM = "12p_RMSNorm"
+SCALED = "30k_Matmul_Scaling_ResidualAdd"
 
 
 def _auto(config: ActorConfig, evaluator: object, task: str, budget: AutoBudget):  # type: ignore[no-untyped-def]
@@ -29,43 +31,65 @@ def _auto(config: ActorConfig, evaluator: object, task: str, budget: AutoBudget)
 
 def test_rules_auto_iterates_with_feedback_and_starts_from_memory(orch_evaluator: object) -> None:
     config = ActorConfig(brain="rules", remember=False)
-    budget = AutoBudget(max_evaluations=8, tune_max_trials=1, patience=3, time_s=400)
+    budget = AutoBudget(max_evaluations=12, time_s=400)
     result, events = _auto(config, orch_evaluator, NORM, budget)
     assert result.status == "scored", result.stop_reason
     assert result.best_report is not None and result.best_report.passed
-    assert len(result.iterations) >= 2 and result.evaluations == sum(i.evaluations for i in result.iterations)
-    assert result.first_correct_at == 1 and result.tokens == 0
+    baseline = [t for t in result.trials if t.role == "baseline"]
+    assert baseline and result.trials[: len(baseline)] == baseline and len(baseline) in (1, 3)
+    assert result.bar >= 1.0 and result.baseline_speedup == baseline[0].speedup or len(baseline) == 3
+    confirms = sum(1 for t in result.trials if t.role == "confirm")
+    assert result.evaluations == len(baseline) + sum(i.evaluations for i in result.iterations) + confirms
+    assert result.first_correct_at == len(baseline) + 1 and result.tokens == 0
     assert "nothing that was not tried" in result.stop_reason or "evaluation budget" in result.stop_reason
+    # Either a kernel was confirmed above the bar, or the reference came back and the note says so.
+    if result.beat_reference:
+        assert result.confirmed_speedup is not None and result.confirmed_speedup >= result.bar and confirms >= 1
+    else:
+        assert result.best_strategy == "reference" and "nothing beat the reference" in result.note
 
-    # The second iteration's plan carries what the first one taught.
     plans = [e.payload for e in events if e.message_type == "Plan"]
-    worked_on = [p for p in plans if "Tried so far" in p["notes"]]
-    assert worked_on and result.iterations[0].strategies[0] in worked_on[0]["notes"]
+    assert "Tried so far\n- reference: correct" in plans[0]["notes"]  # the baseline is the first thing tried
     assert plans[0]["strategies"][0]["kind"] == "template"
     assert result.remembered_kernel and result.remembered_note
 
     # A new run starts from memory: the kernel just remembered is the first thing it tries.
-    again, again_events = _auto(config, orch_evaluator, NORM, AutoBudget(max_evaluations=1, time_s=300))
+    again, again_events = _auto(config, orch_evaluator, NORM, AutoBudget(max_evaluations=4, time_s=300))
     plan = next(e.payload for e in again_events if e.message_type == "Plan")
     assert plan["strategies"][0]["kind"] == "recalled" and again.recalled
-    first = next(e.payload for e in again_events if e.message_type == "KernelDraft")
-    remembered = next(a for a in result.attempts if a.status == "ok")
-    assert first["plan"]["strategies"][0]["name"].startswith("recall:") and remembered
-    assert again.stop_reason.startswith("evaluation budget spent") and again.evaluations == 1
+    first = next(e.payload for e in again_events if e.message_type == "KernelDraft"
+                 and not e.payload["produced_by"].startswith("auto:"))
+    assert first["plan"]["strategies"][first["plan"]["step"]]["name"].startswith("recall:")
+    assert again.stop_reason.startswith("evaluation budget spent") or "nothing that was not tried" in again.stop_reason
     assert again.status == "scored" and again.best_report is not None and again.best_report.passed
+
+
+def test_a_stale_iteration_does_not_end_a_run_while_budget_remains(orch_evaluator: object) -> None:
+    """No patience by default: every strategy of the plan gets its turn, better or not."""
+    config = ActorConfig(brain="rules", remember=False)
+    result, events = _auto(config, orch_evaluator, SCALED,
+                           AutoBudget(time_s=300, max_evaluations=None, confirm=False))
+    worked = [s for it in result.iterations for s in it.strategies]
+    assert len(worked) >= 3 and result.stop_reason == "the planner proposed nothing that was not tried already"
+    assert any(not it.improved for it in result.iterations[1:])
+    # Each iteration's plan carries what the earlier ones taught.
+    handed = [e.payload for e in events if e.message_type == "Plan" and e.payload["sender"] == "orchestrator"]
+    assert len(handed) == len(result.iterations) and worked[0] in handed[1]["notes"]
 
 
 def test_a_job_run_again_carries_on_from_its_interrupted_run(orch_evaluator: object) -> None:
     config = ActorConfig(brain="rules", remember=False)
-    first, _ = _auto(config, orch_evaluator, NORM, AutoBudget(max_evaluations=1, tune_max_trials=1, time_s=300))
+    first, _ = _auto(config, orch_evaluator, SCALED, AutoBudget(max_evaluations=4, tune_max_trials=1, time_s=300,
+                                                                confirm=False))
+    assert first.iterations and first.stop_reason.startswith("evaluation budget spent")
     assert first.evaluations >= 1 and first.best_report is not None and first.best_report.passed
     tried = {a.strategy for a in first.attempts}
 
     services = Services(config, evaluator=orch_evaluator)  # type: ignore[arg-type]
     try:
         prior = messages_of(services.store, [first.session_id])
-        budget = AutoBudget(max_evaluations=first.evaluations + 2, tune_max_trials=1, patience=3, time_s=300)
-        again = asyncio.run(run_auto(NORM, services=services, budget=budget, prior=prior))
+        budget = AutoBudget(max_evaluations=first.evaluations + 2, tune_max_trials=1, time_s=300, confirm=False)
+        again = asyncio.run(run_auto(SCALED, services=services, budget=budget, prior=prior))
         events = services.store.events(session_id=again.session_id)
     finally:
         services.store.close()
@@ -73,14 +97,18 @@ def test_a_job_run_again_carries_on_from_its_interrupted_run(orch_evaluator: obj
     # The earlier evaluations count against the budget and are not repeated; its best is the bar.
     assert again.resumed_evaluations == first.evaluations
     assert again.evaluations == first.evaluations + sum(i.evaluations for i in again.iterations)
+    assert again.bar == first.bar and not [t for t in again.trials if t.role == "baseline"][len(
+        [t for t in first.trials if t.role == "baseline"]):]  # the interrupted run's baseline stands
     assert again.iterations and not tried & {s for it in again.iterations for s in it.strategies}
     assert tried <= {a.strategy for a in again.attempts}
     assert again.best_report is not None and (again.best_report.speedup or 0) >= (first.best_report.speedup or 0)
     # The plan was carried over: the new session's first draft is the first strategy not tried before.
-    draft = next(e.payload for e in events if e.message_type == "KernelDraft")
+    draft = next(e.payload for e in events if e.message_type == "KernelDraft"
+                 and not e.payload["produced_by"].startswith("auto:"))
     assert draft["plan"]["strategies"][draft["plan"]["step"]]["name"] not in tried
     assert not any(e.message_type == "OptimizeRequest" for e in events[:events.index(next(
         e for e in events if e.message_type == "KernelDraft"))])
+    assert not any(e.payload.get("produced_by") == "auto:baseline" for e in events if e.message_type == "KernelDraft")
 
 
 def _transcript(path: Path) -> Path:
@@ -106,12 +134,15 @@ def test_llm_auto_through_replay(tmp_path: Path, orch_evaluator: object) -> None
     recording = tmp_path / "recorded.jsonl"
     config = ActorConfig(brain="llm", model="replay", transcript=_transcript(tmp_path / "auto.jsonl"),
                          record_to=recording, remember=False)
-    result, events = _auto(config, orch_evaluator, GEMM, AutoBudget(max_evaluations=10, patience=3, time_s=400))
+    result, events = _auto(config, orch_evaluator, GEMM, AutoBudget(max_evaluations=14, time_s=400))
     assert result.status == "scored", result.stop_reason
     assert result.stop_reason == "the planner proposed nothing that was not tried already"
     assert [i.strategies for i in result.iterations] == [["tiled-a"], ["tiled-b"]]
-    assert {a.strategy: a.status for a in result.attempts} == {"tiled-a": "ok", "tiled-b": "ok"}
-    assert result.evaluations == 3 and result.tokens > 0
+    assert {a.strategy: a.status for a in result.attempts} == {"tiled-a": "ok", "tiled-b": "ok", "reference": "ok"}
+    # The same behaviour as the rules brain: the baseline first, the kernels' three evaluations, confirmation.
+    roles = [t.role for t in result.trials]
+    assert roles.count("draft") + roles.count("fix") == 3 and roles[0] == "baseline" and result.tokens > 0
+    assert result.evaluations == len(roles) and (not result.beat_reference or "confirm" in roles)
     types = [e.message_type for e in events]
     assert types.count("FixRequest") == 1 and types.count("SessionFinished") == 2
 
@@ -120,4 +151,5 @@ def test_llm_auto_through_replay(tmp_path: Path, orch_evaluator: object) -> None
                    if json.loads(line)["actor"] == "coder"]
     assert len(coder_calls) == 2
     assert "Tried so far" in json.dumps(coder_calls[1]["messages"]) and "tiled-a: correct" in json.dumps(coder_calls[1]["messages"])
-    assert "Tried so far" not in json.dumps(coder_calls[0]["messages"])
+    assert "tiled-a" not in json.dumps(coder_calls[0]["messages"]).split("Tried so far")[-1]
+    assert "reference: correct" in json.dumps(coder_calls[0]["messages"])  # the baseline, tried before it

@@ -54,3 +54,27 @@ def test_queue_from_the_shell_and_user_errors() -> None:
         assert result.exit_code == 2, (args, result.output)
         assert words in result.output and len(result.output.strip().splitlines()) == 1, (args, result.output)
     assert second.exit_code == 0
+
+
+def test_submit_and_chat_take_a_task_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A folder is queued by its path (the daemon loads it from there) and a chat works on it by its id."""
+    import asyncio
+    import shutil
+
+    from actors.config import ActorConfig
+    from jaxbench.task import load_task
+    from orchestrators.hitl import run_chat
+
+    folder = tmp_path / "my_norm"
+    shutil.copytree(load_task("12p_RMSNorm").path, folder)
+    runner, app = CliRunner(), _app()
+    queued = runner.invoke(app, ["submit", str(folder)])
+    assert queued.exit_code == 0, queued.output
+    assert json.loads(runner.invoke(app, ["jobs", "--json"]).output)[0]["task_id"] == str(folder.resolve())
+
+    lines = iter(["plan", "a", "quit"])
+    said: list[str] = []
+    asyncio.run(run_chat(str(folder), ActorConfig(brain="rules"), read=lambda _p: next(lines), write=said.append))
+    out = "\n".join(said)
+    assert "on 12p_RMSNorm (rules brain)" in out and "1. template:rowblock" in out
+    assert f"resume with: maxkernel chat {folder.resolve()} --resume" in out  # the folder, not the suite task

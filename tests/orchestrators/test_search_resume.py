@@ -14,6 +14,7 @@ from pathlib import Path
 
 from maxkernel.config import load_settings
 from memory import Store
+from actors.policy import CONFIRM
 from orchestrators.graph import load_graph, params_key
 
 TASK = "41k_Gemm_Add_ReLU"
@@ -21,8 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 EVALUATIONS = ("EvalReport", "FixRequest")
 
 
-def _evaluated(store: Store) -> list[str]:
-    return [e.candidate_id for e in store.events() if e.message_type in EVALUATIONS]
+def _evaluated(store: Store, confirmations: bool = False) -> list[str]:
+    """Candidates judged, one entry per judgement: the search's own, or (``confirmations``) its deliberate
+    re-measurements of the top nodes at the end."""
+    return [e.candidate_id for e in store.events() if e.message_type in EVALUATIONS
+            and (e.payload["draft"]["produced_by"] == CONFIRM) == confirmations]
 
 
 def _evaluated_but_open(store: Store, search_id: str) -> int:
@@ -76,8 +80,13 @@ def test_search_survives_repeated_kill_9(fast_env: dict[str, str]) -> None:
             assert counts[candidate_id] == 1, candidate_id
     assert all(c == 1 for c in counts.values())
     # Nothing was judged twice: one evaluation per candidate, one first draft per strategy and parameters.
-    evaluated = collections.Counter(_evaluated(Store.open(settings.resolved_store_url)))
+    again = Store.open(settings.resolved_store_url)
+    evaluated = collections.Counter(_evaluated(again))
     assert set(evaluated) == set(counts) and max(evaluated.values()) == 1
+    # The top nodes were measured again, at most twice each, and the search names its best by that.
+    confirmed = collections.Counter(_evaluated(again, confirmations=True))
+    assert confirmed and set(confirmed) <= set(counts) and max(confirmed.values()) <= 2
+    assert graph.best() is not None and graph.best().confirmed is not None
     drafts = collections.Counter(params_key(n.strategy, n.params) for n in graph.nodes if n.edge != "fix")
     assert max(drafts.values()) == 1, drafts
     assert len(graph.nodes) >= 10 or '"no expansion left' in out

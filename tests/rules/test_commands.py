@@ -31,12 +31,40 @@ def test_bad_input_is_one_line_and_nonzero() -> None:
         assert result.output.strip().startswith("error:") and len(result.output.strip().splitlines()) == 1, result.output
 
 
-def test_optimize_writes_the_kernel_and_the_report(tmp_path: Path) -> None:
+def test_optimize_on_a_folder_is_a_session_in_the_log_memory_report_and_search(tmp_path: Path) -> None:
+    """A new user's path: optimize a task folder, then memory stats, the session's report, a search."""
+    import shutil
+
+    from jaxbench.task import load_task
+    from maxkernel.cli import app as main_app
+
+    folder = tmp_path / "my_gemm"
+    shutil.copytree(load_task("21k_Gemm_Divide_Sum_Scaling").path, folder)
     out, report = tmp_path / "kernels", tmp_path / "result.json"
-    result = runner.invoke(app, ["optimize", "21k_Gemm_Divide_Sum_Scaling", "--budget", "20", "--out", str(out),
-                                 "--json", str(report)])
+    result = runner.invoke(main_app, ["optimize", str(folder), "--budget", "20", "--out", str(out), "--json", str(report)])
     assert result.exit_code == 0, result.output
+    assert "kernel written to" in result.output and "baseline" in result.output
     kernel = out / "21k_Gemm_Divide_Sum_Scaling_cpu.py"
     assert "def kernel(" in kernel.read_text()
     data = json.loads(report.read_text())
-    assert data["beat_reference"] and data["best_report"]["correct"]
+    for key in ("session_id", "evaluations", "first_correct_at", "best_at", "speedup", "confirmed_speedup"):
+        assert key in data, key
+    assert data["beat_reference"] and data["best_report"]["correct"] and data["best_strategy"].startswith("rewrite:")
+    assert data["confirmed_speedup"] >= data["bar"] >= 1.0 and 1 <= data["best_at"] <= data["evaluations"]
+    roles = [t["role"] for t in data["trials"]]
+    assert roles[0] == "baseline" and "confirm" in roles and len(roles) == data["evaluations"]
+
+    stats = runner.invoke(main_app, ["memory", "stats"])
+    assert stats.exit_code == 0, stats.output
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in stats.output.splitlines()
+            if line.count("│") >= 3}
+    assert rows["sessions"] == "1" and int(rows["events"]) > 0 and rows["kernels by target"] == "cpu: 1"
+
+    html = tmp_path / "session.html"
+    shown = runner.invoke(main_app, ["report", data["session_id"], "--out", str(html)])
+    assert shown.exit_code == 0, shown.output
+    assert data["session_id"][:12] in html.read_text() and "rewrite:sum_after_matmul" in html.read_text()
+
+    searched = runner.invoke(main_app, ["search", str(folder), "--evals", "2", "--algo", "parallel"])
+    assert searched.exit_code == 0, searched.output
+    assert "apply recall:" in searched.output and "confirmed" in searched.output  # it starts from the kernel

@@ -1,4 +1,5 @@
-"""The rules brain's API end to end: strategies, the debugger, and optimize_rules with the real evaluator."""
+"""The rules brain's API end to end: strategies and the debugger, and the engine (an Auto session on the
+actors) with the real evaluator: the reference returned when nothing beats it, the TPU order."""
 
 from __future__ import annotations
 
@@ -8,7 +9,22 @@ from jaxbench import static_checks
 from jaxbench.report import EvalReport
 from jaxbench.task import load_task
 from maxkernel.analysis import analyze_task
-from maxkernel.rules import fix_known_error, optimize_rules, propose_strategies, render
+from maxkernel.rules import fix_known_error, propose_strategies, render
+
+
+def _engine(evaluator, task: str, **kwargs):  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from actors.config import ActorConfig
+    from actors.services import Services
+    from orchestrators.auto import run_auto
+
+    services = Services(ActorConfig(remember=False), evaluator=evaluator)
+    try:
+        return asyncio.run(run_auto(task, services=services, **kwargs))
+    finally:
+        services.store.close()
+        services.memory.close()
 
 
 def test_strategies_put_work_removing_rewrites_first_and_the_reference_last() -> None:
@@ -26,19 +42,6 @@ def test_fix_known_error_strips_interpret_and_knows_when_it_cannot_help() -> Non
     fixed = fix_known_error("y = pl.pallas_call(k, grid=(1,), interpret=True)(x)\n", report)
     assert fixed == "y = pl.pallas_call(k, grid=(1,))(x)\n"
     assert fix_known_error("def kernel(x):\n    return x\n", report) is None
-
-
-def test_optimize_rules_returns_a_proven_faster_rewrite(evaluator) -> None:  # type: ignore[no-untyped-def]
-    events: list[str] = []
-    result = optimize_rules(load_task("21k_Gemm_Divide_Sum_Scaling"), budget_s=25, evaluator=evaluator,
-                            on_event=lambda kind, _data: events.append(kind))
-    assert result.beat_reference and result.best_strategy == "rewrite:sum_after_matmul"
-    assert result.best_report is not None and result.best_report.passed and (result.best_report.speedup or 0) > 1.5
-    assert {"analysis", "strategies", "baseline", "trial", "confirm"} <= set(events)
-    # The winner beat the reference and the reference re-run as a candidate (the judge's process bias).
-    assert result.baseline_speedup is not None and result.confirmed_speedup is not None
-    assert result.confirmed_speedup >= max(1.0, result.baseline_speedup)
-    assert any(t.strategy == "rewrite:sum_after_matmul" for t in result.tried)
 
 
 CENTRED_YAML = """id: centred_columns
@@ -65,43 +68,35 @@ def reference(x):
 """
 
 
-def test_optimize_rules_says_plainly_when_nothing_beats_the_reference(evaluator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_engine_returns_the_reference_and_says_so_when_nothing_beats_it(evaluator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from orchestrators.auto import AutoBudget
+
     folder = tmp_path / "centred_columns"
     folder.mkdir()
     (folder / "task.yaml").write_text(CENTRED_YAML)
     (folder / "reference.py").write_text(CENTRED_REFERENCE)
     task = load_task(folder)  # statistics over rows: no rewrite or template applies
     assert [s.name for s in propose_strategies(task, analyze_task(task, "cpu"))] == ["reference"]
-    result = optimize_rules(task, budget_s=10, evaluator=evaluator)
-    assert not result.beat_reference and result.best_strategy == "reference"
-    assert "nothing beat the reference" in result.note
+    result = _engine(evaluator, str(folder), budget=AutoBudget(time_s=30))
+    assert not result.beat_reference and result.best_strategy == "reference" and result.confirmed_speedup is None
+    assert "nothing beat the reference" in result.note and result.status == "scored"
     assert result.best_report is not None and result.best_report.label == "reference-equivalent"
+    assert result.best_source is not None and "return reference(*args, **static)" in result.best_source
+    assert {t.role for t in result.trials} == {"baseline"} and result.first_correct_at is None
 
 
-def test_tpu_target_ranks_by_the_cost_model(evaluator) -> None:  # type: ignore[no-untyped-def]
-    task = load_task("21k_Gemm_Divide_Sum_Scaling")
+def test_tpu_target_works_pallas_first_and_ranks_by_the_cost_model(evaluator) -> None:  # type: ignore[no-untyped-def]
+    from orchestrators.auto import AutoBudget
+
+    wide = load_task("21k_Gemm_Divide_Sum_Scaling")
+    names = [s.name for s in propose_strategies(wide, analyze_task(wide, "tpu-v5e"), "tpu-v5e")]
+    assert "template:rowblock" not in names  # the whole weight cannot sit in VMEM
+    task = load_task("30k_Matmul_Scaling_ResidualAdd")
     strategies = propose_strategies(task, analyze_task(task, "tpu-v5e"), "tpu-v5e")
-    assert "template:rowblock" not in [s.name for s in strategies]  # the whole weight cannot sit in VMEM
-    result = optimize_rules(task, target="tpu-v5e", budget_s=20, evaluator=evaluator)
+    assert [s.kind for s in strategies] == ["rewrite", "template", "reference"]
+    result = _engine(evaluator, task.id, target="tpu-v5e", budget=AutoBudget(time_s=60))
+    drafts = [t.strategy for t in result.trials if t.role == "draft"]
+    assert drafts == ["template:matmul_epilogue", "rewrite:scalar_chains"]  # on a TPU target, Pallas first
     assert result.beat_reference and result.best_report is not None
     assert result.best_report.basis == "modelled" and result.best_report.model is not None
-
-
-def test_a_suspiciously_high_baseline_is_measured_three_times() -> None:
-    from jaxbench.report import EvalReport
-    from maxkernel.rules.optimize import _baseline
-
-    task = load_task("12p_RMSNorm")
-    readings = iter([1.6, 0.97, 1.02])
-    calls: list[str] = []
-
-    def evaluate(source: str) -> EvalReport:
-        calls.append(source)
-        return EvalReport(task=task.id, status="ok", correct=True, speedup=next(readings), basis="measured")
-
-    report, bias = _baseline(task, evaluate)
-    assert len(calls) == 3 and bias == 1.02 and report.speedup == 1.02
-    steady = iter([1.01])
-    _, bias = _baseline(task, lambda s: EvalReport(task=task.id, status="ok", correct=True,
-                                                  speedup=next(steady), basis="measured"))
-    assert bias == 1.01
+    assert result.confirmation == "modelled, deterministic" and "confirm" not in {t.role for t in result.trials}

@@ -1,0 +1,122 @@
+"""The engine's rules, decided in one place: the bar a winner must clear, how the budget is shared across
+strategies, which order they are worked in, how long a tuner may search, and when a speedup is confirmed.
+
+Auto, search, chat and daemon jobs all ask these functions; none of them keeps a rule of its own.
+
+- **The bar.** The judge times the reference in its own process and a candidate in a worker; the
+  reference itself run as a candidate shows how far that alone moves the ratio. A winner must beat both
+  1.0 and that reading. One noisy high reading would hide real wins behind an inflated bar, so a reading
+  above ``SUSPECT_BIAS`` is measured twice more and the median of the three counts.
+- **Shares.** Each strategy still to be worked on gets an equal share of the time (and evaluations)
+  left; what one leaves unused flows to the next. A tuner stops starting trials when the next one (as
+  long as the strategy's own draft took to judge) would not end inside the strategy's share.
+- **Order.** On ``tpu-*`` targets the Pallas strategies go first and plain-JAX ones after: building and
+  checking a plain-JAX trial there can take a minute, and it must never starve the Pallas kernels.
+- **Confirmation.** The top candidates above the bar are measured again before one is named the winner:
+  the lower of two runs, or the median of three when the two disagree about clearing the bar. A modelled
+  speedup (a TPU target without a TPU) is deterministic and needs no second run.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence, TypeVar
+
+from jaxbench.report import EvalReport as JudgeReport
+
+SUSPECT_BIAS = 1.05
+CONFIRM_TOP = 3
+PLAIN_JAX_KINDS = ("rewrite", "reference")
+STEP_TUNE_S = 120.0  # one tuning step asked for by a person (chat): no session budget to take a share of
+BASELINE = "auto:baseline"
+CONFIRM = "auto:confirm"
+
+S = TypeVar("S")
+
+
+def reading(report: JudgeReport) -> float | None:
+    """The speedup a passing report stands for, or None when it failed or has none."""
+    if not report.passed or not report.speedup:
+        return None
+    return float(report.speedup)
+
+
+def baseline_needs_more(first: JudgeReport) -> bool:
+    """A measured reading of the reference above ``SUSPECT_BIAS`` is suspect: measure it twice more."""
+    value = reading(first)
+    return first.basis == "measured" and value is not None and value > SUSPECT_BIAS
+
+
+def baseline_bar(runs: Sequence[JudgeReport]) -> tuple[float, int]:
+    """The bar (at least 1.0) from the reference's runs as a candidate, and which run it comes from."""
+    first = reading(runs[0])
+    if first is None or runs[0].basis != "measured":
+        return 1.0, 0
+    if len(runs) < 3:
+        return max(1.0, first), 0
+    values = sorted(((reading(r) or first), i) for i, r in enumerate(runs[:3]))
+    value, index = values[1]
+    return max(1.0, value), index
+
+
+def needs_confirmation(report: JudgeReport) -> bool:
+    return report.basis == "measured"
+
+
+def confirm_more(runs: Sequence[float], bar: float) -> bool:
+    """After the first re-run: a third run is due only when the two disagree about clearing ``bar``."""
+    if len(runs) < 2:
+        return True
+    return len(runs) == 2 and runs[0] >= bar > runs[1] > 0.0
+
+
+def confirmed(runs: Sequence[float]) -> float:
+    """The lower of two runs, or the median of three."""
+    if len(runs) <= 2:
+        return min(runs)
+    return sorted(runs)[1]
+
+
+def confirmation_label(runs: Sequence[float]) -> str:
+    return {1: "modelled, deterministic", 2: "lower of two runs"}.get(len(runs), "median of three runs")
+
+
+def to_confirm(candidates: Sequence[S], speedup_of: Callable[[S], float], bar: float) -> list[S]:
+    """The best ``CONFIRM_TOP`` candidates whose first reading clears ``bar``, best first."""
+    ranked = sorted(candidates, key=speedup_of, reverse=True)
+    return [c for c in ranked if speedup_of(c) >= bar][:CONFIRM_TOP]
+
+
+def share(left: float | None, strategies_left: int) -> float | None:
+    """An equal part of what is left (time or evaluations) for each strategy still to be worked on."""
+    if left is None:
+        return None
+    return max(0.0, left) / max(1, strategies_left)
+
+
+def trial_cap(evaluations_left: int | None, strategies_left: int) -> int | None:
+    """Tuning trials a strategy may spend: its share of the evaluations left, less the draft itself."""
+    if evaluations_left is None:
+        return None
+    part = share(float(evaluations_left), strategies_left) or 0.0
+    return max(1, int(part) - 1)
+
+
+def tune_window(share_left_s: float, trial_s: float) -> float:
+    """Seconds in which a tuner may still start trials: the trial it starts last must end in the share.
+
+    ``trial_s`` is the time the strategy's own draft took to judge, the best estimate of one trial.
+    """
+    return max(0.0, share_left_s - max(0.0, trial_s))
+
+
+def is_pallas(kind: str) -> bool:
+    return kind not in PLAIN_JAX_KINDS
+
+
+def work_order(strategies: Sequence[S], kind_of: Callable[[S], str], target: str) -> list[S]:
+    """The order strategies are worked in: the planner's, except that on ``tpu-*`` Pallas goes first."""
+    if not target.startswith("tpu"):
+        return list(strategies)
+    pallas = [s for s in strategies if is_pallas(kind_of(s))]
+    return pallas + [s for s in strategies if not is_pallas(kind_of(s))]
+

@@ -1,0 +1,113 @@
+"""The engine's rules (``actors.policy``): the bar, confirmation, shares, and the TPU rule that a strategy
+slow to judge never starves the others; the last through the rules brain's tuner with a fake judge."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from actors import policy
+from actors.brains.base import Tools
+from actors.brains.rules import RulesBrain
+from actors.config import ActorConfig
+from actors.services import Services
+from jaxbench.report import EvalReport as JudgeReport
+from maxkernel.messages import Budget, KernelDraft, Plan, ProfileReport, Recall, StrategyRef
+
+
+def _report(speedup: float | None, basis: str = "measured", status: str = "ok", seconds: float = 0.0) -> JudgeReport:
+    return JudgeReport(task="t", status=status, correct=status == "ok", speedup=speedup, basis=basis,  # type: ignore[arg-type]
+                       duration_s=seconds)
+
+
+def test_a_suspect_baseline_is_measured_three_times_and_the_median_is_the_bar() -> None:
+    assert policy.baseline_needs_more(_report(1.6)) and not policy.baseline_needs_more(_report(1.02))
+    assert not policy.baseline_needs_more(_report(1.6, basis="modelled"))
+    assert policy.baseline_bar([_report(1.6), _report(0.97), _report(1.02)]) == (1.02, 2)
+    assert policy.baseline_bar([_report(0.8)]) == (1.0, 0)  # the bar is never below the reference itself
+    assert policy.baseline_bar([_report(3.0, basis="modelled")]) == (1.0, 0)
+    assert policy.baseline_bar([_report(None, status="runtime_error")]) == (1.0, 0)
+
+
+def test_confirmation_is_the_lower_of_two_runs_or_the_median_of_three() -> None:
+    bar = 1.1
+    assert policy.confirm_more([2.0], bar)
+    assert not policy.confirm_more([2.0, 1.5], bar)  # both clear the bar: the lower one counts
+    assert policy.confirmed([2.0, 1.5]) == 1.5
+    assert policy.confirm_more([2.0, 1.0], bar)  # they disagree: a third run decides
+    assert policy.confirmed([2.0, 1.0, 1.3]) == 1.3 and policy.confirmed([2.0, 1.0, 0.9]) == 1.0
+    assert not policy.confirm_more([2.0, 0.0], bar)  # a failed re-run ends it
+    assert policy.confirmed([2.0, 0.0]) == 0.0
+    assert not policy.confirm_more([2.0, 1.0, 1.3], bar)
+    assert not policy.needs_confirmation(_report(4.0, basis="modelled"))
+
+
+def test_only_the_top_candidates_above_the_bar_are_confirmed() -> None:
+    readings = [0.9, 3.0, 1.2, 2.0, 1.5, 1.05]
+    assert policy.to_confirm(readings, float, 1.1) == [3.0, 2.0, 1.5]
+    assert policy.to_confirm([0.9, 1.0], float, 1.1) == []
+
+
+def test_shares_split_what_is_left_among_the_strategies_still_to_come() -> None:
+    assert policy.share(120.0, 4) == 30.0 and policy.share(None, 4) is None and policy.share(-5.0, 2) == 0.0
+    assert policy.trial_cap(20, 4) == 4  # five evaluations each, one of them the draft
+    assert policy.trial_cap(2, 4) == 1 and policy.trial_cap(None, 4) is None
+
+
+def test_on_tpu_pallas_strategies_are_worked_first_elsewhere_the_planner_order_stands() -> None:
+    kinds = ["rewrite", "template", "rewrite", "recalled", "template", "reference"]
+    order = policy.work_order(list(range(len(kinds))), lambda i: kinds[i], "tpu-v5e")
+    assert [kinds[i] for i in order] == ["template", "recalled", "template", "rewrite", "rewrite", "reference"]
+    assert order[:3] == [1, 3, 4] and order[3:] == [0, 2, 5]  # stable within each group
+    assert policy.work_order(list(range(len(kinds))), lambda i: kinds[i], "cpu") == list(range(len(kinds)))
+
+
+def test_a_trial_is_started_only_when_it_can_end_inside_the_share() -> None:
+    assert policy.tune_window(30.0, 5.0) == 25.0
+    assert policy.tune_window(30.0, 70.0) == 0.0  # a 70 s trial never starts in a 30 s share
+
+
+def _profile(task, ref: StrategyRef, budget: Budget, draft_seconds: float) -> ProfileReport:  # type: ignore[no-untyped-def]
+    from actors.brains.rules import _strategy
+    from maxkernel.rules import render
+
+    plan = Plan(session_id="s", task_id=task.id, strategies=[ref], budget=budget)
+    draft = KernelDraft(session_id="s", task_id=task.id, candidate_id="c", plan=plan,
+                        source=render(task, _strategy(ref), dict(ref.params)))
+    return ProfileReport(session_id="s", task_id=task.id, draft=draft, diagnosis="",
+                         report=_report(1.0, seconds=draft_seconds))
+
+
+def test_the_tuner_gives_a_strategy_slow_to_judge_no_trials_and_a_fast_one_its_share() -> None:
+    from jaxbench.task import load_task
+    from maxkernel.analysis import analyze_task
+    from maxkernel.rules import propose_strategies
+
+    task = load_task("12p_RMSNorm")
+    tunable = next(s for s in propose_strategies(task, analyze_task(task, "cpu"), "cpu") if s.space)
+    ref = StrategyRef(name=tunable.name, kind=tunable.kind, params=dict(tunable.params), space=dict(tunable.space),
+                      target="cpu", extents=dict(tunable.extents))
+    judged: list[str] = []
+
+    async def evaluate(source: str, _timing: bool) -> JudgeReport:
+        judged.append(source)
+        return _report(1.5, seconds=0.01)
+
+    async def recall() -> Recall:
+        return Recall(session_id="s", task_id=task.id)
+
+    services = Services(ActorConfig(remember=False))  # an empty memory: no priors move the order
+    brain = RulesBrain("tuner", services, Tools(task=task, target="cpu", size="cpu", evaluate=evaluate, recall=recall))
+    share = Budget(tune_budget_s=30.0, tune_max_trials=None, share_ends_at=time.time() + 30.0)
+    try:
+        # Its draft took 70 s to judge (a plain-JAX trial on a TPU target): no trial fits its 30 s share.
+        slow = asyncio.run(brain.tune(_profile(task, ref, share, draft_seconds=70.0)))
+        assert judged == [] and slow.trials == [] and slow.best_report.speedup == 1.0
+
+        # A fast one is tuned, and its own draft is not judged a second time.
+        fast = asyncio.run(brain.tune(_profile(task, ref, share.model_copy(update={"tune_max_trials": 3}), 0.01)))
+    finally:
+        asyncio.run(services.aclose())
+    drafted = _profile(task, ref, share, 0.01).draft.source.strip()
+    assert 1 <= len(judged) <= 3 and all(s.strip() != drafted for s in judged)
+    assert fast.best_report.speedup == 1.5 and fast.trials
