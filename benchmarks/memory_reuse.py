@@ -90,7 +90,10 @@ def confirm(services: Any, task: str, result: Any, times: int) -> float | None:
 
 
 def steps_of(store: Any, session_id: str) -> tuple[list[Step], float]:
-    """The session's evaluations from the event log, with seconds since its first event."""
+    """The session's search evaluations from the event log (not the baseline or confirmation runs),
+    with seconds since its first event."""
+    from actors.policy import BASELINE, CONFIRM
+
     events = store.events(session_id=session_id)
     if not events:
         return [], 0.0
@@ -99,6 +102,8 @@ def steps_of(store: Any, session_id: str) -> tuple[list[Step], float]:
     for e in events:
         if e.message_type not in ("EvalReport", "FixRequest"):
             continue
+        if (e.payload.get("draft") or {}).get("produced_by") in (BASELINE, CONFIRM):
+            continue  # the bar and the re-measurements are the engine's, not the search's steps
         report = e.payload["report"]
         steps.append(Step(n=len(steps) + 1, seconds=round((e.created_at - start).total_seconds(), 2),
                           passed=report["status"] == "ok" and bool(report["correct"]), speedup=report.get("speedup")))
