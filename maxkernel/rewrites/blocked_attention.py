@@ -58,9 +58,23 @@ class AttentionPlan:
     tail: list[Node] = field(default_factory=list)  # ... and the reference's nodes that follow it
 
 
-def _evaluate(program: Program, var: Var) -> np.ndarray:
-    """The value of a var that depends on no input (iota, constants), computed now."""
+def evaluate_static(program: Program, var: Var) -> np.ndarray:
+    """The value of a var that depends on no input (iota, constants), computed now.
+
+    A trailing broadcast (a [seq, seq] mask widened to [batch, heads, seq, seq]) is returned as a
+    read-only broadcast view, so the widened array is never materialised.
+    """
+    node = program.producers().get(var)
+    if node is not None and node.prim == "broadcast_in_dim" and isinstance(node.ins[0], Var):
+        inner = evaluate_static(program, node.ins[0])
+        shape = [1] * len(var.shape)
+        for axis, dim in zip(node.params["broadcast_dimensions"], inner.shape):
+            shape[axis] = dim
+        return np.broadcast_to(inner.reshape(shape), var.shape)
     return np.asarray(evaluate_nodes(program.ancestors(var), {})[var])
+
+
+_evaluate = evaluate_static
 
 
 def _scalar_factor(program: Program, var: Var, stop: Var) -> float:
@@ -134,8 +148,7 @@ def match_attention(program: Program) -> AttentionPlan | str:
             keeps = cases[1] is current
             visible = _evaluate(program, pred)
             visible = visible if keeps else ~visible
-            full = np.broadcast_to(visible, tuple(score.shape)).reshape(-1, sq, sk)
-            mask &= full.any(axis=0)
+            mask &= _any_leading(visible, sq, sk)
             steps.append(ChainStep("select_n", pred, keeps, "mask", f"_term_{len(steps)}"))
         else:
             other = others[0] if others else None
@@ -150,7 +163,7 @@ def match_attention(program: Program) -> AttentionPlan | str:
                 side_inputs |= names
                 if kind == "static" and node.prim == "mul":  # a static factor that is zero hides the key
                     factor = _evaluate(program, other)
-                    mask &= np.broadcast_to(factor != 0, tuple(score.shape)).reshape(-1, sq, sk).any(axis=0)
+                    mask &= _any_leading(factor != 0, sq, sk)
                 steps.append(ChainStep(node.prim, other, first, kind, f"_term_{len(steps)}"))
             else:
                 return f"{node.prim} with an array constant"
@@ -178,10 +191,23 @@ def match_attention(program: Program) -> AttentionPlan | str:
                          pv_out, tail)
 
 
+def _any_leading(value: np.ndarray, sq: int, sk: int) -> np.ndarray:
+    """[sq, sk]: true where any leading index is true, without broadcasting to the whole score shape."""
+    value = compact(value)
+    lead = value.reshape(-1, *value.shape[-2:]).any(axis=0) if value.ndim >= 2 else value
+    return np.broadcast_to(lead, (sq, sk))
+
+
+def compact(value: np.ndarray) -> np.ndarray:
+    """A broadcast view with its broadcast axes cut to length one (same values, broadcastable back)."""
+    value = np.asarray(value)
+    return value[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in value.strides)]
+
+
 def _uniform(program: Program, var: Var) -> float | None:
     if program.reads(var):
         return None
-    value = _evaluate(program, var)
+    value = compact(_evaluate(program, var))
     flat = value.reshape(-1)
     return float(flat[0]) if flat.size and np.all(flat == flat[0]) else None
 

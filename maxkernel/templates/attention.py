@@ -27,9 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from maxkernel.analysis.program import Program, Var, arg_names, static_args, trace_program
-from maxkernel.rewrites.blocked_attention import match_attention
 from maxkernel.rewrites.emit import EmitError, dtype_expr, scalar_text
-from maxkernel.rewrites.numeric import evaluate_nodes
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
 from maxkernel.templates.masks import MaskFormula, recover
 
@@ -62,6 +60,9 @@ class AttentionShape:
 
 def match(program: Program, static: dict[str, Any] | None = None) -> AttentionShape | str:
     """The attention this program computes, or why the flash template cannot compute it."""
+    # Imported here: blocked_attention imports the template registry, which imports this module.
+    from maxkernel.rewrites.blocked_attention import compact, evaluate_static, match_attention
+
     plan = match_attention(program)
     if isinstance(plan, str):
         return plan
@@ -77,9 +78,9 @@ def match(program: Program, static: dict[str, Any] | None = None) -> AttentionSh
         elif step.kind == "mask":
             pred = step.operand
             assert isinstance(pred, Var)
-            value = evaluate_nodes(program.ancestors(pred), {})[pred]
-            lead = value.reshape(-1, *value.shape[-2:]) if value.ndim > 2 else value[None]
-            if not (lead == lead[:1]).all():
+            value = compact(evaluate_static(program, pred))
+            heads = value.reshape(-1, *value.shape[-2:])
+            if not (heads == heads[:1]).all():
                 return "a mask that differs between heads"
         elif step.kind != "none":
             return f"a score term beyond a scale and a mask ({step.prim} with {step.kind} operand)"
@@ -88,8 +89,15 @@ def match(program: Program, static: dict[str, Any] | None = None) -> AttentionSh
                           np.dtype(q.dtype), np.dtype(plan.out_dtype), plan.mask, dict(static or {}))
 
 
+# (task folder, source digest, size) -> the match (tracing and evaluating a full-size mask takes seconds)
+_ANALYSED: dict[tuple[str, str, str], AttentionShape | str] = {}
+
+
 def analyse(task: "Task", size: str) -> AttentionShape | str:
-    return match(trace_program(task, size).dce(), static_args(task, size))
+    key = (str(task.path), task.source_digest, size)
+    if key not in _ANALYSED:
+        _ANALYSED[key] = match(trace_program(task, size).dce(), static_args(task, size))
+    return _ANALYSED[key]
 
 
 @dataclass
