@@ -29,6 +29,7 @@ import numpy as np
 from maxkernel.analysis.program import Program, Var, arg_names, static_args, trace_program
 from maxkernel.rewrites.emit import EmitError, dtype_expr, scalar_text
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
+from maxkernel.templates.bias import TILES_SOURCE, bias_tile_count, is_relative_bias
 from maxkernel.templates.masks import MaskFormula, recover
 
 if TYPE_CHECKING:
@@ -52,14 +53,20 @@ class AttentionShape:
     out_dtype: Any
     mask: np.ndarray  # [seq_q, seq_k], True where a key is visible
     static: dict[str, Any]
+    bias: str | None = None  # the relative-position bias table's argument name
+    bias_structure: tuple[str, ...] = ()  # the primitives computing the bias from the table
+    buckets: int = 0  # the bias table's last axis
 
     @property
     def group(self) -> int:
         return self.q_heads // self.kv_heads
 
 
-def match(program: Program, static: dict[str, Any] | None = None) -> AttentionShape | str:
-    """The attention this program computes, or why the flash template cannot compute it."""
+def match(program: Program, static: dict[str, Any] | None = None, size_checked: bool = True) -> AttentionShape | str:
+    """The attention this program computes, or why the flash template cannot compute it.
+
+    A bias's values are checked only when ``size_checked`` (evaluating it builds [heads, seq, seq]).
+    """
     # Imported here: blocked_attention imports the template registry, which imports this module.
     from maxkernel.rewrites.blocked_attention import compact, evaluate_static, match_attention
 
@@ -68,11 +75,24 @@ def match(program: Program, static: dict[str, Any] | None = None) -> AttentionSh
         return plan
     if plan.pv_out is not None:
         return "no softmax over the scores (linear attention)"
-    if [v.name for v in program.inputs] != [plan.q.name, plan.k.name, plan.v.name]:
-        return "inputs other than q, k and v"
+    extra = [v for v in program.inputs if v not in (plan.q, plan.k, plan.v)]
+    if program.inputs[:3] != [plan.q, plan.k, plan.v] or len(extra) > 1:
+        return "inputs other than q, k, v and one bias table"
     scale = plan.q_factor
+    bias: str | None = None
+    bias_structure: tuple[str, ...] = ()
     for step in plan.steps:
-        if step.kind == "scalar" and step.prim in ("mul", "div") and step.scores_first:
+        if step.kind == "side" and step.prim == "add" and bias is None and extra:
+            assert isinstance(step.operand, Var)
+            if program.reads(step.operand) != {extra[0].name}:
+                return "a score term that reads more than the bias table"
+            if size_checked and not is_relative_bias(program, step.operand, extra[0], plan.q.shape[2], plan.k.shape[2]):
+                return "a score bias that is not table[head, clip(query - key, 0, buckets - 1)]"
+            bias = extra[0].name
+            bias_structure = tuple(n.prim for n in program.ancestors(step.operand))
+        elif bias is not None and step.kind == "scalar":
+            return "a scale applied after the bias"
+        elif step.kind == "scalar" and step.prim in ("mul", "div") and step.scores_first:
             value = float(step.operand.scalar())  # type: ignore[union-attr]
             scale = scale * value if step.prim == "mul" else scale / value
         elif step.kind == "mask":
@@ -84,9 +104,12 @@ def match(program: Program, static: dict[str, Any] | None = None) -> AttentionSh
                 return "a mask that differs between heads"
         elif step.kind != "none":
             return f"a score term beyond a scale and a mask ({step.prim} with {step.kind} operand)"
+    if extra and bias is None:
+        return "an input that is not q, k, v or an additive score bias"
     q, k = plan.q, plan.k
     return AttentionShape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], scale,
-                          np.dtype(q.dtype), np.dtype(plan.out_dtype), plan.mask, dict(static or {}))
+                          np.dtype(q.dtype), np.dtype(plan.out_dtype), plan.mask, dict(static or {}), bias,
+                          bias_structure, int(extra[0].shape[-1]) if bias is not None else 0)
 
 
 # (task folder, source digest, size) -> the match (tracing and evaluating a full-size mask takes seconds)
@@ -96,7 +119,8 @@ _ANALYSED: dict[tuple[str, str, str], AttentionShape | str] = {}
 def analyse(task: "Task", size: str) -> AttentionShape | str:
     key = (str(task.path), task.source_digest, size)
     if key not in _ANALYSED:
-        _ANALYSED[key] = match(trace_program(task, size).dce(), static_args(task, size))
+        # The bias is checked on values at the cpu size; larger sizes must trace to the same structure.
+        _ANALYSED[key] = match(trace_program(task, size).dce(), static_args(task, size), size_checked=size == "cpu")
     return _ANALYSED[key]
 
 
@@ -109,6 +133,7 @@ class FlashPlan:
     in_dtype: Any
     out_dtype: Any
     static: tuple[str, ...]
+    bias: str | None = None
 
 
 def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
@@ -128,7 +153,9 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
         return "a softmax scale that changes with size but is not 1/sqrt(head_dim)"
     if len({(s.in_dtype, s.out_dtype) for s in found}) != 1:
         return "dtypes that change with size"
-    return FlashPlan(mask, scale_text, found[0].in_dtype, found[0].out_dtype, tuple(found[0].static))
+    if found[0].bias is not None and ("cpu" not in sizes or len({s.bias_structure for s in found}) != 1):
+        return "a bias whose values were not checked at the cpu size, or that is computed differently by size"
+    return FlashPlan(mask, scale_text, found[0].in_dtype, found[0].out_dtype, tuple(found[0].static), found[0].bias)
 
 
 def vmem_bytes(a: AttentionShape, block_q: int, block_k: int) -> int:
@@ -138,7 +165,10 @@ def vmem_bytes(a: AttentionShape, block_q: int, block_k: int) -> int:
     q_rows = a.group * block_q
     blocks = 2 * (q_rows * a.head_dim * (item + out) + 2 * block_k * a.head_dim * item)
     scratch = q_rows * a.head_dim * (4 + item) + 2 * q_rows * 128 * 4
-    return blocks + scratch + 2 * block_q * block_k * 4
+    tiles = 0
+    if a.bias is not None:  # every distance's tile, double-buffered (see bias.TILES_SOURCE)
+        tiles = 2 * a.group * (bias_tile_count(a.buckets, block_q) * block_q * block_k * item)
+    return blocks + scratch + tiles + 2 * block_q * block_k * 4
 
 
 class FlashAttentionTemplate:
@@ -157,16 +187,21 @@ class FlashAttentionTemplate:
         assert not isinstance(a, str)
         if tpu_target(target):
             fits = [(bq, bk) for bq in TPU_BLOCKS_Q for bk in TPU_BLOCKS_K
-                    if a.seq_q % bq == 0 and a.seq_k % bk == 0 and vmem_bytes(a, bq, bk) <= TPU_VMEM_BUDGET]
+                    if a.seq_q % bq == 0 and a.seq_k % bk == 0 and vmem_bytes(a, bq, bk) <= TPU_VMEM_BUDGET
+                    and (a.bias is None or bq == bk)]
             # Default: the biggest square-ish block that fits (fewest steps; causal waste stays small).
             best = max(fits, key=lambda t: (min(t), t[0] * t[1]), default=None)
             if best is None:
                 return TemplateSpace(defaults={"block_q": 0, "block_k": 0}, space={"block_q": [], "block_k": []})
+            if a.bias is not None:  # square blocks: one parameter
+                return TemplateSpace(defaults={"block_q": best[0]}, space={"block_q": sorted({f[0] for f in fits})})
             return TemplateSpace(defaults={"block_q": best[0], "block_k": best[1]},
                                  space={"block_q": sorted({f[0] for f in fits}), "block_k": sorted({f[1] for f in fits})})
         # CPU (interpret mode): grid steps are expensive, so only a few large blocks are worth trying.
         opts_q = sorted(d for d in divisors(a.seq_q) if a.seq_q // d <= 4)
         opts_k = sorted(d for d in divisors(a.seq_k) if a.seq_k // d <= 4)
+        if a.bias is not None:
+            return TemplateSpace(defaults={"block_q": a.seq_q}, space={"block_q": sorted(set(opts_q) & set(opts_k))})
         return TemplateSpace(defaults={"block_q": a.seq_q, "block_k": a.seq_k if a.mask.all() else a.seq_k // 2},
                              space={"block_q": opts_q, "block_k": opts_k})
 
@@ -174,11 +209,18 @@ class FlashAttentionTemplate:
         found = plan(task, sizes)
         if isinstance(found, str):
             raise EmitError(found)
-        return render_flash(task, found, int(params["block_q"]), int(params["block_k"]))
+        block_q = int(params["block_q"])
+        return render_flash(task, found, block_q, int(params.get("block_k", block_q)))
 
 
 def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
-    q, k, v = arg_names(task)[:3]
+    names = arg_names(task)
+    q, k, v = names[:3]
+    table = names[3] if p.bias is not None else ""
+    if p.bias is not None and block_q != block_k:
+        raise EmitError("a blocked bias needs square blocks (block_q == block_k)")
+    bias_arg = f", {table}" if table else ""
+    bias_ref = " bias_ref," if table else ""
     static = "".join(f", {name}" for name in p.static)
     keywords = f", *{static}" if p.static else ""
     passed = ", ".join(f"{name}={name}" for name in p.static)
@@ -213,6 +255,8 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
     ]
     if p.mask is not None:
         lines += [p.mask.source(), ""]
+    if table:
+        lines += [TILES_SOURCE, ""]
     lines += [
         "def _fit(block, extent):",
         '    """The block, halved until it divides the extent (the whole extent when that is smaller)."""',
@@ -248,8 +292,8 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
         "    return tuple(jnp.asarray(np.asarray(x, dtype=np.int32)) for x in (q_blocks, kv_blocks, flags))",
         "",
         "",
-        "def _flash_kernel(q_blocks_ref, kv_blocks_ref, flags_ref, q_ref, k_ref, v_ref, o_ref, qs_ref, m_ref, l_ref, acc_ref,",
-        f"                  *, block_q, block_k, scale{static}):",
+        f"def _flash_kernel(q_blocks_ref, kv_blocks_ref, flags_ref, q_ref, k_ref, v_ref,{bias_ref} o_ref, qs_ref, m_ref, l_ref,",
+        f"                  acc_ref, *, block_q, block_k, scale{', far' if table else ''}{static}):",
         "    t = pl.program_id(2)",
         "    flags = flags_ref[t]",
         "",
@@ -273,10 +317,13 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
             f"            visible = _visible(rows, cols{', ' + passed if passed else ''})",
         ]
     lines += [
+        *(["        distance = jnp.clip(q_blocks_ref[t] - kv_blocks_ref[t], -1, far) + 1  # the bias tile"] if table else []),
         "        for h in range(q_ref.shape[0]):  # the query heads that share this kv head",
         "            s = jax.lax.dot_general(qs_ref[h], k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32"
         f"{precision})",
     ]
+    if table:
+        lines += ["            s = s + bias_ref[h, distance].astype(jnp.float32)  # this block distance's bias tile"]
     if p.mask is not None:
         lines += [
             "            if masked:",
@@ -310,13 +357,16 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
         "        o_ref[...] = (acc_ref[...] * (1.0 / l_ref[...])).astype(o_ref.dtype)",
         "",
         "",
-        f"def kernel({q}, {k}, {v}{keywords}):",
+        f"def kernel({q}, {k}, {v}{bias_arg}{keywords}):",
         f"    batch, q_heads, seq_q, head_dim = {q}.shape",
         f"    kv_heads, seq_k = {k}.shape[1], {k}.shape[2]",
         "    group = q_heads // kv_heads  # consecutive query heads share a kv head",
-        "    block_q, block_k = _fit(BLOCK_Q, seq_q), _fit(BLOCK_K, seq_k)",
+        *(["    block_q = block_k = _fit(BLOCK_Q, math.gcd(seq_q, seq_k))  # square: a tile per block distance",
+           f"    tiles, far = _bias_tiles({table}, block_q)"] if table else
+          ["    block_q, block_k = _fit(BLOCK_Q, seq_q), _fit(BLOCK_K, seq_k)"]),
         f"    q_blocks, kv_blocks, flags = _schedule(seq_q, seq_k, block_q, block_k{', ' + passed if passed else ''})",
         f"    body = functools.partial(_flash_kernel, block_q=block_q, block_k=block_k, scale={p.scale_text}"
+        f"{', far=far' if table else ''}"
         f"{', ' + passed if passed else ''})",
         "    grid_spec = pltpu.PrefetchScalarGridSpec(",
         "        num_scalar_prefetch=3,",
@@ -325,6 +375,9 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
         "            pl.BlockSpec((None, group, block_q, head_dim), lambda b, g, t, qb, kb, f: (b, g, qb[t], 0)),",
         "            pl.BlockSpec((None, None, block_k, head_dim), lambda b, g, t, qb, kb, f: (b, g, kb[t], 0)),",
         "            pl.BlockSpec((None, None, block_k, head_dim), lambda b, g, t, qb, kb, f: (b, g, kb[t], 0)),",
+        *(["            # The group's bias tiles stay in VMEM for all of its steps: fetched once per (batch, kv head).",
+           "            pl.BlockSpec((group, tiles.shape[1], block_q, block_k), lambda b, g, t, qb, kb, f: (g, 0, 0, 0)),"]
+          if table else []),
         "        ],",
         "        out_specs=pl.BlockSpec((None, group, block_q, head_dim), lambda b, g, t, qb, kb, f: (b, g, qb[t], 0)),",
         "        scratch_shapes=[",
@@ -339,7 +392,7 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
         "        grid_spec=grid_spec,",
         f"        out_shape=jax.ShapeDtypeStruct({q}.shape, {dtype_expr(p.out_dtype)}),",
         '        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),',
-        f"    )(q_blocks, kv_blocks, flags, {q}, {k}, {v})",
+        f"    )(q_blocks, kv_blocks, flags, {q}, {k}, {v}{', tiles' if table else ''})",
     ]
     return "\n".join(lines) + "\n"
 
