@@ -93,11 +93,32 @@ def test_flash_attention_block_sparse_mask_is_correct_across_blocks(quick_evalua
     assert result.ok, result.reason
 
 
-def test_flash_attention_refuses_a_score_bias() -> None:
+def test_flex_attention_bias_tiles_reproduce_the_dense_bias_and_the_kernel_is_correct(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+    import types
+
+    import numpy as np
+
     from maxkernel.templates.attention import FLASH_ATTENTION
 
-    task = load_task("5p_Flex_Attention")  # a relative-position bias table: a fourth input
-    assert "other than q, k and v" in (FLASH_ATTENTION.applies(task, analyze_task(task)) or "")
+    task = load_task("5p_Flex_Attention")
+    space = FLASH_ATTENTION.space(task, analyze_task(task), "cpu")
+    assert list(space.space) == ["block_q"]  # a blocked bias needs square blocks
+    source = FLASH_ATTENTION.render(task, {"block_q": 128}, ("cpu",))
+    module = types.ModuleType("candidate")
+    exec(compile(source, "candidate.py", "exec"), module.__dict__)
+    table = np.random.default_rng(0).standard_normal((2, 300)).astype(np.float32)
+    tiles, far = module._bias_tiles(table, 128)
+    rows, cols = np.arange(768)[:, None], np.arange(768)[None, :]
+    dense = table[:, np.clip(rows - cols, 0, 299)]
+    for i in range(6):
+        for j in range(6):
+            tile = tiles[:, min(max(i - j, -1), far) + 1]
+            assert np.array_equal(tile, dense[:, i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]), (i, j)
+    report = quick_evaluator.evaluate(task, source)  # six by six blocks: every distance's tile is used
+    assert report.passed and report.label == "pallas-kernel", report.reason
+    tpu = FLASH_ATTENTION.space(task, analyze_task(task, "tpu-v5e"), "tpu-v5e")
+    result = validate_tpu(FLASH_ATTENTION.render(task, tpu.defaults, ("cpu", "full")), task, "v5e")
+    assert result.ok, result.reason
 
 
 @pytest.mark.parametrize("task_id", ["31k_Gemm_BatchNorm_GELU_ReLU", "38k_Matmul_Dropout_Softmax", "22k_Conv2d_InstanceNorm_Divide"])
