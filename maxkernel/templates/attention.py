@@ -28,7 +28,7 @@ import numpy as np
 
 from maxkernel.analysis.program import Program, Var, arg_names, static_args, trace_program
 from maxkernel.rewrites.emit import EmitError, dtype_expr, scalar_text
-from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
+from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
 from maxkernel.templates.bias import TILES_SOURCE, bias_tile_count, is_relative_bias
 from maxkernel.templates.masks import MaskFormula, recover
 
@@ -258,12 +258,7 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
     if table:
         lines += [TILES_SOURCE, ""]
     lines += [
-        "def _fit(block, extent):",
-        '    """The block, halved until it divides the extent (the whole extent when that is smaller)."""',
-        "    block = min(block, extent)",
-        "    while extent % block:",
-        "        block //= 2",
-        "    return block",
+        FIT_SOURCE,
         "",
         "",
         f"def _schedule(seq_q, seq_k, block_q, block_k{keywords}):",

@@ -19,7 +19,7 @@ import numpy as np
 
 from maxkernel.analysis.program import arg_names, trace_program
 from maxkernel.rewrites.emit import EmitError, dtype_expr
-from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
+from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -125,12 +125,7 @@ def render_gmm(task: "Task", a: GroupedShape, bm: int, bk: int, bn: int) -> str:
         f"BLOCK_N = {bn}  # output columns per tile",
         "",
         "",
-        "def _fit(block, extent):",
-        '    """The block, halved until it divides the extent (the whole extent when that is smaller)."""',
-        "    block = min(block, extent)",
-        "    while extent % block:",
-        "        block //= 2",
-        "    return block",
+        FIT_SOURCE,
         "",
         "",
         "def _group_metadata(group_sizes, rows, block_m):",
