@@ -1,14 +1,21 @@
-"""Memory reuse: does a search that starts from memory reach a good kernel sooner?
+"""Memory reuse: does an Auto session that starts from memory of *other* tasks reach a good kernel sooner?
 
-On ``--tasks`` suite tasks, the rules-brain search runs twice with the same budget: **cold** (empty memory)
-and **warm** (memory filled first by the same search on ``--warm-tasks`` *other* tasks). For each task it
-prints time (evaluations and seconds) to the first correct kernel, the best speedup, and how many
-evaluations each run needed to come within ``--tolerance`` of the cold run's final best. The target: warm
-needs under half the evaluations of cold on average. Cold and warm run side by side in one process, each
-in its own fresh data dir.
+Every measured task runs **cold** (an empty memory of its own) and **warm** (a memory filled from the cold
+runs of the tasks outside its fold). Tasks are split round-robin into ``--folds`` folds; a warm run sees
+the other folds' memory only (its kernels, notes and every recorded evaluation, which the strategy
+priors, parameter priors and learned cost model read), never its fold-mates'. ``--warm`` adds tasks that
+only fill memory. Each session gets ``--budget`` evaluations. Speedups are confirmed: the best kernel of
+each run is measured again ``--confirm`` times and the median is its figure.
 
-    python benchmarks/memory_reuse.py --tasks 3 --warm-tasks 6 --budget 6      # small
-    python benchmarks/memory_reuse.py                                          # 10 tasks, warm on the other 40
+Per task: evaluations and seconds to the first correct kernel and to within ``--tolerance`` of the cold
+run's confirmed best, and each run's final confirmed best. ``ratio``, over the tasks whose cold confirmed
+best is not the reference (nor a kernel that confirms at or below 1.0x, which does not beat it): warm's total evaluations to reach the cold confirmed best (``budget + 1`` when
+it never does) over cold's. Targets: ratio at most 0.33; warm's confirmed best at least cold's within the
+tolerance on 45 of 50; the ratio with ``--no-cost-model`` higher than without. ``--compare`` runs the warm
+phase both ways against the same cold runs; ``--keep DIR`` keeps every run's data dir to inspect.
+
+    python benchmarks/memory_reuse.py --measure 41k_Gemm_Add_ReLU,44k_Matmul_Divide_GELU --warm 35k_Gemm_Scaling_Hardtanh_GELU --budget 8
+    python benchmarks/memory_reuse.py --budget 30                         # the full run: 50 tasks, 5 folds
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -24,128 +32,267 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def split(n_eval: int, n_warm: int, chosen: list[str] | None = None,
-          warm: list[str] | None = None) -> tuple[list[str], list[str]]:
-    """Every fifth suite task is measured (or the ``--measure`` ones); the warm memory comes from the others."""
-    from jaxbench.task import list_tasks
+class Step(BaseModel):
+    """One evaluation of a session, in order."""
 
-    ids = [t.id for t in list_tasks()]
-    measured = (chosen or ids[::5])[:n_eval]
-    others = [t for t in (warm or ids) if t not in measured][:n_warm]
-    return measured, others
+    n: int
+    seconds: float
+    passed: bool
+    speedup: float | None = None
 
 
-def evals_to_reach(nodes: list[Any], target: float | None) -> int | None:
-    if target is None:
+class Run(BaseModel):
+    task: str
+    session_id: str
+    evaluations: int
+    seconds: float
+    steps: list[Step]
+    best_strategy: str = ""
+    is_reference: bool = True
+    confirmed: float | None = None
+
+    def first_correct(self) -> Step | None:
+        return next((s for s in self.steps if s.passed), None)
+
+    def reach(self, goal: float) -> Step | None:
+        return next((s for s in self.steps if s.passed and (s.speedup or 0.0) >= goal), None)
+
+
+async def optimize(task: str, services: Any, budget: int, time_s: float) -> Any:
+    """One session through the one engine's Auto API (the only place this benchmark starts one)."""
+    from orchestrators.auto import AutoBudget, run_auto
+
+    return await run_auto(task, services=services, budget=AutoBudget(max_evaluations=budget, time_s=time_s))
+
+
+def confirm(services: Any, task: str, result: Any, times: int) -> float | None:
+    """The best kernel's speedup measured again ``times`` times (median of the passing runs); the
+    session's own confirmed figure when it reports one."""
+    own = getattr(result, "confirmed_speedup", None)
+    if own is not None:
+        return float(own)
+    if not result.best_source:
         return None
-    for i, node in enumerate(sorted(nodes, key=lambda n: n.seq), 1):
-        if node.passed and (node.speedup or 0.0) >= target:
-            return i
-    return None
+    from maxkernel.evaluation import evaluate_candidate
+
+    loaded = services.task(task)
+    got = [evaluate_candidate(loaded, result.best_source, result.target, "cpu", "confirm.py", services.evaluator)
+           for _ in range(times)]
+    speeds = [r.speedup for r in got if r.passed and r.speedup is not None]
+    return round(statistics.median(speeds), 4) if speeds else None
 
 
-async def run_phase(tasks: list[str], config: Any, data_dir: Path, label: str) -> dict[str, dict[str, Any]]:
-    """One search per task in ``data_dir``; what each one reached and when."""
+def steps_of(store: Any, session_id: str) -> tuple[list[Step], float]:
+    """The session's evaluations from the event log, with seconds since its first event."""
+    events = store.events(session_id=session_id)
+    if not events:
+        return [], 0.0
+    start = events[0].created_at
+    steps = []
+    for e in events:
+        if e.message_type not in ("EvalReport", "FixRequest"):
+            continue
+        report = e.payload["report"]
+        steps.append(Step(n=len(steps) + 1, seconds=round((e.created_at - start).total_seconds(), 2),
+                          passed=report["status"] == "ok" and bool(report["correct"]), speedup=report.get("speedup")))
+    return steps, round((events[-1].created_at - start).total_seconds(), 2)
+
+
+def run_in(data_dir: Path, task: str, evaluator: Any, args: argparse.Namespace, label: str) -> Run:
+    """One session in ``data_dir``, its best confirmed."""
     from actors.config import ActorConfig
     from actors.services import Services
-    from orchestrators.graph import load_graph
-    from orchestrators.search import run_search
 
-    services = Services(ActorConfig(remember=False, data_dir=str(data_dir)))
-    out: dict[str, dict[str, Any]] = {}
+    services = Services(ActorConfig(remember=False, data_dir=str(data_dir)), evaluator=evaluator)
     try:
-        for task in tasks:
-            began = time.monotonic()
-            result = await run_search(task, config, services=services)
-            graph = load_graph(services.store, result.search_id)
-            ordered = sorted(graph.nodes, key=lambda n: n.seq)
-            first = next((i for i, n in enumerate(ordered, 1) if n.passed), None)
-            out[task] = {"evaluations": result.evaluations, "first_correct_at": first, "best": result.best_speedup,
-                         "seconds": round(time.monotonic() - began, 1), "nodes": graph.nodes,
-                         "first_correct_s": _seconds_to_first(services, graph)}
-            print(f"  {label} {task}: best {result.best_speedup}x, first correct at evaluation {first}", flush=True)
+        result = asyncio.run(optimize(task, services, args.budget, args.time_s))
+        steps, seconds = steps_of(services.store, result.session_id)
+        report = result.best_report
+        confirmed = confirm(services, task, result, args.confirm)
+        # A best that does not beat the reference once confirmed is the reference returned.
+        is_reference = (result.best_source is None or result.best_strategy == "reference" or confirmed is None
+                        or confirmed <= 1.0 or (report is not None and report.label == "reference-equivalent"))
+        run = Run(task=task, session_id=result.session_id, evaluations=result.evaluations, seconds=seconds,
+                  steps=steps, best_strategy=result.best_strategy, is_reference=is_reference, confirmed=confirmed)
     finally:
-        await services.aclose()
-    return out
+        asyncio.run(services.aclose())
+    print(f"  {label} {task}: {run.best_strategy or '-'} confirmed {run.confirmed}x, "
+          f"{run.evaluations} evaluations, {run.seconds} s", flush=True)
+    return run
 
 
-def _seconds_to_first(services: Any, graph: Any) -> float | None:
-    """Seconds from the search's first event to its first correct evaluation (from the event log)."""
-    events = [e for x in graph.expansions for e in services.store.events(session_id=x.session_id)]
-    if not events:
-        return None
-    start = min(e.created_at for e in events)
-    ok = sorted(e.created_at for e in events if e.message_type in ("EvalReport", "FixRequest")
-                and e.payload["report"]["status"] == "ok" and e.payload["report"]["correct"])
-    return round((ok[0] - start).total_seconds(), 1) if ok else None
+def fill(target_dir: Path, sources: list[Path]) -> None:
+    """Memory of the cold runs in ``sources`` copied into ``target_dir``: kernels, notes and events."""
+    from maxkernel.config import load_settings
+    from memory import EventIn, Memory
+    from memory.transfer import export_file, import_file
+
+    with Memory.open(load_settings(data_dir=str(target_dir))) as into:
+        for source in sources:
+            with Memory.open(load_settings(data_dir=str(source))) as src:
+                exported = source / "memory.jsonl"
+                export_file(src, exported)
+                events = [EventIn(message_type=e.message_type, payload=e.payload, session_id=e.session_id,
+                                  correlation_id=e.correlation_id, task_id=e.task_id, candidate_id=e.candidate_id)
+                          for e in src.store.events()]
+            import_file(into, exported)
+            into.store.append_events(events)
+
+
+def warm_phase(measured: list[str], extra: list[str], cold_dirs: dict[str, Path], root: Path, evaluator: Any,
+               args: argparse.Namespace, tag: str) -> dict[str, Run]:
+    """Every measured task once, each in a copy of the memory of the cold runs outside its fold."""
+    warm: dict[str, Run] = {}
+    for f, fold in enumerate(folds_of(measured, args.folds)):
+        filled = root / f"{tag}-fold-{f}"
+        fill(filled, [cold_dirs[t] for t in measured + extra if t not in fold])
+        print(f"{tag}: fold {f + 1}, memory from {len(measured) + len(extra) - len(fold)} other tasks", flush=True)
+        for task in fold:
+            here = root / f"{tag}-{measured.index(task)}"
+            shutil.copytree(filled, here)
+            warm[task] = run_in(here, task, evaluator, args, tag)
+    return warm
+
+
+def warm_up(evaluator: Any, task: str) -> None:
+    """One untimed judge call first, so that the first cold run does not pay for starting the workers."""
+    from jaxbench.task import load_task
+    from maxkernel.evaluation import evaluate_candidate
+    from maxkernel.rules.strategy import reference_source
+
+    loaded = load_task(task)
+    evaluate_candidate(loaded, reference_source(loaded), "cpu", "cpu", "warm_up.py", evaluator)
+
+
+def folds_of(tasks: list[str], n: int) -> list[list[str]]:
+    n = max(1, min(n, len(tasks)))
+    return [tasks[i::n] for i in range(n)]
+
+
+def row(cold: Run, warm: Run, args: argparse.Namespace) -> dict[str, Any]:
+    goal = cold.confirmed * (1 - args.tolerance) if cold.confirmed else None
+    miss = args.budget + 1
+    c_first, w_first = cold.first_correct(), warm.first_correct()
+    c_reach = cold.reach(goal) if goal else None
+    w_reach = warm.reach(goal) if goal else None
+    return {"task": cold.task, "cold_first": c_first.n if c_first else None, "cold_first_s": c_first.seconds if c_first else None,
+            "warm_first": w_first.n if w_first else None, "warm_first_s": w_first.seconds if w_first else None,
+            "cold_reach": c_reach.n if c_reach else None, "cold_reach_s": c_reach.seconds if c_reach else None,
+            "warm_reach": w_reach.n if w_reach else None, "warm_reach_s": w_reach.seconds if w_reach else None,
+            "cold_best": cold.confirmed, "warm_best": warm.confirmed, "cold_strategy": cold.best_strategy,
+            "warm_strategy": warm.best_strategy, "cold_is_reference": cold.is_reference,
+            "cold_evals_counted": (c_reach.n if c_reach else miss), "warm_evals_counted": (w_reach.n if w_reach else miss),
+            "warm_at_least_cold": bool(warm.confirmed is not None and (cold.confirmed is None
+                                       or warm.confirmed >= cold.confirmed * (1 - args.tolerance)))}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    counted = [r for r in rows if not r["cold_is_reference"] and r["cold_best"]]
+    cold_total = sum(r["cold_evals_counted"] for r in counted)
+    warm_total = sum(r["warm_evals_counted"] for r in counted)
+    return {"ratio": round(warm_total / cold_total, 3) if cold_total else None, "tasks_counted": len(counted),
+            "cold_total": cold_total, "warm_total": warm_total,
+            "warm_at_least_cold": f"{sum(r['warm_at_least_cold'] for r in rows)}/{len(rows)}"}
+
+
+def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def pair(n: Any, s: Any) -> str:
+        return "-" if n is None else f"{n} / {s}s"
+
+    table = Table(title=f"memory reuse · {args.budget} evaluations per task · confirmed speedups{title}")
+    for col in ("task", "cold first ok", "warm first ok", "cold to cold best", "warm to cold best", "cold best",
+                "warm best"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["task"], pair(r["cold_first"], r["cold_first_s"]), pair(r["warm_first"], r["warm_first_s"]),
+                      pair(r["cold_reach"], r["cold_reach_s"]), pair(r["warm_reach"], r["warm_reach_s"]),
+                      f"{r['cold_best']}x {r['cold_strategy']}" + (" (reference)" if r["cold_is_reference"] else ""),
+                      f"{r['warm_best']}x {r['warm_strategy']}")
+    Console(width=200).print(table)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tasks", type=int, default=10, help="tasks measured cold and warm")
-    parser.add_argument("--warm-tasks", type=int, default=40, help="other tasks that fill the warm memory")
-    parser.add_argument("--budget", type=int, default=12, help="evaluations per task and search")
-    parser.add_argument("--algo", default="beam", choices=["parallel", "beam", "evolve"])
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--measure", default="", help="comma-separated task ids or folders (default: the whole suite)")
+    parser.add_argument("--warm", default="", help="comma-separated task ids or folders that only fill memory")
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--budget", type=int, default=30, help="evaluations per session")
+    parser.add_argument("--time-s", type=float, default=900.0, help="time limit of one session")
+    parser.add_argument("--confirm", type=int, default=3, help="measurements of each run's best kernel")
     parser.add_argument("--tolerance", type=float, default=0.05, help="how close to the cold best counts as reached")
-    parser.add_argument("--measure", default="", help="comma-separated task ids to measure instead of every fifth")
-    parser.add_argument("--warm", default="", help="comma-separated task ids that fill the warm memory")
+    parser.add_argument("--no-cost-model", action="store_true", help="warm runs order trials by hand, not by the learned model")
+    parser.add_argument("--compare", action="store_true",
+                        help="run the warm phase twice, with and without the learned cost model, against the same cold runs")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--keep", type=Path, default=None, help="keep every run's data dir under this folder")
     args = parser.parse_args()
 
+    from actors.config import ActorConfig
+    from actors.services import Services
+    from jaxbench.task import TaskError, list_tasks, load_task
     from maxkernel.logging import configure
-    from orchestrators.search import SearchConfig
+    from maxkernel.tuning.learned import ENV_SWITCH
 
     configure("warning")
     for key, value in {"MAXKERNEL_EVAL_TIMING_ROUNDS": "3", "MAXKERNEL_EVAL_CORRECTNESS_SEEDS": "1"}.items():
         os.environ.setdefault(key, value)
-    measured, others = split(args.tasks, args.warm_tasks, [t for t in args.measure.split(",") if t] or None,
-                              [t for t in args.warm.split(",") if t] or None)
-    config = SearchConfig(algorithm=args.algo, seed=args.seed, max_evaluations=args.budget)
-    with tempfile.TemporaryDirectory(prefix="mk-cold-") as cold_dir, tempfile.TemporaryDirectory(prefix="mk-warm-") as warm_dir:
-        print(f"cold: {len(measured)} tasks, empty memory", flush=True)
-        cold = asyncio.run(run_phase(measured, config, Path(cold_dir), "cold"))
-        print(f"warm-up: {len(others)} other tasks fill the memory", flush=True)
-        asyncio.run(run_phase(others, config, Path(warm_dir), "fill"))
-        print("warm: the same tasks, same budget", flush=True)
-        warm = asyncio.run(run_phase(measured, config, Path(warm_dir), "warm"))
-
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"memory reuse · {args.algo} · {args.budget} evaluations per task")
-    for col in ("task", "cold first ok (evals/s)", "warm first ok (evals/s)", "cold best", "warm best",
-                "cold evals to cold best", "warm evals to cold best"):
-        table.add_column(col)
-    rows, cold_reach, warm_reach = [], [], []
-    for task in measured:
-        c, w = cold[task], warm[task]
-        goal = c["best"] * (1 - args.tolerance) if c["best"] else None
-        cr = evals_to_reach(c["nodes"], goal)
-        wr = evals_to_reach(w["nodes"], goal)
-        if cr is not None:
-            cold_reach.append(cr)
-            warm_reach.append(wr if wr is not None else args.budget + 1)  # never reached: past the budget
-        rows.append({"task": task, "cold_first": c["first_correct_at"], "warm_first": w["first_correct_at"],
-                     "cold_first_s": c["first_correct_s"], "warm_first_s": w["first_correct_s"],
-                     "cold_best": c["best"], "warm_best": w["best"], "cold_reach": cr, "warm_reach": wr})
-        table.add_row(task, f"{c['first_correct_at']}/{c['first_correct_s']}", f"{w['first_correct_at']}/{w['first_correct_s']}",
-                      f"{c['best']}", f"{w['best']}", str(cr), str(wr) if wr is not None else f">{args.budget}")
-    Console(width=160).print(table)
-    if cold_reach:
-        ratio = statistics.mean(warm_reach) / statistics.mean(cold_reach)
-        print(f"evaluations to reach the cold best: cold {statistics.mean(cold_reach):.2f}, warm "
-              f"{statistics.mean(warm_reach):.2f} on average; warm/cold = {ratio:.2f} (target < 0.5)")
-    else:
-        ratio = None
-        print("no task had a correct kernel cold: nothing to compare")
+    if args.compare and args.no_cost_model:
+        print("error: --compare already runs the warm phase without the cost model; drop --no-cost-model", file=sys.stderr)
+        return 2
+    measured = [t for t in args.measure.split(",") if t] or [t.id for t in list_tasks()]
+    extra = [t for t in args.warm.split(",") if t and t not in measured]
+    for task in measured + extra:
+        try:
+            load_task(task)
+        except TaskError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="mk-reuse-", dir=args.keep))
+    judge = Services(ActorConfig(data_dir=str(root / "judge")))
+    started = time.monotonic()
+    try:
+        evaluator = judge.evaluator
+        warm_up(evaluator, measured[0])
+        print(f"cold: {len(measured) + len(extra)} tasks, each with an empty memory", flush=True)
+        cold_dirs = {t: root / f"cold-{i}" for i, t in enumerate(measured + extra)}
+        cold = {t: run_in(d, t, evaluator, args, "cold") for t, d in cold_dirs.items()}
+        variants = [("warm", not args.no_cost_model)] + ([("warm-hand", False)] if args.compare else [])
+        warm: dict[str, dict[str, Run]] = {}
+        for tag, model_on in variants:
+            os.environ[ENV_SWITCH] = "on" if model_on else "off"
+            warm[tag] = warm_phase(measured, extra, cold_dirs, root, evaluator, args, tag)
+    finally:
+        asyncio.run(judge.aclose())
+        if args.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+    sections: dict[str, dict[str, Any]] = {}
+    for tag, model_on in variants:
+        rows = [row(cold[t], warm[tag][t], args) for t in measured]
+        print_table(rows, args, "" if model_on else " · warm without the learned cost model")
+        summary = summarize(rows)
+        print(f"{tag}: ratio (warm / cold evaluations to the cold confirmed best, {summary['tasks_counted']} tasks "
+              f"whose cold best is not the reference): {summary['ratio']} (target <= 0.33); warm best >= cold best "
+              f"within {args.tolerance:.0%}: {summary['warm_at_least_cold']}")
+        sections["learned" if model_on else "no_cost_model"] = {"rows": rows, **summary}
+    report: dict[str, Any] = dict(sections["no_cost_model" if args.no_cost_model else "learned"])
+    if args.compare:
+        report["no_cost_model"] = sections["no_cost_model"]
+    report["args"] = {k: str(v) for k, v in vars(args).items()}
+    print(f"{time.monotonic() - started:.0f} s in all")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "ratio": ratio, "args": {k: str(v) for k, v in vars(args).items()}}, indent=2))
+        args.json.write_text(json.dumps(report, indent=2))
     return 0
 
 

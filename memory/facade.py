@@ -20,6 +20,17 @@ from maxkernel.analysis.signature import SignatureError, TaskSignature, task_sig
 from maxkernel.config import Settings, load_settings
 from memory.embedding import Embedder, alias_features, make_embedder
 from memory.errors import MemoryStoreError, RecordNotFoundError, UnverifiedKernelError
+from memory.insights import (
+    JUDGED,
+    PLANNED,
+    TUNED,
+    Measurement,
+    StrategyOutcome,
+    TaskMatch,
+    measurements_from_events,
+    rank_tasks,
+    strategy_outcomes,
+)
 from memory.models import (
     KernelHit,
     KernelRecord,
@@ -303,6 +314,60 @@ class Memory:
     def _note_hits(self, hits: Sequence[VectorHit]) -> list[NoteHit]:
         records = self.store.notes([h.id for h in hits])
         return [NoteHit(score=h.score, note=records[h.id]) for h in hits if h.id in records]
+
+    # -- what was measured ---------------------------------------------------------------------
+
+    def measured_count(self) -> int:
+        """How many judged drafts and tuning reports the log holds: the store's size for retraining."""
+        return self.store.count_events([*JUDGED, TUNED])
+
+    def measurements(self, target: str | None = None, task_ids: Sequence[str] | None = None) -> list[Measurement]:
+        """Every measured configuration in the event log (on ``target`` and of ``task_ids`` if given)."""
+        events = self.store.events_of([PLANNED, *JUDGED, TUNED], task_ids=task_ids)
+        rows = measurements_from_events(events)
+        return [r for r in rows if target is None or r.target == target]
+
+    def signatures(self, task_ids: Sequence[str]) -> dict[str, TaskSignature]:
+        """Stored signatures of these tasks, tracing (and caching) those that can still be loaded."""
+        found = self._stored_signatures(set(task_ids))
+        for task_id in set(task_ids) - set(found):
+            try:
+                found[task_id] = self.signature(task_id)
+            except (RecordNotFoundError, TaskError, SignatureError) as exc:
+                log.debug("memory.signature_unavailable", task=task_id, error=str(exc))
+        return found
+
+    def nearest_measured(
+        self, task: TaskLike, target: str, k: int = 5
+    ) -> tuple[list[TaskMatch], list[Measurement]]:
+        """The ``k`` tasks measured on ``target`` that are structurally closest to ``task`` (by the same
+        embedding that recall uses), and their measurements. Only the nearest tasks' events are read."""
+        ids = self.store.event_task_ids([*JUDGED, TUNED])
+        vectors = {tid: self.embedder.embed(sig) for tid, sig in self.signatures(ids).items()}
+        ranked = rank_tasks(self.embedder.embed(self.signature(task)), vectors, len(vectors))
+        matches: list[TaskMatch] = []
+        rows: list[Measurement] = []
+        step = max(2 * k, 1)
+        for start in range(0, len(ranked), step):
+            chunk = ranked[start : start + step]
+            found = self.measurements(target, [m.task_id for m in chunk])
+            have = {r.task_id for r in found}
+            matches += [m for m in chunk if m.task_id in have]
+            rows += found
+            if len(matches) >= k:
+                break
+        matches = matches[:k]
+        keep = {m.task_id for m in matches}
+        return matches, [r for r in rows if r.task_id in keep]
+
+    def similar_tasks(self, task: TaskLike, k: int = 5, target: str = "cpu") -> list[TaskMatch]:
+        """The ``k`` tasks measured on ``target`` nearest to ``task``, nearest first."""
+        return self.nearest_measured(task, target, k)[0]
+
+    def strategy_outcomes(self, task: TaskLike, target: str, k: int = 5) -> list[StrategyOutcome]:
+        """How each strategy fared on the ``k`` measured tasks nearest to ``task`` on ``target``."""
+        matches, rows = self.nearest_measured(task, target, k)
+        return strategy_outcomes(rows, matches)
 
     # -- browsing -------------------------------------------------------------------------------
 

@@ -580,6 +580,27 @@ class Store:
                 query = query.limit(limit)
             return [EventRecord.model_validate(r) for r in s.scalars(query)]
 
+    def events_of(self, types: Sequence[str], *, task_ids: Sequence[str] | None = None) -> list[EventRecord]:
+        """Events of these message types (of these tasks, if given), in recording order."""
+        with self.read("reading events") as s:
+            query = sa.select(EventRow).where(EventRow.message_type.in_(list(types))).order_by(EventRow.seq)
+            if task_ids is not None:
+                query = query.where(EventRow.task_id.in_(list(task_ids)))
+            return [EventRecord.model_validate(r) for r in s.scalars(query)]
+
+    def event_task_ids(self, types: Sequence[str]) -> list[str]:
+        """The distinct tasks that have events of these message types."""
+        with self.read("reading event tasks") as s:
+            query = (sa.select(EventRow.task_id).where(EventRow.message_type.in_(list(types)))
+                     .where(EventRow.task_id.is_not(None)).distinct())
+            return sorted(str(t) for t in s.scalars(query))
+
+    def count_events(self, types: Sequence[str]) -> int:
+        """How many events of these message types the log holds (cheap: a count, nothing parsed)."""
+        with self.read("counting events") as s:
+            return int(s.scalar(sa.select(sa.func.count()).select_from(EventRow)
+                                .where(EventRow.message_type.in_(list(types)))) or 0)
+
     def kernels(self, ids: Sequence[str]) -> dict[str, KernelRecord]:
         """The kernels with these ids (missing ids are absent from the result)."""
         if not ids:

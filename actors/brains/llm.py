@@ -6,6 +6,7 @@ the agent keeps its context, so a reply without usable code is sent back to it w
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -18,7 +19,7 @@ from actors.api_lookup import lookup_api
 from actors.brains.base import Brain, Diagnosis, PlanOutcome, Tools, TuneOutcome, UnusableReply
 from actors.brains.codeblocks import extract_kernel
 from actors.profile_facts import gather
-from actors.prompting import recall_block, system_prompt, task_block
+from actors.prompting import expert_block, outcomes_block, recall_block, system_prompt, task_block
 from jaxbench.report import EvalReport as JudgeReport
 from maxkernel.messages import EvalReport, FixRequest, OptimizeRequest, Plan, ProfileReport, Recall, StrategyRef, TuneTrial
 
@@ -104,7 +105,12 @@ class LlmBrain(Brain):
         from actors.profile_facts import CPU_RIDGE
 
         agent = self._agent(system_prompt("planner"), with_tools=False)
-        prompt = f"{self._context()}\n\n{recall_block(recall)}\n\nCPU ridge point for reference: {CPU_RIDGE} FLOP/byte."
+        tools = self.tools
+        fared, example = await asyncio.gather(
+            asyncio.to_thread(outcomes_block, self.services.memory, tools.task, tools.target),
+            asyncio.to_thread(expert_block, tools.task, tools.target, tools.size))
+        remembered = "\n\n".join(b for b in (recall_block(recall), fared, example) if b)
+        prompt = f"{self._context()}\n\n{remembered}\n\nCPU ridge point for reference: {CPU_RIDGE} FLOP/byte."
         if request.feedback or request.exclude:
             tried = ", ".join(request.exclude) or "(none)"
             prompt += (f"\n\n## What this session has learned\n{request.feedback or '(no results yet)'}\n\n"
@@ -131,7 +137,9 @@ class LlmBrain(Brain):
         strategy = plan.current
         recall = await self.tools.recall()
         previous = f"\n\n## Latest evaluator feedback\nThe previous strategy was dropped: {feedback}" if feedback else ""
-        prompt = (f"{self._context()}\n\n{recall_block(recall)}\n\n## Strategy\n{strategy.name}: {strategy.rationale}\n\n"
+        example = await asyncio.to_thread(expert_block, self.tools.task, self.tools.target, self.tools.size)
+        prompt = (f"{self._context()}\n\n{recall_block(recall)}\n\n{example}\n\n"
+                  f"## Strategy\n{strategy.name}: {strategy.rationale}\n\n"
                   f"## Planner's notes\n{plan.notes or '(none)'}{previous}\n\nWrite the kernel file.")
         source = await self._ask_code(agent, prompt)
         assert source is not None

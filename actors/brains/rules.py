@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from actors.brains.base import Brain, Diagnosis, PlanOutcome, TuneOutcome
+from actors.priors import prioritize, tuning_priors
 from actors.profile_facts import gather, rules_diagnosis
 from jaxbench.report import EvalReport as JudgeReport
 from maxkernel.messages import EvalReport, FixRequest, OptimizeRequest, Plan, ProfileReport, Recall, StrategyRef, TuneTrial
@@ -39,7 +40,11 @@ class RulesBrain(Brain):
             best = max(same, key=lambda k: k.speedup or 0.0)
             strategies.insert(0, StrategyRef(name=f"recall:{best.id}", kind=RECALLED, params={"source": best.code},
                                              rationale=f"verified before for this task ({best.speedup}x)"))
-        notes = "\n".join([n.text for n in recall.notes] + ([request.feedback] if request.feedback else []))
+        # Strategies that won on the nearest measured tasks go first, those that failed there last.
+        strategies, remembered = await asyncio.to_thread(prioritize, self.services.memory, task, request.target,
+                                                         strategies)
+        notes = "\n".join([n.text for n in recall.notes] + ([remembered] if remembered else [])
+                          + ([request.feedback] if request.feedback else []))
         return PlanOutcome(analysis=analysis.summary(), strategies=strategies, notes=notes)
 
     async def draft(self, plan: Plan, feedback: str | None = None) -> str:
@@ -73,8 +78,11 @@ class RulesBrain(Brain):
             # rules.tune runs in a worker thread; each trial goes to the tester through the bus.
             return asyncio.run_coroutine_threadsafe(self.tools.evaluate(source, True), loop).result()
 
-        result = await asyncio.to_thread(tune, self.tools.task, _strategy(ref), self.tools.target, evaluate,
-                                         budget.tune_budget_s, 0, budget.tune_max_trials)
+        # Recalled parameters (scaled to this task) are tried first, the learned cost model orders the rest.
+        start, order = await asyncio.to_thread(tuning_priors, self.services.memory, self.services.settings.data_path,
+                                               self.tools.task, ref, self.tools.target)
+        result = await asyncio.to_thread(tune, self.tools.task, _strategy(start), self.tools.target, evaluate,
+                                         budget.tune_budget_s, 0, budget.tune_max_trials, order=order)
         return _outcome(self.tools.task, ref, result, profile)
 
 

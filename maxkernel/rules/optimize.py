@@ -45,11 +45,13 @@ class OptimizeResult(BaseModel):
 
 
 def tune(task: "Task", strategy: Strategy, target: str, evaluate: Callable[[str], EvalReport], budget_s: float,
-         seed: int = 0, max_trials: int | None = None, on_trial: Callable[[Trial], None] | None = None) -> TuneResult:
-    """Search ``strategy``'s parameter space with the evaluator as the judge."""
+         seed: int = 0, max_trials: int | None = None, on_trial: Callable[[Trial], None] | None = None,
+         order: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None) -> TuneResult:
+    """Search ``strategy``'s parameter space with the evaluator as the judge (in ``order`` if given)."""
     space = SearchSpace(params={k: v for k, v in strategy.space.items()}, defaults=strategy.params)
     return tune_space(strategy.name, space, lambda p: render(task, strategy, p), evaluate, task.id, target,
-                      budget_s, extents=strategy.extents, seed=seed, max_trials=max_trials, on_trial=on_trial)
+                      budget_s, extents=strategy.extents, seed=seed, max_trials=max_trials, on_trial=on_trial,
+                      order=order)
 
 
 def _evaluator_fn(task: "Task", target: str, evaluator: "Evaluator") -> Callable[[str], EvalReport]:

@@ -9,9 +9,10 @@ Public API::
     model_reference(task, "v5e") -> ModelEstimate
     load_candidate(candidate_source) -> module
 
-Errors a user can cause are TargetError subclasses with one-line messages: CandidateLoadError, ModelError and
-VmemBudgetError (a kernel that does not fit in the generation's VMEM; ``validate_tpu`` reports it as
-``stage="vmem"`` instead of raising).
+Errors a user can cause are TargetError subclasses with one-line messages: CandidateLoadError, ModelError,
+UnboundedLoopError (a while loop whose trip count cannot be bounded from the task's inputs: refused, never
+priced once) and VmemBudgetError (a kernel that does not fit in the generation's VMEM; ``validate_tpu``
+reports it as ``stage="vmem"`` instead of raising).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _EXPORTS = {
     "TpuSpec": "specs", "load_tpu_spec": "specs", "load_tpu_specs": "specs",
     "CandidateLoadError": "loader", "load_candidate": "loader",
     "LoweringResult": "lowering", "validate_tpu": "lowering",
-    "VmemBudgetError": "blocks",
+    "VmemBudgetError": "blocks", "UnboundedLoopError": "ops",
     "KernelEstimate": "model", "ModelError": "model", "ModelEstimate": "model",
     "model_candidate": "model", "model_reference": "model",
 }

@@ -1,10 +1,13 @@
 """The TPU roofline cost model: a modelled time for a candidate or a reference on one TPU generation.
 
 A Pallas kernel is modelled as its grid pipeline: per grid step ``max(compute, memory) + overhead``, where
-compute is the kernel body's MXU/VPU/EUP work at peak and memory is the HBM traffic of the blocks whose index
-changes at that step (plus manual DMAs), then the first step's input fetch before and the last step's output
-write after. Work outside the kernels (and plain-JAX candidates and references) is an XLA roofline:
-``max(work at peak, bytes accessed / HBM bandwidth)``. All figures are ``basis="modelled"``.
+compute is the work the kernel body does at that step (MXU/VPU/EUP at peak; branches and loop trips as
+``work`` follows them) and memory is the HBM traffic of the blocks whose index changes at that step (plus
+manual DMAs), then the first step's input fetch before and the last step's output write after. Work outside
+the kernels (and plain-JAX candidates and references) is ``max(compute, bytes accessed / bandwidth)`` with
+matmuls at the efficiency XLA reaches. HBM streams at ``model.hbm_efficiency`` of its peak, and every program
+pays one ``model.dispatch_overhead_s`` (constants in ``config/targets.yaml``; fitted by
+``maxkernel.targets.calibration``). All figures are ``basis="modelled"``.
 """
 
 from __future__ import annotations
@@ -26,17 +29,17 @@ from maxkernel.targets.grid import GridSample
 from maxkernel.targets.jaxpr_walk import PallasCall, find_pallas_calls
 from maxkernel.targets.loader import load_candidate
 from maxkernel.targets.names import TargetError
-from maxkernel.targets.ops import OpCounts
-from maxkernel.targets.prefetch import prefetch_values
-from maxkernel.targets.specs import TpuSpec, load_tpu_spec
-from maxkernel.targets.work import step_work
-from maxkernel.targets.xla_cost import XlaCost, glue_cost, xla_cost
+from maxkernel.targets.ops import OpCounts, UnboundedLoopError
+from maxkernel.targets.prefetch import call_operands
+from maxkernel.targets.specs import ModelConstants, TpuSpec, load_model_constants, load_tpu_spec
+from maxkernel.targets.work import kernel_axes, step_work
+from maxkernel.targets.xla_cost import XlaCost, glue_cost, small_inputs, xla_cost
 
 Bound = Literal["compute", "memory", "overhead"]
 
 
 class ModelError(TargetError):
-    """The candidate cannot be modelled (it does not trace at full size, or has a dynamic grid)."""
+    """The candidate cannot be modelled (it does not trace at full size, or a grid extent cannot be computed)."""
 
 
 class KernelEstimate(BaseModel):
@@ -111,15 +114,21 @@ def model_candidate(candidate_source: str, task: Task, generation: str) -> Model
     io_bytes = _io_bytes(arg_shapes, out_shapes)
     if not calls:
         try:
-            cost = xla_cost(fn, arg_shapes)
+            cost = xla_cost(fn, arg_shapes, partial(small_inputs, task, arg_shapes))
+        except UnboundedLoopError:
+            raise
         except Exception as exc:
             raise ModelError(f"XLA cannot price the candidate: {type(exc).__name__}: {_first_line(exc)}") from exc
         return _xla_estimate(cost, spec, io_bytes, ["plain JAX: XLA roofline"])
     notes: list[str] = []
-    kernels = [_kernel_estimate(call, spec, prefetch=_prefetch(closed, call, task, notes), notes=notes)
-               for call in calls]
+    kernels = []
+    for call in calls:
+        extents, prefetch = _operands(closed, call, task, notes)
+        kernels.append(_kernel_estimate(call, spec, extents, prefetch, notes))
     try:
-        glue = glue_cost(closed, calls)
+        glue = glue_cost(closed, calls, partial(small_inputs, task, arg_shapes))
+    except UnboundedLoopError:
+        raise
     except Exception as exc:  # pricing the surrounding code is best effort: say so rather than fail
         notes.append(f"the XLA code around kernels is not priced ({type(exc).__name__}: {_first_line(exc)})")
         glue = XlaCost(0.0, OpCounts(), 0.0)
@@ -134,7 +143,7 @@ def model_reference(task: Task, generation: str) -> ModelEstimate:
     spec = load_tpu_spec(generation)
     arg_shapes, static, out_shapes = full_shapes(task, "full")
     fn = partial(task.reference, **static)
-    cost = xla_cost(fn, arg_shapes)
+    cost = xla_cost(fn, arg_shapes, partial(small_inputs, task, arg_shapes))
     return _xla_estimate(cost, spec, _io_bytes(arg_shapes, out_shapes), ["reference: XLA roofline"])
 
 
@@ -148,22 +157,41 @@ def _io_bytes(arg_shapes: Any, out_shapes: Any) -> float:
     return float(sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves))
 
 
-def _prefetch(closed: core.ClosedJaxpr, call: PallasCall, task: Task, notes: list[str]) -> list[np.ndarray] | None:
+def _operands(closed: core.ClosedJaxpr, call: PallasCall, task: Task,
+              notes: list[str]) -> tuple[list[int] | None, list[np.ndarray] | None]:
+    """(dynamic grid extents, scalar-prefetch values) of one call from the task's inputs; None where unknown."""
     try:
-        values = prefetch_values(closed, call, task)
+        found = call_operands(closed, call, task)
     except Exception as exc:  # the stubbed re-run can fail on exotic programs: fall back, and say so
         notes.append(f"{call.name}: scalar-prefetch values not computed ({type(exc).__name__})")
-        return None
-    if values is None:
+        return None, None
+    if found is None:
         notes.append(f"{call.name}: scalar-prefetch values depend on a loop or another kernel")
-    return values
+        return None, None
+    return found
+
+
+def _static_grid(call: PallasCall, extents: list[int] | None) -> tuple[int, ...]:
+    """The grid with each dynamic extent (a traced value, e.g. megablox's active tiles) replaced by its value."""
+    grid = call.eqn.params["grid_mapping"].grid
+    if all(isinstance(g, (int, np.integer)) for g in grid):
+        return tuple(int(g) for g in grid)
+    if extents is None:
+        raise ModelError(f"kernel {call.name}: grid {tuple(grid)} has an extent computed from values the model "
+                         "cannot evaluate (inside a loop, or from another kernel's output)")
+    values = iter(extents)
+    return tuple(int(g) if isinstance(g, (int, np.integer)) else next(values) for g in grid)
 
 
 def _cores_used(spec: TpuSpec, call: PallasCall, grid: tuple[int, ...]) -> int:
     """Megacore chips split a kernel's grid over both TensorCores only along a "parallel" dimension."""
     if spec.cores_per_device == 1:
         return 1
-    semantics = compiler_param(call.eqn, "dimension_semantics") or ()
+    grid_mapping = call.eqn.params["grid_mapping"]
+    given = iter(compiler_param(call.eqn, "dimension_semantics") or ())
+    # The semantics name the axes the kernel sees; Mosaic marks the axes vmap added "parallel".
+    visible = set(kernel_axes(grid_mapping))
+    semantics = [next(given, "arbitrary") if axis in visible else "parallel" for axis in range(len(grid))]
     for sem, extent in zip(semantics, grid):
         if str(getattr(sem, "value", sem)).lower() in ("parallel", "core_parallel") and extent >= 2:
             return spec.cores_per_device
@@ -175,22 +203,20 @@ def _bound(compute: float, memory: float, overhead: float) -> Bound:
     return max(parts, key=parts.__getitem__)  # type: ignore[return-value]
 
 
-def _kernel_estimate(call: PallasCall, spec: TpuSpec, prefetch: list[np.ndarray] | None,
-                     notes: list[str]) -> KernelEstimate:
+def _kernel_estimate(call: PallasCall, spec: TpuSpec, extents: list[int] | None,
+                     prefetch: list[np.ndarray] | None, notes: list[str]) -> KernelEstimate:
     grid_mapping = call.eqn.params["grid_mapping"]
-    try:
-        sample = GridSample.of(grid_mapping.grid)
-    except TargetError as exc:
-        raise ModelError(str(exc)) from exc
+    sample = GridSample.of(_static_grid(call, extents))
     used, budget = check_vmem(call.eqn, call.name, spec)
-    work = step_work(call.eqn.params["jaxpr"], grid_mapping.num_index_operands, sample, prefetch)
+    try:
+        work = step_work(call.eqn.params["jaxpr"], grid_mapping, sample, prefetch)
+    except UnboundedLoopError as exc:
+        raise UnboundedLoopError(f"kernel {call.name}: {exc}") from exc
     traffic = step_traffic(grid_mapping, sample, prefetch)
     totals = work.totals()
     notes.extend(f"{call.name}: {note}" for note in [*dict.fromkeys(work.notes), *traffic.notes])
-    if totals.unbounded_loops:
-        notes.append(f"{call.name}: a while loop in the kernel body is counted once per grid step")
     cores = _cores_used(spec, call, sample.grid)
-    bandwidth = spec.per_core(spec.hbm_bandwidth)
+    bandwidth = spec.per_core(spec.hbm_bandwidth) * _constants().hbm_efficiency.value
     compute_first, compute_t = work.seconds(spec)
     dma_first, dma_t = work.dma_bytes()
     # Steps t >= 1 overlap their block transfers (and manual DMAs) with compute; step 0's inputs come first.
@@ -215,12 +241,17 @@ def _kernel_estimate(call: PallasCall, spec: TpuSpec, prefetch: list[np.ndarray]
     )
 
 
+def _constants() -> ModelConstants:
+    return load_model_constants()
+
+
 def _device_bandwidth(spec: TpuSpec) -> float:
-    return spec.per_core(spec.hbm_bandwidth) * spec.cores_per_device
+    """HBM bandwidth one device streams at: the published peak times the fraction code really reaches."""
+    return spec.per_core(spec.hbm_bandwidth) * spec.cores_per_device * _constants().hbm_efficiency.value
 
 
 def _xla_parts(cost: XlaCost, spec: TpuSpec) -> tuple[float, float]:
-    return cost.counts.compute_seconds(spec, spec.cores_per_device), cost.bytes / _device_bandwidth(spec)
+    return cost.counts.compute_seconds(spec, spec.cores_per_device, xla=True), cost.bytes / _device_bandwidth(spec)
 
 
 def _ideal_seconds(counts: OpCounts, spec: TpuSpec, io_bytes: float) -> float:
@@ -229,14 +260,14 @@ def _ideal_seconds(counts: OpCounts, spec: TpuSpec, io_bytes: float) -> float:
 
 def _xla_estimate(cost: XlaCost, spec: TpuSpec, io_bytes: float, notes: list[str]) -> ModelEstimate:
     compute, memory = _xla_parts(cost, spec)
-    time_s = max(compute, memory, 1e-12)
+    dispatch = _constants().dispatch_overhead_s.value
+    time_s = max(compute, memory) + dispatch
     counts = cost.counts
     notes = [*notes, f"XLA (CPU) cost analysis: {cost.bytes:.4g} bytes accessed, {cost.xla_flops:.4g} flops"]
-    if counts.unbounded_loops:
-        notes.append("while loops counted once")
     return ModelEstimate(
         target=spec.target, generation=spec.name, kind="xla", time_ms=time_s * 1e3,
-        bound=_bound(compute, memory, 0.0), compute_ms=compute * 1e3, memory_ms=memory * 1e3, overhead_ms=0.0,
+        bound=_bound(compute, memory, 0.0), compute_ms=compute * 1e3, memory_ms=memory * 1e3,
+        overhead_ms=dispatch * 1e3,
         vmem_bytes=None, vmem_budget_bytes=spec.scoped_vmem_bytes,
         roofline_fraction=min(1.0, _ideal_seconds(counts, spec, io_bytes) / time_s),
         grid_steps=0, bytes=cost.bytes, flops=counts.flops, mxu_flops=counts.mxu_flops, vpu_ops=counts.vpu,
@@ -249,8 +280,9 @@ def _combine(kernels: list[KernelEstimate], glue: XlaCost, spec: TpuSpec, io_byt
     glue_compute, glue_memory = _xla_parts(glue, spec)
     compute = sum(k.compute_ms for k in kernels) / 1e3 + glue_compute
     memory = sum(k.memory_ms for k in kernels) / 1e3 + glue_memory
-    overhead = sum(k.overhead_ms for k in kernels) / 1e3
-    time_s = sum(k.time_ms for k in kernels) / 1e3 + max(glue_compute, glue_memory)
+    dispatch = _constants().dispatch_overhead_s.value
+    overhead = sum(k.overhead_ms for k in kernels) / 1e3 + dispatch
+    time_s = sum(k.time_ms for k in kernels) / 1e3 + max(glue_compute, glue_memory) + dispatch
     mxu = sum(k.mxu_flops for k in kernels) + glue.counts.mxu_flops
     vpu = sum(k.vpu_ops for k in kernels) + glue.counts.vpu
     trans = sum(k.transcendentals for k in kernels) + glue.counts.transcendental
@@ -262,7 +294,7 @@ def _combine(kernels: list[KernelEstimate], glue: XlaCost, spec: TpuSpec, io_byt
     largest = max(kernels, key=lambda k: k.vmem_bytes)
     return ModelEstimate(
         target=spec.target, generation=spec.name, kind="pallas", time_ms=time_s * 1e3,
-        bound=_bound(compute, memory, overhead), compute_ms=compute * 1e3, memory_ms=memory * 1e3,
+        bound=_bound(compute, memory, overhead - dispatch), compute_ms=compute * 1e3, memory_ms=memory * 1e3,
         overhead_ms=overhead * 1e3, vmem_bytes=largest.vmem_bytes, vmem_budget_bytes=largest.vmem_budget_bytes,
         roofline_fraction=min(1.0, ideal / time_s), grid_steps=sum(int(k.grid_steps * k.count) for k in kernels),
         bytes=sum(k.bytes for k in kernels) + glue.bytes, flops=mxu + vpu + trans, mxu_flops=mxu, vpu_ops=vpu,

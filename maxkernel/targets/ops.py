@@ -12,23 +12,28 @@ reference are counted alike:
 - other elementwise work, casts included: one VPU op per output element; ops on scalars run on the scalar
   unit and are not counted.
 - data movement inside VMEM (broadcast, reshape, transpose, slicing, ref loads and stores): free.
-- control flow: scan bodies times their length; ``cond`` takes the larger of its branches, field by field
-  (``work`` resolves a kernel's top-level ``pl.when`` per grid step instead); a ``while`` body is counted
-  once (trip count unknown).
+- control flow: each body and branch is charged for the times it runs, from the records of
+  ``maxkernel.targets.control`` (branch counts, loop trips). A ``cond`` without a record is charged as its
+  heavier branch; a ``scan`` without one runs its length; a ``while`` without one is refused
+  (:class:`UnboundedLoopError`): what the model cannot bound is never counted as free.
 - ``dma_start`` between HBM and VMEM/SMEM: the bytes of the copied window.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from jax import tree_util
 from jax._src import core
 
+from maxkernel.targets.control import Path, site_name
 from maxkernel.targets.jaxpr_walk import sub_jaxprs
-from maxkernel.targets.specs import TpuSpec
+from maxkernel.targets.names import TargetError
+from maxkernel.targets.specs import TpuSpec, load_model_constants
 
 TRANSCENDENTAL = frozenset({
     "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan",
@@ -55,10 +60,11 @@ class OpCounts:
     """Work of one program run (or one grid step of a kernel body)."""
 
     mxu: dict[str, float] = field(default_factory=dict)  # MXU_CLASSES -> flops
+    # MXU flops as XLA runs them: each matmul padded to MXU tiles and divided by XLA's efficiency at its size
+    mxu_xla: dict[str, float] = field(default_factory=dict)
     vpu: float = 0.0
     transcendental: float = 0.0
     dma_bytes: float = 0.0
-    unbounded_loops: int = 0
 
     @property
     def mxu_flops(self) -> float:
@@ -71,43 +77,79 @@ class OpCounts:
     def add(self, other: "OpCounts", times: float = 1.0) -> None:
         for cls, flops in other.mxu.items():
             self.mxu[cls] = self.mxu.get(cls, 0.0) + flops * times
+        for cls, flops in other.mxu_xla.items():
+            self.mxu_xla[cls] = self.mxu_xla.get(cls, 0.0) + flops * times
         self.vpu += other.vpu * times
         self.transcendental += other.transcendental * times
         self.dma_bytes += other.dma_bytes * times
-        self.unbounded_loops += other.unbounded_loops
 
-    def maximum(self, other: "OpCounts") -> None:
-        for cls, flops in other.mxu.items():
-            self.mxu[cls] = max(self.mxu.get(cls, 0.0), flops)
-        self.vpu = max(self.vpu, other.vpu)
-        self.transcendental = max(self.transcendental, other.transcendental)
-        self.dma_bytes = max(self.dma_bytes, other.dma_bytes)
-        self.unbounded_loops = max(self.unbounded_loops, other.unbounded_loops)
-
-    def compute_seconds(self, spec: TpuSpec, cores: int) -> float:
-        """Time on ``cores`` TensorCores at peak: MXU, VPU and EUP work one after the other."""
+    def compute_seconds(self, spec: TpuSpec, cores: int, xla: bool = False) -> float:
+        """Time on ``cores`` TensorCores: MXU, VPU and EUP work one after the other. Kernel code runs the MXU
+        at peak (its blocks are what it multiplies); ``xla`` code at the efficiency XLA reaches (``mxu_xla``)."""
         rates = {"bf16": spec.peak_bf16_flops, "f32_high": 2 * spec.peak_f32_flops,
                  "f32": spec.peak_f32_flops, "int8": spec.peak_int8_ops}
         share = cores / spec.cores_per_chip
-        seconds = sum(flops / (rates[cls] * share) for cls, flops in self.mxu.items())
+        mxu = self.mxu_xla if xla else self.mxu
+        seconds = sum(flops / (rates[cls] * share) for cls, flops in mxu.items())
         seconds += self.vpu / (spec.vpu_ops * share) + self.transcendental / (spec.eup_ops * share)
         return seconds
 
 
-def count_ops(jaxpr: core.Jaxpr) -> OpCounts:
-    """Work of one run of ``jaxpr``; nested pallas_call equations are skipped (they are modelled apart)."""
+class UnboundedLoopError(TargetError):
+    """A ``while`` loop whose trip count the model cannot bound from the task's inputs: refused, not free."""
+
+
+Charge = tuple["OpCounts", Any]  # work of one run, and how many times it runs (a number or one per grid step)
+
+
+def charges(jaxpr: core.Jaxpr, records: Mapping[Path, Any], times: Any = 1.0, path: Path = ()) -> list[Charge]:
+    """The work of ``jaxpr`` split by how often each part runs. ``records`` are absolute execution counts
+    from :class:`maxkernel.targets.control.Interpreter` (``times`` is how often this code runs where no record
+    says otherwise); nested pallas_call equations are skipped (they are modelled apart)."""
+    out: list[Charge] = []
+    level = OpCounts()
+    for position, eqn in enumerate(jaxpr.eqns):
+        here = (*path, position)
+        name = eqn.primitive.name
+        subs = [sub for _, sub in sub_jaxprs(eqn)]
+        if name == "pallas_call":
+            continue
+        if not subs:
+            count_eqn(eqn, level)
+        elif name == "cond":
+            record = records.get(here)
+            branches = [b.jaxpr for b in eqn.params["branches"]]
+            if record is not None:
+                for j, branch in enumerate(branches):
+                    out.extend(charges(branch, records, np.asarray(record)[..., j], (*here, j)))
+            else:
+                options = [charges(branch, records, times, (*here, j)) for j, branch in enumerate(branches)]
+                out.extend(max(options, key=_heft))
+        elif name in ("while", "scan"):
+            record = records.get(here)
+            body = eqn.params["body_jaxpr" if name == "while" else "jaxpr"].jaxpr
+            if record is None and name == "while":
+                raise UnboundedLoopError(f"a while loop at {site_name(eqn)} has a trip count the model cannot "
+                                         "bound from the task's inputs; it is refused rather than priced once")
+            trips = np.asarray(times) * float(eqn.params["length"]) if record is None else np.asarray(record)
+            out.extend(charges(body, records, trips, (*here, 0)))
+        else:  # calls and scoped regions run once where they stand
+            for k, sub in enumerate(subs):
+                out.extend(charges(sub, records, times, (*here, k)))
+    out.append((level, times))
+    return out
+
+
+def _heft(option: list[Charge]) -> float:
+    return sum(float(np.sum(t)) * (c.flops + c.dma_bytes) for c, t in option)
+
+
+def count_ops(jaxpr: core.Jaxpr, records: Mapping[Path, Any] | None = None) -> OpCounts:
+    """Total work of one run of ``jaxpr`` (see :func:`charges`)."""
     counts = OpCounts()
-    for eqn in jaxpr.eqns:
-        count_eqn(eqn, counts)
+    for part, times in charges(jaxpr, records or {}):
+        counts.add(part, float(np.sum(times)))
     return counts
-
-
-def largest(options: list[OpCounts]) -> OpCounts:
-    """Field-by-field maximum: the charge of a branch whose choice is unknown."""
-    worst = OpCounts()
-    for option in options:
-        worst.maximum(option)
-    return worst
 
 
 def _size(aval: core.AbstractValue) -> int:
@@ -120,10 +162,7 @@ def count_eqn(eqn: core.JaxprEqn, counts: OpCounts) -> None:
     name = eqn.primitive.name
     if name == "pallas_call":
         return
-    subs = list(sub_jaxprs(eqn))
-    if subs:
-        _count_control(eqn, name, subs, counts)
-    elif name in ("dot_general", "ragged_dot_general"):
+    if name in ("dot_general", "ragged_dot_general"):
         dims = eqn.params["dimension_numbers"] if name == "dot_general" else \
             eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
         lhs, rhs = eqn.invars[0].aval, eqn.invars[1].aval
@@ -131,6 +170,12 @@ def count_eqn(eqn: core.JaxprEqn, counts: OpCounts) -> None:
         flops = 2.0 * _size(eqn.outvars[0].aval) * contracted
         cls = _mxu_class(lhs.dtype, rhs.dtype, eqn.params.get("precision"))
         counts.mxu[cls] = counts.mxu.get(cls, 0.0) + flops
+        free_lhs = [d for d in range(len(lhs.shape)) if d not in (*dims[0][0], *dims[1][0])]
+        free_rhs = [d for d in range(len(rhs.shape)) if d not in (*dims[0][1], *dims[1][1])]
+        batch = math.prod(lhs.shape[d] for d in dims[1][0])
+        rows = math.prod(lhs.shape[d] for d in free_lhs)
+        cols = math.prod(rhs.shape[d] for d in free_rhs)
+        counts.mxu_xla[cls] = counts.mxu_xla.get(cls, 0.0) + batch * xla_matmul_flops(rows, cols, contracted)
     elif name == "conv_general_dilated":
         lhs, rhs = eqn.invars[0].aval, eqn.invars[1].aval
         out_features = rhs.shape[eqn.params["dimension_numbers"].rhs_spec[0]]
@@ -139,6 +184,10 @@ def count_eqn(eqn: core.JaxprEqn, counts: OpCounts) -> None:
         flops = 2.0 * _size(eqn.outvars[0].aval) * math.prod(rhs.shape) / out_features / dilation
         cls = _mxu_class(lhs.dtype, rhs.dtype, eqn.params.get("precision"))
         counts.mxu[cls] = counts.mxu.get(cls, 0.0) + flops
+        # As an implicit GEMM: (output pixels) x (output features) x (window * input features per group).
+        pixels = _size(eqn.outvars[0].aval) / out_features
+        window = flops / (2.0 * max(pixels * out_features, 1.0))
+        counts.mxu_xla[cls] = counts.mxu_xla.get(cls, 0.0) + xla_matmul_flops(pixels, out_features, window)
     elif name == "dma_start":
         counts.dma_bytes += _dma_bytes(eqn)
     elif name == "addupdate":
@@ -158,18 +207,17 @@ def count_eqn(eqn: core.JaxprEqn, counts: OpCounts) -> None:
         counts.vpu += sum(_size(v.aval) for v in eqn.outvars)
 
 
-def _count_control(eqn: core.JaxprEqn, name: str, subs: list[tuple[str, core.Jaxpr]], counts: OpCounts) -> None:
-    if name == "scan":
-        counts.add(count_ops(subs[0][1]), float(eqn.params["length"]))
-    elif name == "cond":
-        counts.add(largest([count_ops(branch) for _, branch in subs]))
-    elif name == "while":
-        body = next(sub for key, sub in subs if key == "body_jaxpr")
-        counts.add(count_ops(body))
-        counts.unbounded_loops += 1
-    else:  # calls (CALL_PRIMITIVES) and anything else holding programs: run once
-        for _, sub in subs:
-            counts.add(count_ops(sub))
+def xla_matmul_flops(rows: float, cols: float, depth: float) -> float:
+    """MXU flops XLA spends on one (rows x depth) @ (depth x cols) matmul, in peak-rate flops: the dims padded
+    to MXU tiles (rows to 8 sublanes, cols and depth to 128 lanes) and divided by XLA's efficiency at that
+    size (``model.xla_matmul`` in the targets file)."""
+    padded = [_round_up(rows, 8), _round_up(cols, 128), _round_up(depth, 128)]
+    size = math.prod(padded) ** (1.0 / 3.0)
+    return 2.0 * math.prod(padded) / load_model_constants().xla_matmul.at(size)
+
+
+def _round_up(value: float, tile: int) -> float:
+    return float(-(-math.ceil(value) // tile) * tile) if value > 0 else 0.0
 
 
 def _mxu_class(lhs_dtype: np.dtype, rhs_dtype: np.dtype, precision: object) -> str:
@@ -186,9 +234,20 @@ def _mxu_class(lhs_dtype: np.dtype, rhs_dtype: np.dtype, precision: object) -> s
     return "bf16"
 
 
+def _window_aval(ref: object) -> core.AbstractValue:
+    """The abstract value a DMA endpoint denotes: a Var's aval, or a transformed ref's (``buf.at[i]``,
+    ``hbm.at[pl.ds(...)]``) with its transforms applied to the underlying ref's aval. In a jaxpr the base of a
+    TransformedRef is a Var, which JAX's own ``TransformedRef.shape`` cannot type, so it is done here."""
+    if not hasattr(ref, "transforms"):
+        return ref.aval  # type: ignore[attr-defined]
+    aval = _window_aval(ref.ref)  # type: ignore[attr-defined]
+    for transform in ref.transforms:  # type: ignore[attr-defined]
+        aval = transform.transform_type(aval)
+    return aval
+
+
 def _memory_space(ref: object) -> str:
-    aval = ref.ref.aval if hasattr(ref, "ref") else getattr(ref, "aval", None)  # TransformedRef or Var
-    space = getattr(aval, "memory_space", None)
+    space = getattr(_window_aval(ref), "memory_space", None)
     return str(getattr(space, "value", space)).lower()
 
 
@@ -199,7 +258,5 @@ def _dma_bytes(eqn: core.JaxprEqn) -> float:
     spaces = {_memory_space(src), _memory_space(dst)}
     if not spaces & {"any", "hbm"} or spaces <= {"any", "hbm"}:
         return 0.0
-    window = dst if _memory_space(dst) not in ("any", "hbm") else src
-    shape = window.shape if hasattr(window, "ref") else window.aval.shape
-    dtype = (window.ref.aval if hasattr(window, "ref") else window.aval).dtype
-    return float(math.prod(shape) * np.dtype(dtype).itemsize)
+    window = _window_aval(dst if _memory_space(dst) not in ("any", "hbm") else src)
+    return float(math.prod(window.shape) * np.dtype(window.dtype).itemsize)

@@ -1,4 +1,5 @@
-"""Values of a kernel's scalar-prefetch operands at ``full`` size, so data-dependent index maps can be evaluated.
+"""Values of a kernel's scalar-prefetch operands and dynamic grid extents at ``full`` size, so data-dependent
+index maps, conditions and grids (megablox's number of active tiles) can be evaluated.
 
 The task draws its inputs with ``jax.random.key(PREFETCH_SEED)``; the program is re-run under ``jax.jit``
 with every pallas_call stubbed out, returning only the prefetch operands, so XLA drops everything else
@@ -24,9 +25,19 @@ PREFETCH_SEED = 0
 def prefetch_values(closed: core.ClosedJaxpr, call: PallasCall, task: Task) -> list[np.ndarray] | None:
     """The scalar-prefetch operands of ``call`` (empty if it has none); None if they cannot be computed
     (the kernel sits in a loop, or its prefetch operands come from another kernel's output)."""
-    count = call.eqn.params["grid_mapping"].num_index_operands
+    found = call_operands(closed, call, task)
+    return None if found is None else found[1]
+
+
+def call_operands(closed: core.ClosedJaxpr, call: PallasCall,
+                  task: Task) -> tuple[list[int], list[np.ndarray]] | None:
+    """(dynamic grid extents, scalar-prefetch values) of ``call`` on the task's ``full`` inputs; None if they
+    cannot be computed (the kernel sits in a loop, or they come from another kernel's output)."""
+    grid_mapping = call.eqn.params["grid_mapping"]
+    n_dyn = grid_mapping.num_dynamic_grid_bounds
+    count = n_dyn + grid_mapping.num_index_operands
     if count == 0:
-        return []
+        return [], []
     if call.in_control_flow:
         return None
     flags = pallas_dependent_inputs(closed.jaxpr, call.eqn)
@@ -45,4 +56,5 @@ def prefetch_values(closed: core.ClosedJaxpr, call: PallasCall, task: Task) -> l
         evaluate(closed.jaxpr, closed.consts, list(args), {"pallas_call": on_pallas})
         return captured[0]
 
-    return [np.asarray(v) for v in jax.jit(program)(jax.random.key(PREFETCH_SEED))]
+    values = [np.asarray(v) for v in jax.jit(program)(jax.random.key(PREFETCH_SEED))]
+    return [int(np.asarray(v).reshape(-1)[0]) for v in values[:n_dyn]], values[n_dyn:]

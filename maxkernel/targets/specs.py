@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -68,6 +70,7 @@ def load_tpu_specs(path: Path = TARGETS_FILE) -> dict[str, TpuSpec]:
         raise TargetError(f"{path}: cannot read TPU specs: {exc}") from exc
     if not isinstance(raw, dict):
         raise TargetError(f"{path}: expected a mapping of generation -> spec")
+    raw = {k: v for k, v in raw.items() if k != MODEL_KEY}
     if sorted(raw) != sorted(GENERATIONS):
         raise TargetError(f"{path}: generations {sorted(raw)} differ from {sorted(GENERATIONS)}")
     specs = {}
@@ -84,3 +87,69 @@ def load_tpu_specs(path: Path = TARGETS_FILE) -> dict[str, TpuSpec]:
 def load_tpu_spec(generation: str, path: Path = TARGETS_FILE) -> TpuSpec:
     """The spec of one generation, named ``"v5e"`` or ``"tpu-v5e"``."""
     return load_tpu_specs(Path(path))[tpu_generation(generation)]
+
+
+MODEL_KEY = "model"
+
+
+class Constant(BaseModel):
+    """One model constant with where it comes from: a published ``source`` or an ``assumed`` reason."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    value: float = Field(ge=0)
+    source: str | None = None
+    assumed: str | None = None
+
+    @model_validator(mode="after")
+    def _says_why(self) -> "Constant":
+        if (self.source is None) == (self.assumed is None):
+            raise ValueError("give exactly one of source: or assumed:")
+        return self
+
+
+class EfficiencyCurve(BaseModel):
+    """Fraction of MXU peak XLA reaches on a matmul, by size (the cube root of m * n * k), interpolated in
+    log2(size) between the points and held flat beyond the ends."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sizes: tuple[float, ...]
+    efficiency: tuple[float, ...]
+    source: str
+
+    @model_validator(mode="after")
+    def _monotone_sizes(self) -> "EfficiencyCurve":
+        if len(self.sizes) != len(self.efficiency) or not self.sizes:
+            raise ValueError("sizes and efficiency must be non-empty and of one length")
+        if list(self.sizes) != sorted(self.sizes) or not all(0 < e <= 1 for e in self.efficiency):
+            raise ValueError("sizes must ascend and efficiencies lie in (0, 1]")
+        return self
+
+    def at(self, size: float) -> float:
+        logs = [math.log2(s) for s in self.sizes]
+        return float(np.interp(math.log2(max(size, 1.0)), logs, self.efficiency))
+
+
+class ModelConstants(BaseModel):
+    """Generation-independent constants of the cost model (``model:`` in the targets file)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dispatch_overhead_s: Constant
+    hbm_efficiency: Constant
+    xla_matmul: EfficiencyCurve
+
+
+@lru_cache(maxsize=4)
+def load_model_constants(path: Path = TARGETS_FILE) -> ModelConstants:
+    """The ``model:`` section of the targets file, validated."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+        return ModelConstants.model_validate((raw or {}).get(MODEL_KEY))
+    except (OSError, yaml.YAMLError) as exc:
+        raise TargetError(f"{path}: cannot read model constants: {exc}") from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise TargetError(f"{path}: {MODEL_KEY}.{where}: {first['msg']}") from exc

@@ -1,10 +1,14 @@
 """The work of a kernel body, grid step by grid step.
 
-A top-level ``pl.when`` (a ``cond`` in the kernel jaxpr) is charged only at the steps where it runs when its
-predicate depends on nothing but ``program_id``/``num_programs`` and scalar-prefetch values: the predicate
-is sliced out of the body and evaluated at the model's grid steps. This is what makes a causal attention
-kernel that skips blocks above the diagonal, or a matmul that stores its accumulator on the last k step,
-cost what it does. Any other branch is charged as its larger side on every step (see ``ops``).
+The body's control part (``pl.when`` conditions at any depth, ``lax.cond``, ``fori_loop``/``while_loop`` trip
+counts) is re-run at the model's grid steps by :class:`maxkernel.targets.control.Interpreter`, knowing the
+grid indices and the scalar-prefetch values: a nested ``pl.when`` is charged only where every enclosing
+condition holds, a loop over ``lengths[b] // block`` for the trips it makes at each step. When the grid is
+walked in full, steps run in order and what the kernel writes into its scalar-prefetch refs (a "first
+block" flag, a double-buffer index) is carried from one step to the next, as on the TPU.
+
+Under ``jax.vmap`` of a ``pallas_call`` the grid gains leading axes the kernel does not see: its
+``program_id(a)`` is the a-th grid axis that is not vmapped.
 """
 
 from __future__ import annotations
@@ -12,159 +16,127 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax._src import core
-from jax._src.state import discharge
+from jax._src.state.types import AccumEffect, WriteEffect
 
+from maxkernel.targets.control import UNKNOWN, Interpreter, Path, RefCell
 from maxkernel.targets.grid import GridSample
-from maxkernel.targets.ops import OpCounts, count_eqn, count_ops, largest
+from maxkernel.targets.ops import Charge, OpCounts, charges
 from maxkernel.targets.specs import TpuSpec
 
-
-@dataclass
-class BranchSite:
-    """A top-level cond whose branch is known at every step looked at."""
-
-    branches: list[OpCounts]
-    at_first: int
-    at_t: np.ndarray
+KERNEL_SMALL = 128  # largest known value (elements) followed per grid step
 
 
 @dataclass
 class StepWork:
-    base: OpCounts  # charged on every step
-    sites: list[BranchSite]
+    parts: list[Charge]  # work of one run, and runs at step 0 then at each sampled step t
     sample: GridSample
     notes: list[str] = field(default_factory=list)
 
     def seconds(self, spec: TpuSpec) -> tuple[float, np.ndarray]:
         """Compute time on one TensorCore at step 0 and at each sampled step t."""
-        return self._per_step([b.compute_seconds(spec, 1) for b in self._all()], self.base.compute_seconds(spec, 1))
+        return self._per_step([c.compute_seconds(spec, 1) for c, _ in self.parts])
 
     def dma_bytes(self) -> tuple[float, np.ndarray]:
         """Manual-DMA bytes at step 0 and at each sampled step t."""
-        return self._per_step([b.dma_bytes for b in self._all()], self.base.dma_bytes)
+        return self._per_step([c.dma_bytes for c, _ in self.parts])
 
     def totals(self) -> OpCounts:
         """Work summed over the whole grid."""
         total = OpCounts()
-        total.add(self.base, float(self.sample.steps))
-        for site in self.sites:
-            for index, branch in enumerate(site.branches):
-                runs = float(site.at_first == index) + self.sample.weight * float(np.sum(site.at_t == index))
-                total.add(branch, runs)
+        for counts, times in self.parts:
+            runs = self._times(times)
+            total.add(counts, float(runs[0]) + self.sample.weight * float(runs[1:].sum()))
         return total
 
-    def _all(self) -> list[OpCounts]:
-        return [branch for site in self.sites for branch in site.branches]
+    def _times(self, times: Any) -> np.ndarray:
+        return np.broadcast_to(np.asarray(times, dtype=np.float64), (1 + len(self.sample.t),))
 
-    def _per_step(self, values: list[float], base: float) -> tuple[float, np.ndarray]:
-        first, per_t, pos = base, np.full(len(self.sample.t), base), 0
-        for site in self.sites:
-            table = np.asarray(values[pos:pos + len(site.branches)])
-            pos += len(site.branches)
-            first += float(table[site.at_first])
-            per_t = per_t + table[site.at_t]
-        return first, per_t
+    def _per_step(self, values: list[float]) -> tuple[float, np.ndarray]:
+        per = np.zeros(1 + len(self.sample.t))
+        for value, (_, times) in zip(values, self.parts):
+            if value:
+                per = per + value * self._times(times)
+        return float(per[0]), per[1:]
 
 
-def step_work(kernel: core.Jaxpr, num_prefetch: int, sample: GridSample,
+def kernel_axes(grid_mapping: Any) -> list[int]:
+    """The grid axes the kernel body sees, in order (``program_id(a)`` is ``grid[kernel_axes[a]]``)."""
+    vmapped = set(getattr(grid_mapping, "vmapped_dims", ()) or ())
+    return [axis for axis in range(len(grid_mapping.grid)) if axis not in vmapped]
+
+
+def step_work(kernel: core.Jaxpr, grid_mapping: Any, sample: GridSample,
               prefetch: list[np.ndarray] | None) -> StepWork:
-    """Split a kernel body into work done every step and top-level conds resolved per step."""
-    prefetch_refs = list(kernel.invars[:num_prefetch])
-    base = OpCounts()
-    pending: list[tuple[list[OpCounts], Predicate | int]] = []
+    """The kernel body's work, charged at step 0 and at the sampled steps for the times each part runs."""
     notes: list[str] = []
-    for position, eqn in enumerate(kernel.eqns):
-        if eqn.primitive.name != "cond":
-            count_eqn(eqn, base)
-            continue
-        branches = [count_ops(b.jaxpr) for b in eqn.params["branches"]]
-        pred = eqn.invars[0]
-        if isinstance(pred, core.Literal):
-            pending.append((branches, int(pred.val)))
-            continue
-        program = _predicate_program(kernel, position, pred, prefetch_refs, prefetch is not None)
-        if program is None:
-            base.add(largest(branches))
-            notes.append("a pl.when predicate depends on data: its larger branch is charged every step")
-        else:
-            pending.append((branches, program))
     try:
-        sites = _resolve(pending, sample, prefetch_refs, prefetch)
-    except Exception as exc:  # an exotic predicate: fall back to charging the larger branch everywhere
-        notes.append(f"pl.when predicates not evaluated ({type(exc).__name__}): larger branches charged")
-        for branches, _ in pending:
-            base.add(largest(branches))
-        sites = []
-    return StepWork(base, sites, sample, notes)
+        records = step_records(kernel, grid_mapping, sample, prefetch, notes)
+    except Exception as exc:  # an exotic body: branches fall back to their heavier side, loops are refused
+        notes.append(f"control flow not followed ({type(exc).__name__}): heavier branches charged")
+        records = {}
+    return StepWork(charges(kernel, records, 1.0), sample, notes)
 
 
-@dataclass
-class Predicate:
-    """A cond's branch index as a pure program of (grid ids and grid sizes it reads, prefetch values)."""
+def step_records(kernel: core.Jaxpr, grid_mapping: Any, sample: GridSample, prefetch: list[np.ndarray] | None,
+                 notes: list[str]) -> dict[Path, np.ndarray]:
+    """Execution counts of every resolvable site at step 0 and at each sampled step (leading axis)."""
+    n_pre = grid_mapping.num_index_operands
+    axes = kernel_axes(grid_mapping)
+    grid = sample.grid
+    known = prefetch is not None
+    args = [RefCell(i) if known else UNKNOWN for i in range(n_pre)] + [UNKNOWN] * (len(kernel.invars) - n_pre)
+    initial = {i: np.asarray(v) for i, v in enumerate(prefetch)} if known else {}
 
-    program: core.ClosedJaxpr
-    grid_inputs: list[tuple[str, int]]  # ("program_id" | "num_programs", axis) for each leading input
+    def one_step(ids: list[Any], state: dict[int, Any]) -> tuple[dict[int, Any], dict[Path, Any]]:
+        interp = Interpreter(ids, grid, axes, state, small=KERNEL_SMALL)
+        interp.run(kernel, [], args, ())
+        return interp.state, interp.records
+
+    points = np.concatenate([[0], sample.t])
+    ids = [np.asarray(c, dtype=np.int32) for c in np.unravel_index(points, grid)] if grid else []
+    state = dict(initial)
+    writes = _writes(kernel, n_pre)
+    if sample.sampled or not writes:
+        if writes:
+            notes.append("the kernel writes its scalar-prefetch refs; on a sampled grid they are read as drawn")
+
+        def at_point(point_ids: list[Any]) -> dict[Path, Any]:
+            return one_step(point_ids, state)[1]
+
+        records = jax.jit(jax.vmap(at_point))(ids) if ids else at_point([])
+        return {k: np.asarray(v) for k, v in records.items()}
+
+    def scan_step(carry: dict[int, Any], point_ids: list[Any]) -> tuple[dict[int, Any], dict[Path, Any]]:
+        new, recs = one_step(point_ids, carry)
+        lost = {k for k in carry if new.get(k, UNKNOWN) is UNKNOWN}
+        if lost:
+            raise _StateLost(lost)
+        return {k: jnp.asarray(new[k]).astype(jnp.asarray(carry[k]).dtype) for k in carry}, recs
+
+    while True:  # carry the prefetch refs whose contents stay known from one step to the next
+        carry0 = {k: jnp.asarray(v) for k, v in state.items()}
+        try:
+            _, records = jax.jit(lambda c, xs: lax.scan(scan_step, c, xs))(carry0, ids)
+        except _StateLost as lost:
+            state = {k: v for k, v in state.items() if k not in lost.keys}
+            continue
+        return {k: np.asarray(v) for k, v in records.items()}
 
 
-def _predicate_program(kernel: core.Jaxpr, position: int, pred: core.Var, prefetch_refs: list[core.Var],
-                       prefetch_known: bool) -> Predicate | None:
-    """The equations computing ``pred``, with ``program_id``/``num_programs`` turned into inputs; None if
-    the predicate reads kernel data (or prefetch values that are unknown)."""
-    needed, chosen = {pred}, []
-    for eqn in reversed(kernel.eqns[:position]):
-        if any(v in needed for v in eqn.outvars):
-            chosen.append(eqn)
-            needed.update(v for v in eqn.invars if isinstance(v, core.Var))
-    produced = {v for eqn in chosen for v in eqn.outvars}
-    free = needed - produced
-    if not free <= set(prefetch_refs) or (free and not prefetch_known):
-        return None
-    chosen.reverse()
-    grid_vars = [eqn.outvars[0] for eqn in chosen if eqn.primitive.name in _GRID_PRIMITIVES]
-    grid_inputs = [(eqn.primitive.name, int(eqn.params["axis"]))
-                   for eqn in chosen if eqn.primitive.name in _GRID_PRIMITIVES]
-    body = [eqn for eqn in chosen if eqn.primitive.name not in _GRID_PRIMITIVES]
-    effects = core.join_effects(*(eqn.effects for eqn in body))
-    debug = core.DebugInfo("pl.when predicate", "maxkernel.targets.work", None, None)
-    jaxpr = core.Jaxpr((), [*grid_vars, *prefetch_refs], [pred], body, effects, debug)
-    program = core.ClosedJaxpr(jaxpr, ())
-    if prefetch_refs:
-        flags = [False] * len(grid_vars) + [True] * len(prefetch_refs)
-        program = discharge.discharge_state(program, should_discharge=flags)
-    return Predicate(program, grid_inputs)
+class _StateLost(Exception):
+    """A step made some carried prefetch refs unknown: follow the steps again without them."""
+
+    def __init__(self, keys: set[int]) -> None:
+        super().__init__(sorted(keys))
+        self.keys = keys
 
 
-_GRID_PRIMITIVES = ("program_id", "num_programs")
-
-
-def _resolve(pending: list[tuple[list[OpCounts], Predicate | int]], sample: GridSample,
-             prefetch_refs: list[core.Var], prefetch: list[np.ndarray] | None) -> list[BranchSite]:
-    predicates = [p for _, p in pending if isinstance(p, Predicate)]
-    results: list[tuple[np.ndarray, np.ndarray]] = []
-    if predicates:
-        values = prefetch if prefetch is not None else [
-            np.zeros(v.aval.shape, v.aval.dtype) for v in prefetch_refs]
-
-        def evaluate_all(grid_ids: list[Any], refs: list[Any]) -> list[Any]:
-            outs = []
-            for predicate in predicates:
-                inputs = [grid_ids[axis] if kind == "program_id" else np.int32(sample.grid[axis])
-                          for kind, axis in predicate.grid_inputs]
-                outs.append(core.eval_jaxpr(predicate.program.jaxpr, predicate.program.consts, *inputs, *refs)[0])
-            return outs
-
-        first, _, at_t = sample.evaluate(evaluate_all, values)
-        results = list(zip(first, at_t))
-    sites, found = [], iter(results)
-    for branches, predicate in pending:
-        last = len(branches) - 1
-        if isinstance(predicate, int):
-            index = min(max(predicate, 0), last)
-            sites.append(BranchSite(branches, index, np.full(len(sample.t), index)))
-        else:
-            at_first, at_t = next(found)
-            sites.append(BranchSite(branches, int(np.clip(at_first[0], 0, last)),
-                                    np.clip(at_t.astype(np.int64), 0, last)))
-    return sites
+def _writes(kernel: core.Jaxpr, n_pre: int) -> bool:
+    """Whether the body writes any of its first ``n_pre`` refs (the scalar-prefetch operands)."""
+    refs = {id(v) for v in kernel.invars[:n_pre]}
+    return any(isinstance(e, (WriteEffect, AccumEffect)) and id(e.input) in refs for e in kernel.effects)

@@ -3,7 +3,8 @@
 Approximation, stated once: HBM bytes are the "bytes accessed" of XLA's cost analysis of the program
 compiled for *this CPU* (``jax.jit(f).lower(*shapes).compile().cost_analysis()``), i.e. after CPU fusion;
 XLA:TPU fuses differently and may keep a bf16 matmul's operands in bf16 where the CPU widens them, so bytes
-are indicative, not exact. Loop bodies are counted once by XLA. Work (MXU/VPU/EUP) is counted from the jaxpr
+are indicative, not exact. XLA counts a loop body once; here work and bytes are charged per trip, with trip
+counts evaluated on the task's small integer inputs (``program_records``). Work (MXU/VPU/EUP) is counted from the jaxpr
 with the same rules as kernel bodies (``maxkernel.targets.ops``), because the CPU's flop count expands some
 ops (``ragged_dot`` becomes one dense matmul per group); XLA's own figure is kept for reference.
 """
@@ -15,11 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax._src import core
 
+from jaxbench.task import Task
+from maxkernel.targets.control import UNKNOWN, Interpreter, Path, has_sites
 from maxkernel.targets.interpret import evaluate
-from maxkernel.targets.jaxpr_walk import PallasCall
+from maxkernel.targets.jaxpr_walk import CALL_PRIMITIVES, PallasCall, sub_jaxprs
 from maxkernel.targets.ops import OpCounts, count_ops
+from maxkernel.targets.prefetch import PREFETCH_SEED
 
 
 @dataclass
@@ -34,20 +40,107 @@ def _cost_analysis(traced: Any) -> tuple[float, float]:
     if isinstance(analysis, (list, tuple)):
         analysis = analysis[0] if analysis else {}
     analysis = analysis or {}
-    return float(analysis.get("bytes accessed", 0.0)), float(analysis.get("flops", 0.0))
+    nbytes = float(analysis.get("bytes accessed", 0.0)) - widening_bytes(traced.jaxpr.jaxpr)
+    return max(nbytes, 0.0), float(analysis.get("flops", 0.0))
 
 
-def xla_cost(fn: Callable[..., Any], arg_shapes: Sequence[Any]) -> XlaCost:
-    """Bytes and work of ``fn`` (plain JAX) at the given abstract argument shapes."""
+def widening_bytes(jaxpr: core.Jaxpr) -> float:
+    """Bytes XLA:CPU adds to a 16-bit matmul with a 16-bit result that XLA:TPU does not move.
+
+    XLA:CPU runs such a dot in f32: it converts each operand (read 2 bytes, write 4 per element), reads the
+    f32 copies, writes an f32 result and converts it back (10 bytes per element of each operand and of the
+    result); XLA:TPU feeds the MXU bf16 and writes bf16 (2 bytes). A dot asked for an f32 result
+    (``preferred_element_type``) is not widened. Each dot in the program text counts once, as in XLA's own
+    cost analysis."""
+    extra = 0.0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            avals = [v.aval for v in (*eqn.invars[:2], eqn.outvars[0])]
+            if all(np.dtype(a.dtype).itemsize == 2 and jnp.issubdtype(a.dtype, jnp.floating) for a in avals):
+                extra += 8.0 * sum(float(np.prod(a.shape)) for a in avals)
+        elif eqn.primitive.name != "pallas_call":
+            extra += sum(widening_bytes(sub) for _, sub in sub_jaxprs(eqn))
+    return extra
+
+
+Known = Callable[[], Sequence[Any]]  # concrete small integer inputs (UNKNOWN elsewhere), drawn when needed
+
+
+def xla_cost(fn: Callable[..., Any], arg_shapes: Sequence[Any], known: Known | None = None) -> XlaCost:
+    """Bytes and work of ``fn`` (plain JAX) at the given abstract argument shapes. ``known()`` gives concrete
+    values of the small integer arguments, from which loop trip counts are evaluated (only if there is a
+    loop or branch to resolve)."""
     traced = jax.jit(fn).trace(*arg_shapes)
     nbytes, xla_flops = _cost_analysis(traced)
-    return XlaCost(nbytes, count_ops(traced.jaxpr.jaxpr), xla_flops)
+    closed = traced.jaxpr
+    records = program_records(closed, known or (lambda: [UNKNOWN] * len(closed.in_avals)))
+    counts = count_ops(closed.jaxpr, records)
+    return XlaCost(nbytes + loop_bytes(closed.jaxpr, records), counts, xla_flops)
+
+
+def loop_bytes(jaxpr: core.Jaxpr, records: dict[Path, Any], path: Path = ()) -> float:
+    """Bytes of the loop trips XLA's cost analysis leaves out: it counts a ``while``/``scan`` body once, so
+    each top-level loop adds (trips - 1) times its body's own bytes (loops nested in a body stay counted
+    once per trip of the outer one)."""
+    extra = 0.0
+    for position, eqn in enumerate(jaxpr.eqns):
+        here, name = (*path, position), eqn.primitive.name
+        called = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        if name in ("while", "scan"):
+            record = records.get(here)
+            trips = float(eqn.params["length"]) if record is None else float(np.sum(record))
+            if trips > 1:
+                body = eqn.params["body_jaxpr" if name == "while" else "jaxpr"]
+                shapes = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars]
+                extra += (trips - 1) * _cost_analysis(jax.jit(core.jaxpr_as_fun(body)).trace(*shapes))[0]
+        elif name in CALL_PRIMITIVES and isinstance(called, core.ClosedJaxpr):
+            extra += loop_bytes(called.jaxpr, records, (*here, 0))
+    return extra
+
+
+XLA_SMALL = 1 << 16  # largest value (elements) the control interpreter computes in plain-JAX code
+
+
+def program_records(closed: core.ClosedJaxpr, known: Known) -> dict[Path, Any]:
+    """Branch counts and loop trips of a plain-JAX program, evaluated on the known (small) inputs."""
+    if not has_sites(closed.jaxpr):
+        return {}
+    flat = jax.tree_util.tree_leaves(list(known()), is_leaf=lambda x: x is UNKNOWN)
+    slots = [i for i, v in enumerate(flat) if v is not UNKNOWN]
+
+    def run(values: list[Any]) -> dict[Path, Any]:
+        args = [UNKNOWN] * len(closed.jaxpr.invars)
+        for i, v in zip(slots, values):
+            args[i] = v
+        interp = Interpreter(small=XLA_SMALL)
+        interp.run(closed.jaxpr, closed.consts, args, ())
+        return interp.records
+
+    return {k: np.asarray(v) for k, v in jax.jit(run)([flat[i] for i in slots]).items()}
+
+
+def small_inputs(task: Task, arg_shapes: Sequence[Any]) -> list[Any]:
+    """The task's ``full`` inputs that are small integer arrays (group sizes, page tables, lengths), drawn
+    with the model's seed; UNKNOWN for every other input (nothing large is materialised)."""
+    leaves = jax.tree_util.tree_leaves(arg_shapes)
+    wanted = [i for i, a in enumerate(leaves)
+              if np.issubdtype(a.dtype, np.integer) and int(np.prod(a.shape)) <= XLA_SMALL]
+    if not wanted:
+        return [UNKNOWN] * len(leaves)
+
+    def draw(key: jax.Array) -> list[Any]:
+        args, _ = task.get_inputs(key, "full")
+        flat = jax.tree_util.tree_leaves(args)
+        return [flat[i] for i in wanted]
+
+    values = dict(zip(wanted, (np.asarray(v) for v in jax.jit(draw)(jax.random.key(PREFETCH_SEED)))))
+    return [values.get(i, UNKNOWN) for i in range(len(leaves))]
 
 
 LAYOUT_ONLY = ("reshape", "squeeze", "expand_dims")
 
 
-def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall]) -> XlaCost | None:
+def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall], known: Known | None = None) -> XlaCost | None:
     """Bytes and work of everything outside the pallas_calls, or None when a kernel sits inside a loop.
 
     The program is re-traced with each kernel's outputs turned into inputs and each kernel's computed
@@ -89,4 +182,10 @@ def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall]) -> XlaCost | No
     if not traced.jaxpr.jaxpr.eqns:
         return XlaCost(0.0, OpCounts(), 0.0)
     nbytes, xla_flops = _cost_analysis(traced)
-    return XlaCost(nbytes, count_ops(traced.jaxpr.jaxpr), xla_flops)
+    n_outs = sum(len(outs) for outs in kernel_outs)
+    def inputs() -> list[Any]:
+        return [*(known() if known is not None else [UNKNOWN] * len(arg_shapes)), *[UNKNOWN] * n_outs]
+
+    records = program_records(traced.jaxpr, inputs)
+    counts = count_ops(traced.jaxpr.jaxpr, records)
+    return XlaCost(nbytes + loop_bytes(traced.jaxpr.jaxpr, records), counts, xla_flops)

@@ -20,8 +20,8 @@ from jaxbench.report import EvalReport
 from maxkernel.tuning.database import Database, Trial
 from maxkernel.tuning.pricing import Price, model_pricer, rank_by_price
 from maxkernel.tuning.runner import run_config
-from maxkernel.tuning.space import SearchSpace
-from maxkernel.tuning.strategy import order
+from maxkernel.tuning.space import Config, SearchSpace
+from maxkernel.tuning.strategy import order as hand_order
 
 log = structlog.get_logger("maxkernel.tuning")
 
@@ -45,14 +45,20 @@ def tune_space(strategy: str, space: SearchSpace, render: Callable[[dict[str, An
                evaluate: Callable[[str], EvalReport], task_id: str, target: str, budget_s: float,
                extents: dict[str, int] | None = None, seed: int = 0, max_trials: int | None = None,
                patience: int = 3, on_trial: Callable[[Trial], None] | None = None,
+               order: Callable[[list[Config]], list[Config]] | None = None,
                price: Price | None = None) -> TuneResult:
-    """Measure configurations until a stopping rule holds; ``price`` (default: the TPU model on ``tpu-*``
-    targets) orders the whole space by modelled time first, spending at most PRICING_SHARE of the budget."""
+    """Measure configurations until a stopping rule holds.
+
+    ``order``, when given (memory's priors and the learned cost model), replaces the hand-written order.
+    ``price`` (default: the TPU model on ``tpu-*`` targets) then re-ranks the whole space by modelled time,
+    spending at most PRICING_SHARE of the budget; what it cannot price keeps the order it had.
+    """
     deadline = time.monotonic() + budget_s
     db = Database()
     result = TuneResult(strategy=strategy, stopped="exhausted")
     best_score, since_best = 0.0, 0
-    configs = order(space.configs(), extents or {}, target, seed)
+    configs = space.configs()
+    configs = order(configs) if order is not None else hand_order(configs, extents or {}, target, seed)
     price = price if price is not None else model_pricer(task_id, target)
     if price is not None and len(configs) > 1:
         configs, modelled = rank_by_price(configs, render, price, budget_s * PRICING_SHARE)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from maxkernel.targets.calibration import tiled_matmul_source
+
 MATMUL_TASK = {
     "task.yaml": """\
 id: tgt_matmul
@@ -104,43 +106,10 @@ def write_task(folder: Path, files: dict[str, str]) -> Path:
 
 
 def matmul_source(bm: int, bn: int, bk: int, vmem_limit: int | None = None) -> str:
-    """Tiled matmul: grid (m/bm, n/bn, k/bk), f32 accumulator in VMEM scratch, k innermost."""
-    params = "" if vmem_limit is None else f"compiler_params=pltpu.CompilerParams(vmem_limit_bytes={vmem_limit}),"
-    return f'''\
-import jax
-import jax.numpy as jnp
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
-
-BM, BN, BK = {bm}, {bn}, {bk}
-
-
-def _body(x_ref, y_ref, o_ref, acc_ref):
-    @pl.when(pl.program_id(2) == 0)
-    def _init():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-    def _store():
-        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
-
-
-def kernel(x, y):
-    m, k = x.shape
-    n = y.shape[1]
-    return pl.pallas_call(
-        _body,
-        grid=(m // BM, n // BN, k // BK),
-        in_specs=[pl.BlockSpec((BM, BK), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((BK, BN), lambda i, j, kk: (kk, j))],
-        out_specs=pl.BlockSpec((BM, BN), lambda i, j, kk: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
-        scratch_shapes=[pltpu.VMEM((BM, BN), jnp.float32)],
-        {params}
-    )(x, y)
-'''
+    """Tiled matmul: grid (m/bm, n/bn, k/bk), f32 accumulator in VMEM scratch, k innermost (the kernel the
+    calibration against the Pallas TPU matmul guide prices)."""
+    params = None if vmem_limit is None else f"pltpu.CompilerParams(vmem_limit_bytes={vmem_limit})"
+    return tiled_matmul_source(bm, bk, bn, params)
 
 
 def rmsnorm_source(block_rows: int, vmem_limit: int | None = None) -> str:
@@ -256,3 +225,188 @@ def with_parallel_grid(source: str, semantics: tuple[str, ...]) -> str:
         "scratch_shapes=[pltpu.VMEM((BM, BN), jnp.float32)],",
         f"scratch_shapes=[pltpu.VMEM((BM, BN), jnp.float32)],\n"
         f"        compiler_params=pltpu.CompilerParams(dimension_semantics={semantics!r}),")
+
+
+def dma_into_scratch_slice_source(block_rows: int) -> str:
+    """Row blocks copied by hand from HBM into one slot of a two-slot VMEM scratch (``buf.at[slot]``)."""
+    return f'''\
+import jax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+BR = {block_rows}
+
+
+def _body(x_hbm, w_ref, o_ref, buf, sem):
+    i = pl.program_id(0)
+    slot = i % 2
+    copy = pltpu.make_async_copy(x_hbm.at[pl.ds(i * BR, BR)], buf.at[slot], sem.at[slot])
+    copy.start()
+    copy.wait()
+    o_ref[...] = buf[slot] * w_ref[...]
+
+
+def kernel(x, w, *, eps):
+    rows, hidden = x.shape
+    return pl.pallas_call(
+        _body,
+        grid=(rows // BR,),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec((hidden,), lambda i: (0,))],
+        out_specs=pl.BlockSpec((BR, hidden), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        scratch_shapes=[pltpu.VMEM((2, BR, hidden), x.dtype), pltpu.SemaphoreType.DMA((2,))],
+    )(x, w)
+'''
+
+
+def nested_when_matmul_source(bm: int, bn: int, bk: int) -> str:
+    """The tiled matmul whose last-k store holds a second ``pl.when`` (only on the first row of blocks)."""
+    return matmul_source(bm, bn, bk).replace(
+        "        o_ref[...] = acc_ref[...].astype(o_ref.dtype)\n",
+        "        o_ref[...] = acc_ref[...].astype(o_ref.dtype)\n\n"
+        "        @pl.when(pl.program_id(0) == 0)\n"
+        "        def _first_row():\n"
+        "            o_ref[...] = (acc_ref[...] * 2.0).astype(o_ref.dtype)\n")
+
+
+def _row_block_kernel(body: str, block_rows: int) -> str:
+    """A kernel over row blocks of x with the weight as one block, around the given ``_body`` source."""
+    return f'''\
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BR = {block_rows}
+
+{body}
+
+def kernel(x, w, *, eps):
+    rows, hidden = x.shape
+    return pl.pallas_call(
+        _body,
+        grid=(rows // BR,),
+        in_specs=[pl.BlockSpec((BR, hidden), lambda i: (i, 0)), pl.BlockSpec((hidden,), lambda i: (0,))],
+        out_specs=pl.BlockSpec((BR, hidden), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x, w)
+'''
+
+
+def triangular_loop_source(block_rows: int) -> str:
+    """Row blocks where step i runs a ``fori_loop`` of i + 1 trips (a traced bound: a while loop)."""
+    return _row_block_kernel('''
+def _body(x_ref, w_ref, o_ref):
+    x = x_ref[...]
+
+    def trip(_, acc):
+        return acc + x * 2.0
+
+    o_ref[...] = jax.lax.fori_loop(0, pl.program_id(0) + 1, trip, x) * w_ref[...]
+''', block_rows)
+
+
+# A loop that runs until the data says stop: its trip count cannot be bounded from the inputs.
+DATA_LOOP = _row_block_kernel('''
+def _body(x_ref, w_ref, o_ref):
+    x = x_ref[...]
+
+    def more(carry):
+        return jnp.sum(carry) < 1.0e6
+
+    o_ref[...] = jax.lax.while_loop(more, lambda c: c * 2.0, x) * w_ref[...]
+''', 256)
+
+
+def vmapped_when_source(batch: int, block_rows: int) -> str:
+    """A row-block kernel with a ``pl.when(program_id(0) == 0)``, run under ``jax.vmap`` over ``batch`` slabs:
+    the kernel's axis 0 is the grid's axis 1."""
+    return f'''\
+import jax
+from jax.experimental import pallas as pl
+
+B, BR = {batch}, {block_rows}
+
+
+def _body(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+    @pl.when(pl.program_id(0) == 0)
+    def _first():
+        o_ref[...] = x_ref[...] * 3.0
+
+
+def _one(x):
+    rows, hidden = x.shape
+    return pl.pallas_call(
+        _body,
+        grid=(rows // BR,),
+        in_specs=[pl.BlockSpec((BR, hidden), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((BR, hidden), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x)
+
+
+def kernel(x, w, *, eps):
+    rows, hidden = x.shape
+    return jax.vmap(_one)(x.reshape(B, rows // B, hidden)).reshape(rows, hidden) * w
+'''
+
+
+PAGED_ATTENTION_EXPERT = '''\
+from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+
+
+def kernel(q, k_pages, v_pages, page_table, lengths):
+    return paged_attention(q, k_pages, v_pages, lengths, page_table, pages_per_compute_block=64)
+'''
+
+MEGABLOX_GMM_EXPERT = '''\
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.megablox import gmm
+
+
+def kernel(lhs, group_sizes, rhs):
+    return gmm(lhs, rhs, group_sizes, preferred_element_type=jnp.bfloat16, tiling=(512, 1024, 1024))
+'''
+
+PLAIN_JAX_TILE_LOOP = '''\
+import jax
+import jax.numpy as jnp
+
+T = 16
+
+
+def kernel(lhs, group_sizes, rhs):
+    """Group 0's rows, 16 at a time, in a fori_loop whose bound is data (a while loop)."""
+    tiles = (group_sizes[0] + T - 1) // T
+    out = jnp.zeros((lhs.shape[0], rhs.shape[2]), jnp.float32)
+
+    def tile(i, out):
+        rows = jax.lax.dynamic_slice_in_dim(lhs, i * T, T)
+        part = jnp.dot(rows, rhs[0], preferred_element_type=jnp.float32)
+        return jax.lax.dynamic_update_slice_in_dim(out, part, i * T, 0)
+
+    return jax.lax.fori_loop(0, tiles, tile, out).astype(jnp.bfloat16)
+'''
+
+PLAIN_JAX_DATA_LOOP = '''\
+import jax
+import jax.numpy as jnp
+
+
+def kernel(x, w, *, eps):
+    return jax.lax.while_loop(lambda y: jnp.max(y) < 100.0, lambda y: y * 2.0, x) * w
+'''
+
+RAGGED_PAGED_ATTENTION_EXPERT = '''\
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+
+def kernel(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, *, sm_scale, max_q_len):
+    num_pages, page_size, kv_heads, head_dim = k_pages.shape
+    kv = jnp.stack([k_pages, v_pages], axis=3).reshape(num_pages, page_size, 2 * kv_heads, head_dim)
+    num_seqs = jnp.array([kv_lens.shape[0]], jnp.int32)
+    return ragged_paged_attention(q, kv, kv_lens, page_indices, cu_q_lens, num_seqs, sm_scale=sm_scale,
+                                  num_kv_pages_per_block=16, num_queries_per_block=32)
+'''

@@ -1,0 +1,277 @@
+"""Priors from memory: which strategies to try first, and which parameters the tuner starts from.
+
+Strategies that ran clearly faster than the reference on the nearest measured tasks (same target) move
+to the front of the plan, those that failed or ran slower there move back, each with the recalled reason
+in its rationale. The tuner starts from
+the best parameters the same strategy reached on the most similar task, scaled to this task's extents
+and snapped to this task's legal values; the learned cost model (``maxkernel.tuning.learned``) orders the
+rest. Memory only reorders what is tried: every candidate is still judged by the evaluator.
+
+The functions above ``prioritize`` are pure; ``prioritize`` and ``tuning_priors`` read the memory and
+never let a memory failure stop a session.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from pydantic import BaseModel, Field
+
+from maxkernel.messages import StrategyRef
+from memory.insights import Measurement, StrategyOutcome, TaskMatch
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
+    from maxkernel.tuning.learned import Sample
+    from memory import Memory
+
+log = structlog.get_logger("actors.priors")
+
+Config = dict[str, Any]
+Order = Callable[[list[Config]], list[Config]]
+NEIGHBOURS = 5
+FIXED_KINDS = frozenset({"recalled", "reference"})  # a same-task recall stays first, the reference last
+# A prior moves a strategy only beyond the noise of one CPU measurement: a 10% win or loss.
+MOVE = math.log(1.1)
+
+
+class StrategyPrior(BaseModel):
+    name: str
+    score: float = Field(description="> 0: won on similar tasks; < 0: failed there; weighted by similarity")
+    reasons: list[str] = Field(default_factory=list)
+
+
+def _outcome_value(o: StrategyOutcome) -> float:
+    """Log of the best correct speedup (bounded); -1 for a strategy that never passed."""
+    if o.best_speedup is not None and o.best_speedup > 0:
+        return max(-0.5, min(2.0, math.log(o.best_speedup)))
+    return -1.0
+
+
+def _reason(o: StrategyOutcome) -> str:
+    where = f"{o.task_id} (similarity {o.similarity:.2f})"
+    if o.won:
+        return f"won on {where} at {o.best_speedup:.2f}x"
+    if o.best_speedup is not None:
+        return f"reached {o.best_speedup:.2f}x on {where} without winning"
+    return f"failed on {where}: {o.reason[:160]}"
+
+
+def strategy_priors(outcomes: Sequence[StrategyOutcome]) -> dict[str, StrategyPrior]:
+    """One prior per strategy name: the similarity-weighted mean of its outcomes on the recalled tasks."""
+    by_name: dict[str, list[StrategyOutcome]] = defaultdict(list)
+    for o in outcomes:
+        by_name[o.strategy].append(o)
+    priors: dict[str, StrategyPrior] = {}
+    for name, group in by_name.items():
+        weight = sum(max(o.similarity, 0.0) for o in group) or 1.0
+        score = sum(max(o.similarity, 0.0) * _outcome_value(o) for o in group) / weight
+        ranked = sorted(group, key=lambda o: (-o.similarity, -abs(_outcome_value(o))))
+        priors[name] = StrategyPrior(name=name, score=score, reasons=[_reason(o) for o in ranked[:3]])
+    return priors
+
+
+def _parts(name: str) -> set[str]:
+    """The single rewrites of a combined one (``rewrite:a+b`` -> {a, b}); empty for anything else."""
+    kind, _, rest = name.partition(":")
+    return set(rest.split("+")) if kind == "rewrite" and rest else set()
+
+
+def prior_for(name: str, priors: dict[str, StrategyPrior]) -> StrategyPrior | None:
+    """The prior of ``name``, or for a combination of rewrites never measured as such, the mean prior
+    of the measured strategies that share one of its rewrites (rewrite sets differ from task to task)."""
+    if name in priors:
+        return priors[name]
+    parts = _parts(name)
+    related = [p for other, p in priors.items() if parts & _parts(other)]
+    if not related:
+        return None
+    return StrategyPrior(name=name, score=sum(p.score for p in related) / len(related),
+                         reasons=[f"as {p.name}: {p.reasons[0]}" for p in related[:2] if p.reasons])
+
+
+def order_strategies(strategies: Sequence[StrategyRef], priors: dict[str, StrategyPrior]) -> tuple[list[StrategyRef], str]:
+    """Clear winners first (best prior first), then strategies memory knows nothing or little of (in their
+    given order), then those that failed or ran slower on similar tasks; a same-task recall stays first
+    and the reference last.
+    Returns the new order and the notes that say why."""
+    def band(ref: StrategyRef) -> tuple[int, float]:
+        prior = prior_for(ref.name, priors)
+        if prior is None or abs(prior.score) < MOVE:
+            return 1, 0.0
+        return (0, -prior.score) if prior.score > 0 else (2, -prior.score)
+
+    head = [s for s in strategies if s.kind == "recalled"]
+    tail = [s for s in strategies if s.kind == "reference"]
+    middle = [s for s in strategies if s.kind not in FIXED_KINDS]
+    ranked = [s for _, _, s in sorted(((band(s), i, s) for i, s in enumerate(middle)), key=lambda t: (t[0], t[1]))]
+    out: list[StrategyRef] = []
+    notes: list[str] = []
+    for ref in head + ranked + tail:
+        prior = prior_for(ref.name, priors)
+        if prior is not None and prior.reasons:
+            why = "; ".join(prior.reasons)
+            ref = ref.model_copy(update={"rationale": f"{ref.rationale} [memory: {why}]".strip()})
+            notes.append(f"Memory on {ref.name} (prior {prior.score:+.2f}): {why}")
+        out.append(ref)
+    return out, "\n".join(notes)
+
+
+def snap(value: Any, legal: Sequence[Any]) -> Any:
+    """The legal value nearest to ``value`` (in log scale for positive numbers; the smaller on a tie)."""
+    if value in legal or not legal:
+        return value if value in legal else None
+    numbers = [v for v in legal if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not numbers:
+        return None
+    if value > 0 and all(v > 0 for v in numbers):
+        return min(numbers, key=lambda v: (abs(math.log2(v) - math.log2(value)), v))
+    return min(numbers, key=lambda v: (abs(v - value), v))
+
+
+def tiled_extents(extents: dict[str, int], space: dict[str, list[Any]]) -> dict[str, int]:
+    """What each block parameter tiles: the strategy's own extents, else the largest legal value (a
+    space of block sizes is clipped to the extent it tiles)."""
+    out = dict(extents)
+    for name, legal in space.items():
+        numbers = [v for v in legal if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+        if name not in out and numbers:
+            out[name] = max(numbers)
+    return out
+
+
+def scale_params(params: Config, from_extents: dict[str, int], to_extents: dict[str, int],
+                 space: dict[str, list[Any]]) -> Config:
+    """Recalled parameters for this task: a block size keeps its fraction of the extent it tiles
+    (``block * new_extent / old_extent``), then every value is snapped to this task's legal values.
+    Parameters this space does not have, or whose value cannot be made legal, are left out."""
+    out: Config = {}
+    for name, legal in space.items():
+        if name not in params:
+            continue
+        value = params[name]
+        if (isinstance(value, int) and not isinstance(value, bool) and from_extents.get(name)
+                and to_extents.get(name)):
+            value = value * to_extents[name] / from_extents[name]
+        snapped = snap(value, legal)
+        if snapped is not None:
+            out[name] = snapped
+    return out
+
+
+def _extent_distance(a: dict[str, int], b: dict[str, int]) -> float:
+    shared = [k for k in a if k in b and a[k] > 0 and b[k] > 0]
+    return sum(abs(math.log2(a[k] / b[k])) for k in shared)
+
+
+def param_start(rows: Sequence[Measurement], matches: Sequence[TaskMatch], ref: StrategyRef) -> tuple[Config, str] | None:
+    """Where the tuner of ``ref`` starts: the best passing parameters of the same strategy on the most
+    similar recalled task (closer extents break ties), scaled to ``ref``; None when memory has none
+    or they come out as the strategy's own defaults."""
+    if not ref.space:
+        return None
+    similarity = {m.task_id: m.score for m in matches}
+    best: dict[str, Measurement] = {}
+    for row in rows:
+        if row.strategy != ref.name or not row.passed or row.task_id not in similarity or row.speedup is None:
+            continue
+        if row.task_id not in best or row.speedup > (best[row.task_id].speedup or 0.0):
+            best[row.task_id] = row
+    if not best:
+        return None
+    here = tiled_extents(ref.extents, ref.space)
+    source = max(best.values(), key=lambda r: (
+        similarity[r.task_id] - 0.05 * _extent_distance(tiled_extents(r.extents, r.space), here), r.speedup or 0.0))
+    scaled = scale_params(source.params, tiled_extents(source.extents, source.space),
+                          tiled_extents(ref.extents, ref.space), ref.space)
+    start = {**ref.params, **scaled}
+    if start == ref.params:
+        return None
+    return start, (f"tuning starts from {scaled}, scaled from {source.params} that reached {source.speedup:.2f}x "
+                   f"on {source.task_id} (similarity {similarity[source.task_id]:.2f})")
+
+
+def first_then(start: Config | None, rank: Callable[[list[Config]], list[Config]] | None) -> Order | None:
+    """The trial order: ``start`` first when known, the rest as ``rank`` puts them (None: leave the
+    hand-written order alone, which already measures the defaults first)."""
+    if rank is None:
+        return None
+
+    def order(configs: list[Config]) -> list[Config]:
+        rest = [c for c in configs if c != start]
+        head = [c for c in configs if c == start]
+        return head + rank(rest)
+
+    return order
+
+
+def samples_from(rows: Sequence[Measurement], task_features: dict[str, dict[str, float]]) -> list["Sample"]:
+    """Training samples for the learned cost model: one per measured configuration of a known task."""
+    from maxkernel.tuning.learned import Sample
+
+    return [Sample(task=task_features[r.task_id], strategy=r.strategy, kind=r.kind, params=r.params,
+                   extents=tiled_extents(r.extents, r.space), speedup=r.speedup if r.passed else None,
+                   group=f"{r.task_id}|{r.strategy}")
+            for r in rows if r.task_id in task_features and r.kind not in ("recalled", "reference")]
+
+
+# -- reading the memory ----------------------------------------------------------------------------
+
+
+def prioritize(memory: "Memory", task: "Task", target: str,
+               strategies: list[StrategyRef]) -> tuple[list[StrategyRef], str]:
+    """The plan's strategies reordered by how they fared on the nearest measured tasks, with the notes
+    that say so; unchanged (and logged) when memory has nothing or cannot be read."""
+    try:
+        priors = strategy_priors(memory.strategy_outcomes(task, target, NEIGHBOURS))
+    except Exception as exc:  # memory is advice: a session goes on without it
+        log.warning("priors.strategies_unavailable", task=task.id, error=f"{type(exc).__name__}: {exc}")
+        return strategies, ""
+    return order_strategies(strategies, priors)
+
+
+def learned_rank(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRef,
+                 target: str) -> Callable[[list[Config]], list[Config]] | None:
+    """The learned cost model's ranking of ``ref``'s configurations on ``task``, or None (switched off,
+    or too little measured to learn from)."""
+    from maxkernel.tuning import learned
+
+    if not learned.enabled():
+        return None
+
+    def samples() -> list["Sample"]:  # read only when the model is trained (again)
+        rows = memory.measurements(target)
+        signatures = memory.signatures(sorted({r.task_id for r in rows}))
+        return samples_from(rows, {tid: learned.task_features(sig) for tid, sig in signatures.items()})
+
+    model = learned.cached_model(learned.model_path(data_dir, target), memory.measured_count(), samples)
+    if model is None:
+        return None
+    features = learned.task_features(memory.signature(task))
+    extents = tiled_extents(ref.extents, ref.space)
+    return lambda configs: model.order(features, ref.name, ref.kind, configs, extents)
+
+
+def tuning_priors(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRef,
+                  target: str) -> tuple[StrategyRef, Order | None]:
+    """``ref`` with its parameters set to where tuning should start, and the order of the other trials
+    (the learned cost model's, or None for the hand-written one)."""
+    if not ref.space:
+        return ref, None
+    try:
+        matches, rows = memory.nearest_measured(task, target, NEIGHBOURS)
+        found = param_start(rows, matches, ref)
+        rank = learned_rank(memory, data_dir, task, ref, target)
+    except Exception as exc:  # memory is advice: the tuner goes on with the hand-written order
+        log.warning("priors.tuning_unavailable", task=task.id, strategy=ref.name, error=f"{type(exc).__name__}: {exc}")
+        return ref, None
+    start = found[0] if found else None
+    if found:
+        ref = ref.model_copy(update={"params": start, "rationale": f"{ref.rationale} [memory: {found[1]}]".strip()})
+        log.info("priors.tuning_start", task=task.id, strategy=ref.name, start=start)
+    return ref, first_then(start, rank)

@@ -1,0 +1,157 @@
+"""What the store knows about how strategies and their parameters fared, read back from the event log.
+
+The event log is the record of every judged candidate: a draft's ``EvalReport``/``FixRequest`` carries
+the strategy (name, kind, parameters, what each block parameter tiles) and the full report; a
+``TuneReport`` carries every tuning trial's parameters and outcome. ``measurements`` flattens both into
+one row per measured configuration; the rest ranks tasks by similarity and sums up strategy outcomes.
+Tuning trials are also answered as tool ``EvalReport``s, which carry the untuned parameters: those are
+skipped, their trials are read from the ``TuneReport`` instead.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+# Kinds whose outcome says nothing about another task: a recalled kernel is that task's own code.
+UNTRANSFERABLE_KINDS = frozenset({"recalled", "tool-check"})
+JUDGED = ("EvalReport", "FixRequest")
+TUNED = "TuneReport"
+PLANNED = "Plan"
+
+
+class Measurement(BaseModel):
+    """One measured configuration of one strategy on one task."""
+
+    task_id: str
+    session_id: str | None = None
+    target: str
+    strategy: str
+    kind: str = ""
+    params: dict[str, Any] = Field(default_factory=dict)
+    extents: dict[str, int] = Field(default_factory=dict)
+    space: dict[str, list[Any]] = Field(default_factory=dict)
+    status: str
+    correct: bool = False
+    speedup: float | None = None
+    label: str = ""
+    reason: str = ""
+    tuned: bool = Field(False, description="a tuning trial rather than the plan's own draft")
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "ok" and self.correct
+
+
+class TaskMatch(BaseModel):
+    task_id: str
+    score: float
+
+
+class StrategyOutcome(BaseModel):
+    """How one strategy fared on one recalled task (every session of that task on the target)."""
+
+    task_id: str
+    similarity: float
+    strategy: str
+    kind: str = ""
+    evaluations: int
+    passed: int
+    best_speedup: float | None = None
+    won: bool = Field(False, description="its best beat every other strategy's and the reference")
+    reason: str = Field("", description="why it failed, when it never passed")
+
+
+def _current(plan: dict[str, Any]) -> dict[str, Any] | None:
+    strategies = plan.get("strategies") or []
+    step = int(plan.get("step") or 0)
+    return strategies[step] if 0 <= step < len(strategies) else None
+
+
+def _from_ref(ref: dict[str, Any], **fields: Any) -> Measurement:
+    return Measurement(strategy=ref.get("name", ""), kind=ref.get("kind", ""), extents=dict(ref.get("extents") or {}),
+                       space=dict(ref.get("space") or {}), **fields)
+
+
+def measurements_from_events(events: Iterable[Any]) -> list[Measurement]:
+    """Rows from recorded events (``EventRecord``-like: ``message_type``, ``payload``, ``session_id``), in order.
+
+    A ``TuneReport`` names only its strategy; its kind and extents come from the session's plans.
+    """
+    refs: dict[tuple[str | None, str], dict[str, Any]] = {}
+    out: list[Measurement] = []
+    for event in events:
+        payload = event.payload
+        session = event.session_id
+        if event.message_type == PLANNED:
+            for ref in payload.get("strategies") or []:
+                refs[(session, ref.get("name", ""))] = ref
+            continue
+        if event.message_type in JUDGED:
+            draft = payload.get("draft") or {}
+            if str(draft.get("produced_by", "")).endswith(":tool"):
+                continue
+            plan = draft.get("plan") or {}
+            ref = _current(plan)
+            report = payload.get("report") or {}
+            if ref is None:
+                continue
+            refs.setdefault((session, ref.get("name", "")), ref)
+            out.append(_from_ref(ref, task_id=payload.get("task_id", ""), session_id=session,
+                                 target=report.get("target") or plan.get("target", "cpu"),
+                                 params=dict(ref.get("params") or {}), status=report.get("status", ""),
+                                 correct=bool(report.get("correct")), speedup=report.get("speedup"),
+                                 label=report.get("label") or "", reason=(report.get("reason") or "")[:300]))
+        elif event.message_type == TUNED:
+            name = payload.get("strategy", "")
+            ref = refs.get((session, name), {"name": name})
+            target = (payload.get("best_report") or {}).get("target", "cpu")
+            for trial in payload.get("trials") or []:
+                out.append(_from_ref(ref, task_id=payload.get("task_id", ""), session_id=session, target=target,
+                                     params=dict(trial.get("params") or {}), status=trial.get("status", ""),
+                                     correct=trial.get("status") == "ok", speedup=trial.get("speedup"), tuned=True))
+    return out
+
+
+def rank_tasks(query: np.ndarray, vectors: dict[str, np.ndarray], k: int) -> list[TaskMatch]:
+    """The ``k`` tasks whose vectors are closest to ``query`` (cosine; vectors are unit length)."""
+    scored = [TaskMatch(task_id=tid, score=float(np.dot(query, vec))) for tid, vec in vectors.items()]
+    scored.sort(key=lambda m: (-m.score, m.task_id))
+    return scored[:k]
+
+
+def strategy_outcomes(rows: Sequence[Measurement], matches: Sequence[TaskMatch]) -> list[StrategyOutcome]:
+    """Per recalled task and strategy: evaluations, passes, best correct speedup, and whether it won there.
+
+    A strategy won on a task when its best correct speedup is the task's highest and above 1.0 (a
+    kernel that only matches the reference won nothing). Reference-equivalent results do not count as
+    wins for the strategy that produced them.
+    """
+    similarity = {m.task_id: m.score for m in matches}
+    groups: dict[tuple[str, str], list[Measurement]] = defaultdict(list)
+    for row in rows:
+        if row.task_id in similarity and row.kind not in UNTRANSFERABLE_KINDS and not row.strategy.startswith("recall:"):
+            groups[(row.task_id, row.strategy)].append(row)
+    outcomes: list[StrategyOutcome] = []
+    for (task_id, strategy), group in groups.items():
+        ok = [r for r in group if r.passed and r.speedup is not None]
+        real = [r.speedup for r in ok if r.label != "reference-equivalent" and r.speedup is not None]
+        failed = [r for r in group if not r.passed]
+        outcomes.append(StrategyOutcome(
+            task_id=task_id, similarity=similarity[task_id], strategy=strategy, kind=group[0].kind,
+            evaluations=len(group), passed=len(ok), best_speedup=max(real) if real else None,
+            reason="" if ok else (failed[-1].reason or failed[-1].status)))
+    best_of_task: dict[str, float] = {}
+    for o in outcomes:
+        if o.best_speedup is not None and o.kind != "reference":
+            best_of_task[o.task_id] = max(best_of_task.get(o.task_id, 0.0), o.best_speedup)
+    for o in outcomes:
+        top = best_of_task.get(o.task_id)
+        o.won = (o.kind != "reference" and o.best_speedup is not None and top is not None
+                 and o.best_speedup >= top and o.best_speedup > 1.0)
+    outcomes.sort(key=lambda o: (-o.similarity, o.task_id, -(o.best_speedup or 0.0), o.strategy))
+    return outcomes

@@ -1,0 +1,221 @@
+"""Strategy and parameter priors from memory: the pure rules, then the same read from a real store."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from actors.brains.base import Tools
+from actors.brains.rules import RulesBrain
+from actors.config import ActorConfig
+from actors.priors import (
+    first_then,
+    order_strategies,
+    param_start,
+    prioritize,
+    scale_params,
+    snap,
+    strategy_priors,
+    tiled_extents,
+    tuning_priors,
+)
+from actors.services import Services
+from jaxbench import load_task
+from maxkernel.config import Settings
+from maxkernel.messages import OptimizeRequest, Recall, StrategyRef
+from maxkernel.tuning import learned
+from measured_sessions import record_session
+from memory import Memory
+from memory.insights import Measurement, StrategyOutcome, TaskMatch
+
+RECALLED = StrategyRef(name="recall:k1", kind="recalled")
+ROWBLOCK = StrategyRef(name="template:rowblock", kind="template", params={"block_rows": 128},
+                       space={"block_rows": [64, 128, 256, 512]}, extents={"block_rows": 512})
+TAIL = StrategyRef(name="template:fused_tail", kind="template")
+EPILOGUE = StrategyRef(name="template:matmul_epilogue", kind="template")
+REWRITE = StrategyRef(name="rewrite:cheaper_activations", kind="rewrite")
+REF = StrategyRef(name="reference", kind="reference")
+
+
+def outcome(task: str, sim: float, strategy: str, best: float | None, won: bool = False) -> StrategyOutcome:
+    return StrategyOutcome(task_id=task, similarity=sim, strategy=strategy, kind="template", evaluations=2,
+                           passed=0 if best is None else 2, best_speedup=best, won=won,
+                           reason="" if best is not None else "compile_error: block does not divide")
+
+
+def test_winners_first_failures_last_reference_stays_last() -> None:
+    priors = strategy_priors([outcome("a", 0.9, "template:matmul_epilogue", 2.0, won=True),
+                              outcome("a", 0.9, "template:fused_tail", None),
+                              outcome("b", 0.5, "template:fused_tail", None)])
+    ordered, notes = order_strategies([RECALLED, TAIL, REWRITE, EPILOGUE, REF], priors)
+    assert [s.name for s in ordered] == ["recall:k1", "template:matmul_epilogue", "rewrite:cheaper_activations",
+                                         "template:fused_tail", "reference"]
+    assert "won on a (similarity 0.90) at 2.00x" in ordered[1].rationale
+    assert "failed on a" in ordered[3].rationale and "does not divide" in ordered[3].rationale
+    assert ordered[2].rationale == ""  # memory knows nothing of it: left alone
+    assert "template:matmul_epilogue" in notes and "template:fused_tail" in notes
+
+
+def test_the_nearest_task_weighs_most() -> None:
+    # Won on a distant task, failed on a close one: it goes behind a strategy memory knows nothing of.
+    priors = strategy_priors([outcome("far", 0.2, "template:fused_tail", 3.0, won=True),
+                              outcome("near", 0.95, "template:fused_tail", None)])
+    assert priors["template:fused_tail"].score < 0
+    assert priors["template:fused_tail"].reasons[0].startswith("failed on near")
+    ordered, _ = order_strategies([TAIL, REWRITE], priors)
+    assert [s.name for s in ordered] == ["rewrite:cheaper_activations", "template:fused_tail"]
+    # Without memory the order is the planner's own.
+    assert order_strategies([TAIL, REWRITE, REF], {})[0] == [TAIL, REWRITE, REF]
+
+
+def test_a_combination_of_rewrites_borrows_the_prior_of_its_parts() -> None:
+    priors = strategy_priors([outcome("a", 0.9, "rewrite:idle_subgraphs+cheaper_activations", 1.8, won=True),
+                              outcome("a", 0.9, "template:fused_tail", 1.2)])
+    combo = StrategyRef(name="rewrite:cheaper_activations+dead_code", kind="rewrite")
+    other = StrategyRef(name="rewrite:dead_code", kind="rewrite")
+    ordered, _ = order_strategies([other, TAIL, combo], priors)
+    assert [s.name for s in ordered] == [combo.name, TAIL.name, other.name]
+    assert "as rewrite:idle_subgraphs+cheaper_activations: won on a" in ordered[0].rationale
+
+
+def test_a_win_within_noise_moves_nothing() -> None:
+    priors = strategy_priors([outcome("a", 0.9, "template:fused_tail", 1.05, won=True),
+                              outcome("a", 0.9, "template:matmul_epilogue", 0.97)])
+    ordered, notes = order_strategies([REWRITE, TAIL, EPILOGUE], priors)
+    assert [s.name for s in ordered] == [REWRITE.name, TAIL.name, EPILOGUE.name]
+    assert "won on a" in ordered[1].rationale  # the reason is still told
+
+
+def test_snap_picks_the_nearest_legal_value() -> None:
+    assert snap(50, [8, 16, 32, 64]) == 64  # nearest in log scale
+    assert snap(2 ** 4.5, [16, 32]) == 16  # a tie goes to the smaller block
+    assert snap(24, [16, 32]) == 32
+    assert snap(1000, [64, 128]) == 128 and snap(1, [64, 128]) == 64  # clipped to the legal range
+    assert snap("fast", ["fast", "slow"]) == "fast" and snap("other", ["fast"]) is None
+    assert snap(True, [True, False]) is True
+
+
+def test_recalled_blocks_keep_their_share_of_the_extent() -> None:
+    space = {"block_rows": [128, 256, 512, 1024], "order": ["ij", "ji"], "unroll": [1, 2]}
+    scaled = scale_params({"block_rows": 256, "order": "ji", "unroll": 8, "other": 3},
+                          {"block_rows": 1024}, {"block_rows": 4096}, space)
+    assert scaled == {"block_rows": 1024, "order": "ji", "unroll": 2}  # 256 of 1024 -> 1024 of 4096
+    assert scale_params({"block_rows": 512}, {"block_rows": 512}, {"block_rows": 100},
+                        {"block_rows": [8, 16, 32, 64, 128]}) == {"block_rows": 128}  # a whole extent stays whole
+    assert tiled_extents({}, {"block_m": [64, 128, 256], "flag": [True]}) == {"block_m": 256}
+
+
+def measured(task: str, params: dict, speedup: float | None, extents: dict | None = None) -> Measurement:
+    return Measurement(task_id=task, target="cpu", strategy=ROWBLOCK.name, kind="template", params=params,
+                       extents=extents or {"block_rows": 1024}, space={"block_rows": [128, 256, 512, 1024]},
+                       status="ok" if speedup else "compile_error", correct=bool(speedup), speedup=speedup)
+
+
+def test_tuning_starts_from_the_most_similar_tasks_best_params() -> None:
+    rows = [measured("near", {"block_rows": 512}, 1.5), measured("near", {"block_rows": 1024}, 1.2),
+            measured("near", {"block_rows": 256}, None), measured("far", {"block_rows": 128}, 3.0)]
+    matches = [TaskMatch(task_id="near", score=0.9), TaskMatch(task_id="far", score=0.3)]
+    start, why = param_start(rows, matches, ROWBLOCK) or ({}, "")
+    assert start == {"block_rows": 256}  # 512 of 1024 there is half of this task's 512
+    assert "near" in why and "1.50x" in why
+    assert param_start(rows, [], ROWBLOCK) is None  # nothing similar measured
+    assert param_start(rows, matches, TAIL) is None  # nothing to tune
+    same = [measured("near", {"block_rows": 256}, 1.5)]  # scales to the defaults: nothing new to say
+    assert param_start(same, matches, ROWBLOCK) is None
+
+
+def test_trial_order_puts_the_start_first_then_the_ranking() -> None:
+    configs = [{"b": 1}, {"b": 2}, {"b": 3}, {"b": 4}]
+    order = first_then({"b": 2}, lambda cs: sorted(cs, key=lambda c: -c["b"]))
+    assert order is not None and order(configs) == [{"b": 2}, {"b": 4}, {"b": 3}, {"b": 1}]
+    unstarted = first_then(None, lambda cs: list(reversed(cs)))
+    assert unstarted is not None and unstarted(configs) == list(reversed(configs))
+    assert first_then({"b": 2}, None) is None  # the hand-written order already measures the start first
+
+
+# -- read from a real store ------------------------------------------------------------------------
+
+GEMMS = ("41k_Gemm_Add_ReLU", "35k_Gemm_Scaling_Hardtanh_GELU", "44k_Matmul_Divide_GELU")
+
+
+@pytest.fixture
+def memory(tmp_path: Path):
+    with Memory.open(Settings(data_dir=str(tmp_path / "data"))) as m:
+        yield m
+
+
+def test_prioritize_reads_outcomes_of_similar_tasks(memory: Memory) -> None:
+    record_session(memory.store, GEMMS[0], [TAIL, EPILOGUE, REF],
+                   {"template:fused_tail": ("runtime_error", None), "template:matmul_epilogue": ("ok", 1.6)})
+    record_session(memory.store, "12p_RMSNorm", [TAIL, REF], {"template:fused_tail": ("ok", 2.0)})
+    task = load_task(GEMMS[2])
+    ordered, notes = prioritize(memory, task, "cpu", [TAIL, REWRITE, EPILOGUE, REF])
+    # On the nearest task (a GEMM) the epilogue template won and the fused tail failed; the norm
+    # task where the fused tail won is further away.
+    assert [s.name for s in ordered] == ["template:matmul_epilogue", "rewrite:cheaper_activations",
+                                         "template:fused_tail", "reference"]
+    assert f"won on {GEMMS[0]}" in ordered[0].rationale and "Memory on template:matmul_epilogue" in notes
+    # Another target's memory says nothing about this one.
+    assert prioritize(memory, task, "tpu-v5e", [TAIL, REWRITE]) == ([TAIL, REWRITE], "")
+
+
+class Broken:
+    def __getattr__(self, name: str):
+        raise RuntimeError("store unreachable")
+
+
+def test_memory_that_cannot_be_read_changes_nothing(tmp_path: Path) -> None:
+    task = load_task(GEMMS[2])
+    assert prioritize(Broken(), task, "cpu", [TAIL, REF]) == ([TAIL, REF], "")  # type: ignore[arg-type]
+    assert tuning_priors(Broken(), tmp_path, task, ROWBLOCK, "cpu") == (ROWBLOCK, None)  # type: ignore[arg-type]
+
+
+def _tuned_sessions(memory: Memory) -> None:
+    """Two GEMM tasks where the rowblock template ran fastest with the smallest block (the opposite of
+    the hand-written order, which on ``cpu`` puts the fewest grid steps first)."""
+    for task in GEMMS[:2]:
+        trials = [({"block_rows": b}, "ok", s) for b, s in ((64, 1.6), (128, 1.1), (256, 0.8), (512, 0.5))]
+        record_session(memory.store, task, [ROWBLOCK, REF], {"template:rowblock": ("ok", 0.9)},
+                       tuned={"template:rowblock": trials})
+
+
+def test_tuning_priors_start_and_order(memory: Memory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _tuned_sessions(memory)
+    task = load_task(GEMMS[2])
+    here = ROWBLOCK.model_copy(update={"params": {"block_rows": 128}, "space": {"block_rows": [32, 64, 128, 256]},
+                                       "extents": {"block_rows": 256}})
+    monkeypatch.setenv(learned.ENV_SWITCH, "off")
+    start, order = tuning_priors(memory, tmp_path, task, here, "cpu")
+    assert start.params == {"block_rows": 32}  # 64 of 512 there: 32 of 256 here
+    assert "memory:" in start.rationale and order is None  # no model: the hand-written order, start first
+
+    monkeypatch.setenv(learned.ENV_SWITCH, "on")
+    start, order = tuning_priors(memory, tmp_path, task, here, "cpu")
+    assert order is not None
+    ranked = order([{"block_rows": b} for b in (128, 256, 32, 64)])
+    assert ranked[0] == {"block_rows": 32}  # the recalled start first
+    assert ranked[1:] == [{"block_rows": 64}, {"block_rows": 128}, {"block_rows": 256}]  # smaller blocks won there
+    assert learned.model_path(tmp_path, "cpu").exists()
+
+
+def test_the_rules_planner_orders_its_plan_by_memory(tmp_path: Path) -> None:
+    services = Services(ActorConfig(data_dir=str(tmp_path / "data")))
+    try:
+        rowblock = StrategyRef(name="template:rowblock", kind="template")
+        record_session(services.store, GEMMS[0], [rowblock, EPILOGUE, REF],
+                       {"template:rowblock": ("compile_error", None), "template:matmul_epilogue": ("ok", 2.0)})
+
+        async def unused(*_: object) -> None:
+            raise AssertionError("planning evaluates nothing")
+
+        tools = Tools(task=services.task(GEMMS[2]), target="cpu", size="cpu", evaluate=unused, recall=unused)  # type: ignore[arg-type]
+        request = OptimizeRequest(session_id="s", task_id=GEMMS[2])
+        outcome = asyncio.run(RulesBrain("planner", services, tools).plan(request, Recall(session_id="s", task_id=GEMMS[2])))
+    finally:
+        asyncio.run(services.aclose())
+    names = [s.name for s in outcome.strategies]
+    assert names[0] == "template:matmul_epilogue" and names[-2:] == ["template:rowblock", "reference"]
+    assert f"won on {GEMMS[0]}" in outcome.strategies[0].rationale
+    assert "Memory on template:rowblock" in outcome.notes and "failed on" in outcome.notes
