@@ -72,6 +72,23 @@ def _visible_keys(program: Program, var: Var, score_shape: tuple[int, ...], hide
     return evaluate_any(program.ancestors(var), var, kept, lead)
 
 
+def evaluate_static(program: Program, var: Var) -> np.ndarray:
+    """The value of a var that depends on no input (iota, constants), computed now.
+
+    A trailing broadcast (a [seq, seq] mask widened to [batch, heads, seq, seq]) is returned as a
+    read-only broadcast view, so the widened array is never materialised.
+    """
+    node = program.producers().get(var)
+    if node is not None and node.prim == "broadcast_in_dim" and isinstance(node.ins[0], Var):
+        inner = evaluate_static(program, node.ins[0])
+        shape = [1] * len(var.shape)
+        for axis, dim in zip(node.params["broadcast_dimensions"], inner.shape):
+            shape[axis] = dim
+        return np.broadcast_to(inner.reshape(shape), var.shape)
+    return np.asarray(evaluate_nodes(program.ancestors(var), {})[var])
+
+
+
 def _scalar_factor(program: Program, var: Var, stop: Var) -> float:
     """Constant factors applied to input ``stop`` on the way to ``var`` (through casts and reshapes)."""
     producers = program.producers()
@@ -191,6 +208,12 @@ def _match_attention(program: Program) -> AttentionPlan | str:
     ordered = [p for p in program.inputs if p.name in side_inputs]
     return AttentionPlan(q, k, v, tuple(score.shape), q_factor, steps, mask, ordered, program.outputs[0].dtype,
                          pv_out, tail)
+
+
+def compact(value: np.ndarray) -> np.ndarray:
+    """A broadcast view with its broadcast axes cut to length one (same values, broadcastable back)."""
+    value = np.asarray(value)
+    return value[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in value.strides)]
 
 
 def _uniform(program: Program, var: Var) -> float | None:

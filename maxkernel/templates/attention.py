@@ -1,30 +1,43 @@
-"""Flash attention: online softmax over key blocks, causal block skipping, GQA head mapping.
+"""Flash attention over a block schedule: only the key blocks the mask leaves visible are visited.
 
-Each grid step (batch, query head, query block, key block) scores one query block against one key block,
-keeps the running row max and row sum in VMEM scratch, and rescales the f32 accumulator, so the
-[seq, seq] score matrix never exists. Under a causal mask, key blocks entirely above the diagonal are
-skipped (no compute, and their index map repeats the last needed block, so no DMA either). Query head h
-reads key/value head h // group. Scale and causality are read from the reference's jaxpr.
+The reference's mask (causal, or a causal window with global blocks; see ``masks``) is recovered as a
+formula. At trace time the candidate sorts every (query block, key block) pair into empty, whole or
+partial and flattens the visible ones, row by row, into scalar-prefetched step tables, as JAX's splash
+attention does; the grid is (batch, kv head, step), so a skipped block costs neither a DMA nor a grid
+step, and only partial blocks evaluate the mask, token by token.
+
+What an expert writes, and why:
+- MXU operands in the input dtype (bf16 in, f32 accumulate through ``preferred_element_type``): the f32
+  rate is a sixth of bf16's. f32 inputs keep f32 operands at full precision.
+- a query block holds every query head that shares one kv head, so each kv block is loaded once per group;
+- the softmax scale is applied once per query block (kept scaled in VMEM), not to every score block;
+- masked scores take a large finite value (no ``inf - inf``), and the output is normalised once, after the
+  row's last key block;
+- ``dimension_semantics``: batch and kv heads are parallel, the step axis carries the accumulators.
+The emitted code reads every shape from its arguments; block sizes are named constants, shrunk only to
+divide a smaller sequence, so the same body runs at every size.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from maxkernel.analysis.program import Const, Program, Var, arg_names, trace_program
+from maxkernel.analysis.program import Program, Var, arg_names, static_args, trace_program
 from maxkernel.rewrites.emit import EmitError, dtype_expr, scalar_text
-from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, pick_block, tpu_target
+from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
+from maxkernel.templates.bias import TILES_SOURCE, bias_tile_count, is_relative_bias
+from maxkernel.templates.masks import MaskFormula, recover
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
     from maxkernel.analysis import TaskAnalysis
 
-HEADER = ("import jax\nimport jax.numpy as jnp\nfrom jax.experimental import pallas as pl\n"
-          "from jax.experimental.pallas import tpu as pltpu\n")
-OTHER_MASKS = {"and", "or", "gather", "dynamic_slice", "scan", "while", "cumsum", "select_and_scatter_add"}
+TPU_BLOCKS_Q = (128, 256, 512, 1024)
+TPU_BLOCKS_K = (128, 256, 512, 1024, 2048)
 
 
 @dataclass
@@ -32,166 +45,351 @@ class AttentionShape:
     batch: int
     q_heads: int
     kv_heads: int
-    seq: int
+    seq_q: int
+    seq_k: int
     head_dim: int
     scale: float
-    causal: bool
+    in_dtype: Any
     out_dtype: Any
+    mask: np.ndarray  # [seq_q, seq_k], True where a key is visible
+    static: dict[str, Any]
+    bias: str | None = None  # the relative-position bias table's argument name
+    bias_structure: tuple[str, ...] = ()  # the primitives computing the bias from the table
+    buckets: int = 0  # the bias table's last axis
+
+    @property
+    def group(self) -> int:
+        return self.q_heads // self.kv_heads
 
 
-def match(program: Program) -> AttentionShape | str:
-    if len(program.inputs) != 3 or any(len(v.shape) != 4 for v in program.inputs):
-        return "inputs are not q, k, v of rank 4"
-    q, k, v = program.inputs
-    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] or q.shape[1] % k.shape[1]:
-        return "q, k, v shapes are not [batch, heads, seq, head_dim] with kv heads dividing q heads"
-    prims = set(program.primitives())
-    if prims & OTHER_MASKS:
-        return f"masking beyond causal ({sorted(prims & OTHER_MASKS)[0]})"
-    dots = [n for n in program.nodes if n.prim == "dot_general"]
-    if len(dots) != 2 or "exp" not in prims or "reduce_max" not in prims:
-        return "not a softmax(q k^T) v computation"
-    outs = program.outputs
-    if len(outs) != 1 or tuple(outs[0].shape) != tuple(q.shape):
-        return "output is not shaped like q"
-    users = program.users()
-    scale = 1.0
-    current = dots[0].out
-    for _ in range(4):
-        readers = users.get(current, [])
-        if len(readers) != 1 or readers[0].prim not in ("div", "mul", "convert_element_type"):
-            break
-        node = readers[0]
-        const = next((op for op in node.ins if isinstance(op, Const)), None)
-        if const is not None and const.scalar() is not None:
-            c = float(const.scalar())  # type: ignore[arg-type]
-            scale = scale / c if node.prim == "div" else scale * c
-        current = node.out
-    producers = program.producers()
+def match(program: Program, static: dict[str, Any] | None = None, size_checked: bool = True) -> AttentionShape | str:
+    """The attention this program computes, or why the flash template cannot compute it.
 
-    def from_iota(op: Any, depth: int = 0) -> bool:
-        p = producers.get(op) if isinstance(op, Var) else None
-        if p is None or depth > 6:
-            return False
-        return p.prim == "iota" or any(from_iota(i, depth + 1) for i in p.ins)
+    A bias's values are checked only when ``size_checked`` (evaluating it builds [heads, seq, seq]).
+    """
+    # Imported here: blocked_attention imports the template registry, which imports this module.
+    from maxkernel.rewrites.blocked_attention import compact, evaluate_static, match_attention
 
-    causal = any(n.prim in ("le", "ge", "lt", "gt") and all(from_iota(i) or isinstance(i, Const) for i in n.ins)
-                 for n in program.nodes)
-    b, hq, s, d = q.shape
-    return AttentionShape(b, hq, k.shape[1], s, d, scale, causal, outs[0].dtype)
+    plan = match_attention(program)
+    if isinstance(plan, str):
+        return plan
+    if plan.pv_out is not None:
+        return "no softmax over the scores (linear attention)"
+    extra = [v for v in program.inputs if v not in (plan.q, plan.k, plan.v)]
+    if program.inputs[:3] != [plan.q, plan.k, plan.v] or len(extra) > 1:
+        return "inputs other than q, k, v and one bias table"
+    scale = plan.q_factor
+    bias: str | None = None
+    bias_structure: tuple[str, ...] = ()
+    for step in plan.steps:
+        if step.kind == "side" and step.prim == "add" and bias is None and extra:
+            assert isinstance(step.operand, Var)
+            if program.reads(step.operand) != {extra[0].name}:
+                return "a score term that reads more than the bias table"
+            if size_checked and not is_relative_bias(program, step.operand, extra[0], plan.q.shape[2], plan.k.shape[2]):
+                return "a score bias that is not table[head, clip(query - key, 0, buckets - 1)]"
+            bias = extra[0].name
+            bias_structure = tuple(n.prim for n in program.ancestors(step.operand))
+        elif bias is not None and step.kind == "scalar":
+            return "a scale applied after the bias"
+        elif step.kind == "scalar" and step.prim in ("mul", "div") and step.scores_first:
+            value = float(step.operand.scalar())  # type: ignore[union-attr]
+            scale = scale * value if step.prim == "mul" else scale / value
+        elif step.kind == "mask":
+            pred = step.operand
+            assert isinstance(pred, Var)
+            value = compact(evaluate_static(program, pred))
+            heads = value.reshape(-1, *value.shape[-2:])
+            if not (heads == heads[:1]).all():
+                return "a mask that differs between heads"
+        elif step.kind != "none":
+            return f"a score term beyond a scale and a mask ({step.prim} with {step.kind} operand)"
+    if extra and bias is None:
+        return "an input that is not q, k, v or an additive score bias"
+    q, k = plan.q, plan.k
+    return AttentionShape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], scale,
+                          np.dtype(q.dtype), np.dtype(plan.out_dtype), plan.mask, dict(static or {}), bias,
+                          bias_structure, int(extra[0].shape[-1]) if bias is not None else 0)
+
+
+# (task folder, source digest, size) -> the match (tracing and evaluating a full-size mask takes seconds)
+_ANALYSED: dict[tuple[str, str, str], AttentionShape | str] = {}
+
+
+def analyse(task: "Task", size: str) -> AttentionShape | str:
+    key = (str(task.path), task.source_digest, size)
+    if key not in _ANALYSED:
+        # The bias is checked on values at the cpu size; larger sizes must trace to the same structure.
+        _ANALYSED[key] = match(trace_program(task, size).dce(), static_args(task, size), size_checked=size == "cpu")
+    return _ANALYSED[key]
+
+
+@dataclass
+class FlashPlan:
+    """What the emitted kernel needs beyond its block sizes, checked at every rendered size."""
+
+    mask: MaskFormula | None
+    scale_text: str
+    in_dtype: Any
+    out_dtype: Any
+    static: tuple[str, ...]
+    bias: str | None = None
+
+
+def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
+    shapes = [analyse(task, size) for size in sizes]
+    failed = next((s for s in shapes if isinstance(s, str)), None)
+    if failed is not None:
+        return failed
+    found = [s for s in shapes if not isinstance(s, str)]
+    mask = recover([(s.mask, s.static) for s in found])
+    if isinstance(mask, str):
+        return mask
+    if all(math.isclose(s.scale, 1.0 / math.sqrt(s.head_dim), rel_tol=1e-6) for s in found):
+        scale_text = "1.0 / math.sqrt(head_dim)"
+    elif all(math.isclose(s.scale, found[0].scale, rel_tol=1e-9) for s in found):
+        scale_text = scalar_text(np.float64(found[0].scale))
+    else:
+        return "a softmax scale that changes with size but is not 1/sqrt(head_dim)"
+    if len({(s.in_dtype, s.out_dtype) for s in found}) != 1:
+        return "dtypes that change with size"
+    if found[0].bias is not None and ("cpu" not in sizes or len({s.bias_structure for s in found}) != 1):
+        return "a bias whose values were not checked at the cpu size, or that is computed differently by size"
+    return FlashPlan(mask, scale_text, found[0].in_dtype, found[0].out_dtype, tuple(found[0].static), found[0].bias)
+
+
+def vmem_bytes(a: AttentionShape, block_q: int, block_k: int) -> int:
+    """VMEM one grid step plans for: double-buffered q, k, v and output blocks, the f32 accumulator and
+    row statistics (lane-padded), and one head's f32 scores and probabilities."""
+    item, out = a.in_dtype.itemsize, a.out_dtype.itemsize
+    q_rows = a.group * block_q
+    blocks = 2 * (q_rows * a.head_dim * (item + out) + 2 * block_k * a.head_dim * item)
+    scratch = q_rows * a.head_dim * (4 + item) + 2 * q_rows * 128 * 4
+    tiles = 0
+    if a.bias is not None:  # every distance's tile, double-buffered (see bias.TILES_SOURCE)
+        tiles = 2 * a.group * (bias_tile_count(a.buckets, block_q) * block_q * block_k * item)
+    return blocks + scratch + tiles + 2 * block_q * block_k * 4
 
 
 class FlashAttentionTemplate:
     name = "flash_attention"
-    description = "flash attention with online softmax, causal block skipping and GQA head mapping"
+    description = "flash attention over the visible key blocks (scalar-prefetched schedule, GQA groups)"
 
     def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
         if "attention" not in analysis.patterns:
             return "no attention pattern"
-        found = match(trace_program(task, "cpu").dce())
+        found = plan(task, ("cpu",))
         return found if isinstance(found, str) else None
 
     def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
         size = "full" if tpu_target(target) else "cpu"
-        a = match(trace_program(task, size).dce())
+        a = analyse(task, size)
         assert not isinstance(a, str)
         if tpu_target(target):
-            bqs = [x for x in divisors(a.seq) if x % 8 == 0 and 128 <= x <= 1024]
-            bks = [x for x in divisors(a.seq) if x % 128 == 0 and x <= 2048]
-            fits = [(x, y) for x in bqs for y in bks if 4 * (2 * (x + 2 * y) * a.head_dim + x * a.head_dim + x * y * 2) <= TPU_VMEM_BUDGET]
-            best = max(fits, key=lambda t: (t[0], t[1]), default=(bqs[0] if bqs else a.seq, bks[0] if bks else a.seq))
+            fits = [(bq, bk) for bq in TPU_BLOCKS_Q for bk in TPU_BLOCKS_K
+                    if a.seq_q % bq == 0 and a.seq_k % bk == 0 and vmem_bytes(a, bq, bk) <= TPU_VMEM_BUDGET
+                    and (a.bias is None or bq == bk)]
+            # Default: the biggest square-ish block that fits (fewest steps; causal waste stays small).
+            best = max(fits, key=lambda t: (min(t), t[0] * t[1]), default=None)
+            if best is None:
+                return TemplateSpace(defaults={"block_q": 0, "block_k": 0}, space={"block_q": [], "block_k": []})
+            if a.bias is not None:  # square blocks: one parameter
+                return TemplateSpace(defaults={"block_q": best[0]}, space={"block_q": sorted({f[0] for f in fits})})
             return TemplateSpace(defaults={"block_q": best[0], "block_k": best[1]},
                                  space={"block_q": sorted({f[0] for f in fits}), "block_k": sorted({f[1] for f in fits})})
-        opts = sorted({a.seq, a.seq // 2, a.seq // 4} - {0})
-        return TemplateSpace(defaults={"block_q": a.seq, "block_k": a.seq // 2 if a.causal else a.seq},
-                             space={"block_q": opts, "block_k": opts})
+        # CPU (interpret mode): grid steps are expensive, so only a few large blocks are worth trying.
+        opts_q = sorted(d for d in divisors(a.seq_q) if a.seq_q // d <= 4)
+        opts_k = sorted(d for d in divisors(a.seq_k) if a.seq_k // d <= 4)
+        if a.bias is not None:
+            return TemplateSpace(defaults={"block_q": a.seq_q}, space={"block_q": sorted(set(opts_q) & set(opts_k))})
+        return TemplateSpace(defaults={"block_q": a.seq_q, "block_k": a.seq_k if a.mask.all() else a.seq_k // 2},
+                             space={"block_q": opts_q, "block_k": opts_k})
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
-        from maxkernel.templates.rowblock import _dispatch
-
-        names = arg_names(task)[:3]
-        parts = [f'"""{task.id}: {self.description}.\n\nblock_q={params["block_q"]}, block_k={params["block_k"]} '
-                 "(clamped to divisors of the sequence at each size). Generated by MaxKernel's rules brain.\n\"\"\"\n", HEADER]
-        dispatch = []
-        for size in sizes:
-            program = trace_program(task, size).dce()
-            a = match(program)
-            if isinstance(a, str):
-                raise EmitError(a)
-            bq = pick_block(a.seq, divisors(a.seq), int(params["block_q"]))
-            bk = pick_block(a.seq, divisors(a.seq), int(params["block_k"]))
-            parts.append(_render_size(a, size, bq, bk, names))
-            dispatch.append((f"_attention_{size}", tuple(v.shape for v in program.inputs)))
-        parts.append(_dispatch(dispatch, names))
-        return "\n".join(parts)
+        found = plan(task, sizes)
+        if isinstance(found, str):
+            raise EmitError(found)
+        block_q = int(params["block_q"])
+        return render_flash(task, found, block_q, int(params.get("block_k", block_q)))
 
 
-def _render_size(a: AttentionShape, size: str, bq: int, bk: int, names: list[str]) -> str:
-    group = a.q_heads // a.kv_heads
-    d = a.head_dim
-    mask = ["        rows = i * BQ + jax.lax.broadcasted_iota(jnp.int32, (BQ, BK), 0)",
-            "        cols = j * BK + jax.lax.broadcasted_iota(jnp.int32, (BQ, BK), 1)",
-            "        s = jnp.where(cols <= rows, s, -jnp.inf)"] if a.causal else []
-    body = [
-        f"def _flash_kernel_{size}(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):",
-        f"    BQ, BK = {bq}, {bk}",
-        "    i = pl.program_id(2)",
-        "    j = pl.program_id(3)",
+def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
+    names = arg_names(task)
+    q, k, v = names[:3]
+    table = names[3] if p.bias is not None else ""
+    if p.bias is not None and block_q != block_k:
+        raise EmitError("a blocked bias needs square blocks (block_q == block_k)")
+    bias_arg = f", {table}" if table else ""
+    bias_ref = " bias_ref," if table else ""
+    static = "".join(f", {name}" for name in p.static)
+    keywords = f", *{static}" if p.static else ""
+    passed = ", ".join(f"{name}={name}" for name in p.static)
+    f32 = np.dtype(p.in_dtype) == np.float32
+    precision = ", precision=jax.lax.Precision.HIGHEST" if f32 else ""
+    what = p.mask.description if p.mask is not None else "every key"
+    doc = (f'"""{task.id}: flash attention over the visible key blocks ({what}).\n\n'
+           "Grid (batch, kv head, step): each step multiplies one query block, holding every query head that\n"
+           "shares the kv head, by one key/value block, keeping the running row max and row sum in VMEM; the\n"
+           "output is normalised once, after the row's last key block. The steps are the visible (query block,\n"
+           "key block) pairs, row by row, prefetched as scalars; only blocks the mask cuts through apply it.\n"
+           "MXU operands stay in the input dtype and accumulate in f32. Generated by MaxKernel's rules brain.\n"
+           '"""\n')
+    lines = [
+        doc,
+        "import functools",
+        "import math",
         "",
-        "    @pl.when(j == 0)",
-        "    def _init():",
-        "        m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)",
+        "import jax",
+        "import jax.numpy as jnp",
+        "import numpy as np",
+        "from jax.experimental import pallas as pl",
+        "from jax.experimental.pallas import tpu as pltpu",
+        "",
+        f"BLOCK_Q = {block_q}  # query rows per block (per head)",
+        f"BLOCK_K = {block_k}  # keys per block",
+        "MASK_VALUE = -1e30  # a masked score: finite, so no inf - inf",
+        "M_START = -1e20  # the running max starts above MASK_VALUE: exp(MASK_VALUE - M_START) is 0, so a row with nothing visible yet adds nothing",
+        "FIRST, LAST, PARTIAL = 1, 2, 4  # step flags: a row's first key block, its last, the mask cuts it",
+        "",
+        "",
+    ]
+    if p.mask is not None:
+        lines += [p.mask.source(), ""]
+    if table:
+        lines += [TILES_SOURCE, ""]
+    lines += [
+        FIT_SOURCE,
+        "",
+        "",
+        f"def _schedule(seq_q, seq_k, block_q, block_k{keywords}):",
+        '    """The grid steps: every (query block, key block) pair with a visible key, row by row, and flags."""',
+    ]
+    if p.mask is not None:
+        lines += [
+            f"    visible = _visible(np.arange(seq_q)[:, None], np.arange(seq_k)[None, :]{', ' + passed if passed else ''})",
+            "    tiles = np.broadcast_to(visible, (seq_q, seq_k)).reshape(seq_q // block_q, block_q, seq_k // block_k, block_k)",
+            "    seen, whole = tiles.any(axis=(1, 3)), tiles.all(axis=(1, 3))",
+        ]
+    else:
+        lines += [
+            "    seen = np.ones((seq_q // block_q, seq_k // block_k), dtype=bool)",
+            "    whole = seen",
+        ]
+    lines += [
+        "    q_blocks, kv_blocks, flags = [], [], []",
+        "    for i, row in enumerate(seen):",
+        "        cols = np.flatnonzero(row)",
+        "        for n, j in enumerate(cols):",
+        "            q_blocks.append(i)",
+        "            kv_blocks.append(j)",
+        "            flags.append((FIRST if n == 0 else 0) | (LAST if n == len(cols) - 1 else 0)",
+        "                         | (0 if whole[i, j] else PARTIAL))",
+        "    return tuple(jnp.asarray(np.asarray(x, dtype=np.int32)) for x in (q_blocks, kv_blocks, flags))",
+        "",
+        "",
+        f"def _flash_kernel(q_blocks_ref, kv_blocks_ref, flags_ref, q_ref, k_ref, v_ref,{bias_ref} o_ref, qs_ref, m_ref, l_ref,",
+        f"                  acc_ref, *, block_q, block_k, scale{', far' if table else ''}{static}):",
+        "    t = pl.program_id(2)",
+        "    flags = flags_ref[t]",
+        "",
+        "    @pl.when((flags & FIRST) != 0)",
+        "    def _init():  # a new query block: scale it once, reset the running statistics",
+        "        qs_ref[...] = (q_ref[...].astype(jnp.float32) * scale).astype(qs_ref.dtype)",
+        "        m_ref[...] = jnp.full(m_ref.shape, M_START, jnp.float32)",
         "        l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)",
         "        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)",
         "",
-        "    def _step():",
-        "        q = q_ref[...].astype(jnp.float32)",
-        "        k = k_ref[...].astype(jnp.float32)",
-        "        v = v_ref[...].astype(jnp.float32)",
-        "        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=jax.lax.Precision.HIGHEST,",
-        f"                                preferred_element_type=jnp.float32) * {scalar_text(np.float32(a.scale))}",
-        *mask,
-        "        m_prev = m_ref[...]",
-        "        m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))",
-        "        alpha = jnp.exp(m_prev - m_new)",
-        "        p = jnp.exp(s - m_new)",
-        "        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)",
-        "        acc_ref[...] = alpha * acc_ref[...] + jax.lax.dot_general(",
-        "            p, v, (((1,), (0,)), ((), ())), precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)",
-        "        m_ref[...] = m_new",
+        "    def _accumulate(masked):",
+        "        k = k_ref[...]",
+        "        v = v_ref[...]",
+    ]
+    if p.mask is not None:
+        lines += [
+            "        if masked:",
+            "            # Positions as a column and a row: the formula broadcasts them to the block only at the end.",
+            "            rows = q_blocks_ref[t] * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)",
+            "            cols = kv_blocks_ref[t] * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)",
+            f"            visible = _visible(rows, cols{', ' + passed if passed else ''})",
+        ]
+    lines += [
+        *(["        distance = jnp.clip(q_blocks_ref[t] - kv_blocks_ref[t], -1, far) + 1  # the bias tile"] if table else []),
+        "        for h in range(q_ref.shape[0]):  # the query heads that share this kv head",
+        "            s = jax.lax.dot_general(qs_ref[h], k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32"
+        f"{precision})",
+    ]
+    if table:
+        lines += ["            s = s + bias_ref[h, distance].astype(jnp.float32)  # this block distance's bias tile"]
+    if p.mask is not None:
+        lines += [
+            "            if masked:",
+            "                s = jnp.where(visible, s, MASK_VALUE)",
+        ]
+    lines += [
+        "            m_prev = m_ref[h]",
+        "            m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))",
+        "            alpha = jnp.exp(m_prev - m_next)",
+        "            p = jnp.exp(s - m_next)",
+    ]
+    lines += [
+        "            l_ref[h] = alpha * l_ref[h] + jnp.sum(p, axis=1, keepdims=True)",
+        "            pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),",
+        f"                                     preferred_element_type=jnp.float32{precision})",
+        "            acc_ref[h] = alpha * acc_ref[h] + pv",
+        "            m_ref[h] = m_next",
         "",
     ]
-    if a.causal:
-        body += ["    # Causal block skipping: key blocks wholly above the diagonal do no work.",
-                 "    pl.when(j * BK <= i * BQ + BQ - 1)(_step)"]
+    if p.mask is not None:
+        lines += [
+            "    pl.when((flags & PARTIAL) != 0)(functools.partial(_accumulate, True))",
+            "    pl.when((flags & PARTIAL) == 0)(functools.partial(_accumulate, False))",
+        ]
     else:
-        body += ["    _step()"]
-    body += [
+        lines += ["    _accumulate(False)"]
+    lines += [
         "",
-        "    @pl.when(j == pl.num_programs(3) - 1)",
-        "    def _finish():",
-        "        o_ref[...] = (acc_ref[...] / l_ref[...]).astype(o_ref.dtype)",
+        "    @pl.when((flags & LAST) != 0)",
+        "    def _finish():  # the softmax normalisation, once per row",
+        "        o_ref[...] = (acc_ref[...] * (1.0 / l_ref[...])).astype(o_ref.dtype)",
         "",
-    ]
-    last_needed = f"jnp.minimum(j, (i * {bq} + {bq - 1}) // {bk})" if a.causal else "j"
-    q_, k_, v_ = names
-    body += [
-        f"def _attention_{size}({q_}, {k_}, {v_}):",
-        "    return pl.pallas_call(",
-        f"        _flash_kernel_{size},",
-        f"        out_shape=jax.ShapeDtypeStruct({(a.batch, a.q_heads, a.seq, d)}, {dtype_expr(np.dtype(a.out_dtype))}),",
-        f"        grid=({a.batch}, {a.q_heads}, {a.seq // bq}, {a.seq // bk}),",
+        "",
+        f"def kernel({q}, {k}, {v}{bias_arg}{keywords}):",
+        f"    batch, q_heads, seq_q, head_dim = {q}.shape",
+        f"    kv_heads, seq_k = {k}.shape[1], {k}.shape[2]",
+        "    group = q_heads // kv_heads  # consecutive query heads share a kv head",
+        *(["    block_q = block_k = _fit(BLOCK_Q, math.gcd(seq_q, seq_k))  # square: a tile per block distance",
+           f"    tiles, far = _bias_tiles({table}, block_q)"] if table else
+          ["    block_q, block_k = _fit(BLOCK_Q, seq_q), _fit(BLOCK_K, seq_k)"]),
+        f"    q_blocks, kv_blocks, flags = _schedule(seq_q, seq_k, block_q, block_k{', ' + passed if passed else ''})",
+        f"    body = functools.partial(_flash_kernel, block_q=block_q, block_k=block_k, scale={p.scale_text}"
+        f"{', far=far' if table else ''}"
+        f"{', ' + passed if passed else ''})",
+        "    grid_spec = pltpu.PrefetchScalarGridSpec(",
+        "        num_scalar_prefetch=3,",
+        "        grid=(batch, kv_heads, flags.shape[0]),",
         "        in_specs=[",
-        f"            pl.BlockSpec((None, None, {bq}, {d}), lambda b, h, i, j: (b, h, i, 0)),",
-        f"            pl.BlockSpec((None, None, {bk}, {d}), lambda b, h, i, j: (b, h // {group}, {last_needed}, 0)),",
-        f"            pl.BlockSpec((None, None, {bk}, {d}), lambda b, h, i, j: (b, h // {group}, {last_needed}, 0)),",
+        "            pl.BlockSpec((None, group, block_q, head_dim), lambda b, g, t, qb, kb, f: (b, g, qb[t], 0)),",
+        "            pl.BlockSpec((None, None, block_k, head_dim), lambda b, g, t, qb, kb, f: (b, g, kb[t], 0)),",
+        "            pl.BlockSpec((None, None, block_k, head_dim), lambda b, g, t, qb, kb, f: (b, g, kb[t], 0)),",
+        *(["            # The group's bias tiles stay in VMEM for all of its steps: fetched once per (batch, kv head).",
+           "            pl.BlockSpec((group, tiles.shape[1], block_q, block_k), lambda b, g, t, qb, kb, f: (g, 0, 0, 0)),"]
+          if table else []),
         "        ],",
-        f"        out_specs=pl.BlockSpec((None, None, {bq}, {d}), lambda b, h, i, j: (b, h, i, 0)),",
-        f"        scratch_shapes=[pltpu.VMEM(({bq}, 1), jnp.float32), pltpu.VMEM(({bq}, 1), jnp.float32),",
-        f"                        pltpu.VMEM(({bq}, {d}), jnp.float32)],",
-        f"    )({q_}, {k_}, {v_})",
+        "        out_specs=pl.BlockSpec((None, group, block_q, head_dim), lambda b, g, t, qb, kb, f: (b, g, qb[t], 0)),",
+        "        scratch_shapes=[",
+        f"            pltpu.VMEM((group, block_q, head_dim), {q}.dtype),  # the scaled query block",
+        "            pltpu.VMEM((group, block_q, 1), jnp.float32),  # running row max",
+        "            pltpu.VMEM((group, block_q, 1), jnp.float32),  # running row sum",
+        "            pltpu.VMEM((group, block_q, head_dim), jnp.float32),  # unnormalised output",
+        "        ],",
+        "    )",
+        "    return pl.pallas_call(",
+        "        body,",
+        "        grid_spec=grid_spec,",
+        f"        out_shape=jax.ShapeDtypeStruct({q}.shape, {dtype_expr(p.out_dtype)}),",
+        '        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),',
+        f"    )(q_blocks, kv_blocks, flags, {q}, {k}, {v}{', tiles' if table else ''})",
     ]
-    return "\n".join(body) + "\n"
+    return "\n".join(lines) + "\n"
 
 
 FLASH_ATTENTION = FlashAttentionTemplate()

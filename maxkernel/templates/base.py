@@ -18,6 +18,14 @@ if TYPE_CHECKING:
 # VMEM a template plans to use on TPU (leaves headroom under v5e's 16 MiB scoped default).
 TPU_VMEM_BUDGET = 12 * 2**20
 
+# Emitted into shape-generic candidates: a named block constant, shrunk only to divide a smaller extent.
+FIT_SOURCE = '''def _fit(block, extent):
+    """The block, halved until it divides the extent (the whole extent when that is smaller)."""
+    block = min(block, extent)
+    while extent % block:
+        block //= 2
+    return block'''
+
 
 class TemplateSpace(BaseModel):
     """Tunable parameters with their default and their legal values for one task and target."""

@@ -61,15 +61,18 @@ def test_matmul_template_refuses_what_it_cannot_fuse() -> None:
 
 
 def test_flash_attention_gqa_causal_blocks_are_correct_and_lower(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
-    from maxkernel.templates.attention import FLASH_ATTENTION, match
-    from maxkernel.analysis.program import trace_program
+    from maxkernel.templates.attention import FLASH_ATTENTION, analyse
 
     task = load_task("2p_GQA_Attention")
-    shape = match(trace_program(task).dce())
+    shape = analyse(task, "cpu")
     assert not isinstance(shape, str)
-    assert shape.causal and shape.q_heads // shape.kv_heads == 4 and abs(shape.scale - 0.125) < 1e-9
-    source = FLASH_ATTENTION.render(task, {"block_q": 384, "block_k": 192}, ("cpu",))
-    assert "h // 4" in source and "pl.when(j * BK <= i * BQ + BQ - 1)" in source
+    assert shape.group == 4 and abs(shape.scale - 0.125) < 1e-9
+    # Three query blocks by six key blocks at the cpu size: rows of one to six visible blocks.
+    source = FLASH_ATTENTION.render(task, {"block_q": 256, "block_k": 128}, ("cpu",))
+    assert "BLOCK_Q = 256" in source and "BLOCK_K = 128" in source
+    assert "pl.BlockSpec((None, group, block_q, head_dim)" in source  # the q block holds the whole group
+    assert '("parallel", "parallel", "arbitrary")' in source
+    assert "Precision.HIGHEST" not in source and "jnp.inf" not in source  # bf16 operands, finite mask
     report = quick_evaluator.evaluate(task, source)
     assert report.passed and report.label == "pallas-kernel", report.reason
     tpu = FLASH_ATTENTION.space(task, analyze_task(task, "tpu-v5e"), "tpu-v5e")
@@ -77,11 +80,45 @@ def test_flash_attention_gqa_causal_blocks_are_correct_and_lower(quick_evaluator
     assert result.ok, result.reason
 
 
-def test_flash_attention_refuses_other_masks() -> None:
+def test_flash_attention_block_sparse_mask_is_correct_across_blocks(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
     from maxkernel.templates.attention import FLASH_ATTENTION
 
-    task = load_task("4p_Sparse_Attention")  # block-sparse mask: not expressible as causal
-    assert "masking" in (FLASH_ATTENTION.applies(task, analyze_task(task)) or "")
+    task = load_task("4p_Sparse_Attention")  # kernel blocks of 128 span two of the task's 64-key blocks
+    assert FLASH_ATTENTION.applies(task, analyze_task(task)) is None
+    source = FLASH_ATTENTION.render(task, {"block_q": 128, "block_k": 256}, ("cpu", "full"))
+    assert "def kernel(q, k, v, *, block_size, window_blocks, global_blocks):" in source
+    report = quick_evaluator.evaluate(task, source)
+    assert report.passed and report.label == "pallas-kernel", report.reason
+    result = validate_tpu(FLASH_ATTENTION.render(task, {"block_q": 512, "block_k": 512}, ("cpu", "full")), task, "v6e")
+    assert result.ok, result.reason
+
+
+def test_flex_attention_bias_tiles_reproduce_the_dense_bias_and_the_kernel_is_correct(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+    import types
+
+    import numpy as np
+
+    from maxkernel.templates.attention import FLASH_ATTENTION
+
+    task = load_task("5p_Flex_Attention")
+    space = FLASH_ATTENTION.space(task, analyze_task(task), "cpu")
+    assert list(space.space) == ["block_q"]  # a blocked bias needs square blocks
+    source = FLASH_ATTENTION.render(task, {"block_q": 128}, ("cpu",))
+    module = types.ModuleType("candidate")
+    exec(compile(source, "candidate.py", "exec"), module.__dict__)
+    table = np.random.default_rng(0).standard_normal((2, 300)).astype(np.float32)
+    tiles, far = module._bias_tiles(table, 128)
+    rows, cols = np.arange(768)[:, None], np.arange(768)[None, :]
+    dense = table[:, np.clip(rows - cols, 0, 299)]
+    for i in range(6):
+        for j in range(6):
+            tile = tiles[:, min(max(i - j, -1), far) + 1]
+            assert np.array_equal(tile, dense[:, i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]), (i, j)
+    report = quick_evaluator.evaluate(task, source)  # six by six blocks: every distance's tile is used
+    assert report.passed and report.label == "pallas-kernel", report.reason
+    tpu = FLASH_ATTENTION.space(task, analyze_task(task, "tpu-v5e"), "tpu-v5e")
+    result = validate_tpu(FLASH_ATTENTION.render(task, tpu.defaults, ("cpu", "full")), task, "v5e")
+    assert result.ok, result.reason
 
 
 @pytest.mark.parametrize("task_id", ["31k_Gemm_BatchNorm_GELU_ReLU", "38k_Matmul_Dropout_Softmax", "22k_Conv2d_InstanceNorm_Divide"])

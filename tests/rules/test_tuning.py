@@ -48,3 +48,21 @@ def test_database_best_ignores_failed_and_incorrect_trials() -> None:
     db.add(Trial(strategy="b", report=EvalReport(task="t", status="ok", correct=True, speedup=1.2)))
     best = db.best()
     assert best is not None and best.strategy == "b"
+
+
+def test_pricing_orders_the_whole_space_by_modelled_time_and_checks_the_cheapest_first() -> None:
+    from maxkernel.tuning.pricing import rank_by_price
+
+    modelled = {1: 4.0, 2: 1.0, 3: None, 4: 2.0, 5: 3.0}  # 3 does not lower
+    configs = [{"b": b} for b in (1, 2, 3, 4, 5)]
+    ranked, ms = rank_by_price(configs, lambda p: str(p["b"]), lambda s: modelled[int(s)], budget_s=60)
+    assert [c["b"] for c in ranked] == [2, 4, 5, 1, 3] and ms == {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0}
+    unpriced, none = rank_by_price(configs, lambda p: str(p["b"]), lambda s: modelled[int(s)], budget_s=0.0)
+    assert unpriced == configs and none == {}
+    # The tuner checks in that order: the modelled best that is correct wins, then patience ends the search.
+    space = SearchSpace(params={"b": [1, 2, 3, 4, 5]}, defaults={"b": 1})
+    speed = {1: 1.0, 4: 2.0, 5: 1.5}  # 2 is cheapest but incorrect
+    result = tune_space("s", space, lambda p: str(p["b"]), _fake_evaluate(speed), "t", "tpu-v5e", 60,
+                        patience=2, price=lambda s: modelled[int(s)])
+    assert [t.params["b"] for t in result.trials] == [2, 4, 5, 1]
+    assert result.best_params == {"b": 4} and result.modelled_ms[:2] == [1.0, 2.0]

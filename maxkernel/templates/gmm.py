@@ -1,0 +1,195 @@
+"""Grouped matmul (Megablox GMM, ``ragged_dot``) as a Pallas kernel: group metadata by scalar prefetch.
+
+Rows of ``lhs`` are sorted by group; group g multiplies its rows by ``rhs[g]``. The group sizes are data,
+so the candidate computes at run time (a few tiny XLA ops) the list of (row tile, group) pairs that share
+a row, in order: at most ``tiles + groups - 1`` of them, a bound known from shapes alone, which sizes the
+grid. The grid is (column tile, visit, depth tile) with depth innermost: each visit multiplies its row
+tile by its group's weight tile into an f32 VMEM accumulator and, on the last depth step, writes the rows
+that belong to the group; a tile that straddles a boundary is visited once per group, consecutively, so
+its output block stays in VMEM until every group has written its rows. Visits past the real count repeat
+the last real one and do nothing. MXU operands stay in the input dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from maxkernel.analysis.program import arg_names, trace_program
+from maxkernel.rewrites.emit import EmitError, dtype_expr
+from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
+    from maxkernel.analysis import TaskAnalysis
+
+TPU_BLOCKS_M = (128, 256, 512, 1024)
+TPU_BLOCKS_KN = (256, 512, 1024, 2048)
+
+
+@dataclass
+class GroupedShape:
+    m: int
+    k: int
+    n: int
+    groups: int
+    dtype: Any
+    out_dtype: Any
+    names: dict[str, str]  # role (lhs, rhs, group_sizes) -> argument name
+
+
+def analyse(task: "Task", size: str) -> GroupedShape | str:
+    from maxkernel.rewrites.grouped import match_grouped  # it imports the template registry
+
+    program = trace_program(task, size).dce()
+    roles = match_grouped(program)
+    if isinstance(roles, str):
+        return roles
+    by_name = {v.name: v for v in program.inputs}
+    lhs, rhs = by_name[roles.lhs], by_name[roles.rhs]
+    return GroupedShape(lhs.shape[0], lhs.shape[1], rhs.shape[2], rhs.shape[0], np.dtype(lhs.dtype),
+                        np.dtype(roles.out_dtype),
+                        {"lhs": roles.lhs, "rhs": roles.rhs, "group_sizes": roles.group_sizes})
+
+
+def vmem_bytes(a: GroupedShape, bm: int, bk: int, bn: int) -> int:
+    """Double-buffered lhs, rhs and output blocks plus the f32 accumulator."""
+    item, out = a.dtype.itemsize, a.out_dtype.itemsize
+    return 2 * (bm * bk * item + bk * bn * item + bm * bn * out) + bm * bn * 4
+
+
+class GroupedMatmulTemplate:
+    name = "grouped_matmul"
+    description = "grouped matmul over (row tile, group) visits from scalar-prefetched group metadata"
+
+    def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
+        found = analyse(task, "cpu")
+        return found if isinstance(found, str) else None
+
+    def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
+        a = analyse(task, "full" if tpu_target(target) else "cpu")
+        assert not isinstance(a, str)
+        if tpu_target(target):
+            fits = [(bm, bk, bn) for bm in TPU_BLOCKS_M for bk in TPU_BLOCKS_KN for bn in TPU_BLOCKS_KN
+                    if a.m % bm == 0 and a.k % bk == 0 and a.n % bn == 0 and vmem_bytes(a, bm, bk, bn) <= TPU_VMEM_BUDGET]
+            if not fits:
+                return TemplateSpace(defaults={"block_m": 0, "block_k": 0, "block_n": 0},
+                                     space={"block_m": [], "block_k": [], "block_n": []})
+            # Default: the fewest weight re-reads (tall row tiles), then the fewest steps.
+            best = max(fits, key=lambda f: (f[0], f[1] * f[2]))
+            return TemplateSpace(defaults=dict(zip(("block_m", "block_k", "block_n"), best)),
+                                 space={"block_m": sorted({f[0] for f in fits}), "block_k": sorted({f[1] for f in fits}),
+                                        "block_n": sorted({f[2] for f in fits})})
+        # CPU (interpret mode): few, large steps.
+        few = {name: sorted(d for d in divisors(extent) if extent // d <= 4)
+               for name, extent in (("block_m", a.m), ("block_k", a.k), ("block_n", a.n))}
+        return TemplateSpace(defaults={"block_m": max(a.m // 4, few["block_m"][0]), "block_k": a.k, "block_n": a.n},
+                             space=few)
+
+    def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
+        shapes = [analyse(task, size) for size in sizes]
+        failed = next((s for s in shapes if isinstance(s, str)), None)
+        if failed is not None:
+            raise EmitError(failed)
+        found = [s for s in shapes if not isinstance(s, str)]
+        if len({(s.dtype, s.out_dtype, tuple(s.names.items())) for s in found}) != 1:
+            raise EmitError("argument roles or dtypes that change with size")
+        return render_gmm(task, found[0], int(params["block_m"]), int(params["block_k"]), int(params["block_n"]))
+
+
+def render_gmm(task: "Task", a: GroupedShape, bm: int, bk: int, bn: int) -> str:
+    lhs, rhs, sizes = a.names["lhs"], a.names["rhs"], a.names["group_sizes"]
+    args = ", ".join(arg_names(task)[:3])
+    f32 = a.dtype == np.float32
+    precision = ", precision=jax.lax.Precision.HIGHEST" if f32 else ""
+    lines = [
+        f'"""{task.id}: grouped matmul, megablox style, over (row tile, group) visits.\n',
+        "Grid (column tile, visit, depth tile): each visit multiplies one row tile by its group's weight tile",
+        "into an f32 VMEM accumulator and, after the last depth tile, writes the rows its group owns. The visits",
+        "(every row tile and group that share a row, in order) come from the group sizes at run time, by scalar",
+        "prefetch; a tile on a group boundary is visited once per group, consecutively, so its output block",
+        "stays in VMEM until all its rows are written. Generated by MaxKernel's rules brain.",
+        '"""',
+        "",
+        "import functools",
+        "",
+        "import jax",
+        "import jax.numpy as jnp",
+        "from jax.experimental import pallas as pl",
+        "from jax.experimental.pallas import tpu as pltpu",
+        "",
+        f"BLOCK_M = {bm}  # rows per tile",
+        f"BLOCK_K = {bk}  # depth per step",
+        f"BLOCK_N = {bn}  # output columns per tile",
+        "",
+        "",
+        FIT_SOURCE,
+        "",
+        "",
+        "def _group_metadata(group_sizes, rows, block_m):",
+        '    """Per visit: its group and row tile (every pair sharing a row, in order, at most tiles + groups - 1),',
+        '    each group\'s first and last row + 1, and how many visits are real (the rest repeat the last one)."""',
+        "    groups = group_sizes.shape[0]",
+        "    ends = jnp.cumsum(group_sizes).astype(jnp.int32)",
+        "    starts = ends - group_sizes",
+        "    first = starts // block_m",
+        "    last = jnp.where(group_sizes > 0, (ends - 1) // block_m, first - 1)",
+        "    count = last - first + 1  # tiles each group touches (0 for an empty group)",
+        "    offset = jnp.cumsum(count) - count",
+        "    total = jnp.sum(count)",
+        "    visit = jnp.minimum(jnp.arange(rows // block_m + groups - 1), total - 1)",
+        '    group_of = jnp.clip(jnp.searchsorted(offset + count, visit, side="right"), 0, groups - 1)',
+        "    tile_of = first[group_of] + visit - offset[group_of]",
+        "    return (group_of.astype(jnp.int32), tile_of.astype(jnp.int32), starts, ends,",
+        "            jnp.reshape(total, (1,)).astype(jnp.int32))",
+        "",
+        "",
+        "def _gmm_kernel(group_ref, tile_ref, starts_ref, ends_ref, total_ref, lhs_ref, rhs_ref, o_ref, acc_ref, *, block_m):",
+        "    t, kk = pl.program_id(1), pl.program_id(2)",
+        "    real = t < total_ref[0]  # padding visits do nothing",
+        "",
+        "    @pl.when(real & (kk == 0))",
+        "    def _init():",
+        "        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)",
+        "",
+        "    @pl.when(real)",
+        "    def _accumulate():",
+        "        acc_ref[...] += jax.lax.dot_general(lhs_ref[...], rhs_ref[...], (((1,), (0,)), ((), ())),",
+        f"                                            preferred_element_type=jnp.float32{precision})",
+        "",
+        "    @pl.when(real & (kk == pl.num_programs(2) - 1))",
+        "    def _store():  # only the rows this visit's group owns; the tile's other groups write theirs",
+        "        g = group_ref[t]",
+        "        rows = tile_ref[t] * block_m + jax.lax.broadcasted_iota(jnp.int32, (block_m, 1), 0)",
+        "        mine = (rows >= starts_ref[g]) & (rows < ends_ref[g])",
+        "        o_ref[...] = jnp.where(mine, acc_ref[...].astype(o_ref.dtype), o_ref[...])",
+        "",
+        "",
+        f"def kernel({args}):",
+        f"    rows, depth = {lhs}.shape",
+        f"    cols = {rhs}.shape[2]",
+        "    block_m, block_k, block_n = _fit(BLOCK_M, rows), _fit(BLOCK_K, depth), _fit(BLOCK_N, cols)",
+        f"    group_of, tile_of, starts, ends, total = _group_metadata({sizes}, rows, block_m)",
+        "    grid_spec = pltpu.PrefetchScalarGridSpec(",
+        "        num_scalar_prefetch=5,",
+        "        grid=(cols // block_n, group_of.shape[0], depth // block_k),",
+        "        in_specs=[",
+        "            pl.BlockSpec((block_m, block_k), lambda j, t, kk, grp, tile, st, en, tot: (tile[t], kk)),",
+        "            pl.BlockSpec((None, block_k, block_n), lambda j, t, kk, grp, tile, st, en, tot: (grp[t], kk, j)),",
+        "        ],",
+        "        out_specs=pl.BlockSpec((block_m, block_n), lambda j, t, kk, grp, tile, st, en, tot: (tile[t], j)),",
+        "        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],",
+        "    )",
+        "    return pl.pallas_call(",
+        "        functools.partial(_gmm_kernel, block_m=block_m),",
+        "        grid_spec=grid_spec,",
+        f"        out_shape=jax.ShapeDtypeStruct((rows, cols), {dtype_expr(a.out_dtype)}),",
+        '        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary")),',
+        f"    )(group_of, tile_of, starts, ends, total, {lhs}, {rhs})",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+GROUPED_MATMUL = GroupedMatmulTemplate()
