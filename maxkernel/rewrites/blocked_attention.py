@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxkernel.analysis.program import Const, Node, Operand, Program, Var, arg_names, trace_program
-from maxkernel.rewrites.numeric import TooLargeToEvaluate, evaluate_any, evaluate_reduced
+from maxkernel.rewrites.numeric import TooLargeToEvaluate, evaluate_any, evaluate_nodes, evaluate_reduced
 from maxkernel.rewrites.emit import Emitter, EmitError, dtype_expr, emit_function, scalar_text
 from maxkernel.rewrites.structural import candidate_header
 from maxkernel.rewrites.source import size_dispatch
@@ -86,7 +86,6 @@ def evaluate_static(program: Program, var: Var) -> np.ndarray:
             shape[axis] = dim
         return np.broadcast_to(inner.reshape(shape), var.shape)
     return np.asarray(evaluate_nodes(program.ancestors(var), {})[var])
-
 
 
 def _scalar_factor(program: Program, var: Var, stop: Var) -> float:
