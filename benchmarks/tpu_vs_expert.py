@@ -18,11 +18,12 @@ modelled speedup; how many Pallas winners are modelled faster than the reference
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 from pydantic import BaseModel, Field
@@ -134,6 +135,16 @@ def our_best(task: "Task", target: str, budget_s: float, evaluator: "Evaluator")
                 seconds=round(time.monotonic() - started, 1), note=result.note)
 
 
+def _ours_or_error(task: "Task", target: str, budget_s: float, evaluator: "Evaluator") -> Ours:
+    """``our_best``, with an optimizer crash on one task kept as that task's row instead of ending the run."""
+    started = time.monotonic()
+    try:
+        return our_best(task, target, budget_s, evaluator)
+    except Exception as exc:  # a long benchmark reports a broken task and goes on
+        return Ours(strategy="error", status="error", speedup=None, beat_reference=False,
+                    seconds=round(time.monotonic() - started, 1), note=f"{type(exc).__name__}: {exc}"[:300])
+
+
 def evaluate_expert(expert: Expert, task: "Task", target: str, evaluator: "Evaluator") -> ExpertRow:
     """Check and price the expert candidate exactly as any candidate of ours is checked and priced."""
     from maxkernel.evaluation import evaluate_candidate
@@ -194,8 +205,11 @@ def _progress(console: Console) -> Progress:
 
 
 def run_experts(experts: list[Expert], targets: list[str], budget_s: float, with_ours: bool,
-                evaluator: "Evaluator", console: Console) -> list[ExpertRow]:
-    """Every expert on every target, each followed by our optimizer's best there (unless experts only)."""
+                evaluator: "Evaluator", console: Console,
+                on_row: Callable[[list[ExpertRow]], None] | None = None) -> list[ExpertRow]:
+    """Every expert on every target, each followed by our optimizer's best there (unless experts only).
+
+    ``on_row`` sees the rows so far after each one, so a long run keeps what it has measured."""
     from jaxbench.task import load_task
 
     rows: list[ExpertRow] = []
@@ -208,19 +222,27 @@ def run_experts(experts: list[Expert], targets: list[str], budget_s: float, with
                 row = evaluate_expert(expert, task, target, evaluator)
                 if with_ours and row.provable:
                     progress.update(bar, description=f"{expert.task} on {target}: ours ({budget_s:g} s)")
-                    row.ours = our_best(task, target, budget_s, evaluator)
+                    row.ours = _ours_or_error(task, target, budget_s, evaluator)
                 rows.append(row)
+                progress.console.print(f"{row.task} {target}: expert {_expert_cell(row)[:120]}; ours {_ours_cell(row.ours)}",
+                                       markup=False, highlight=False)
+                if on_row:
+                    on_row(rows)
                 progress.advance(bar)
     return rows
 
 
-def run_suite(tasks: list["Task"], budget_s: float, evaluator: "Evaluator", console: Console) -> list[SuiteRow]:
+def run_suite(tasks: list["Task"], budget_s: float, evaluator: "Evaluator", console: Console,
+              on_row: Callable[[list[SuiteRow]], None] | None = None) -> list[SuiteRow]:
     rows: list[SuiteRow] = []
     with _progress(console) as progress:
         bar = progress.add_task("suite", total=len(tasks))
         for task in tasks:
             progress.update(bar, description=f"{task.id} on {SUITE_TARGET}")
-            rows.append(SuiteRow(task=task.id, ours=our_best(task, SUITE_TARGET, budget_s, evaluator)))
+            rows.append(SuiteRow(task=task.id, ours=_ours_or_error(task, SUITE_TARGET, budget_s, evaluator)))
+            progress.console.print(f"{task.id}: {_ours_cell(rows[-1].ours)}", markup=False, highlight=False)
+            if on_row:
+                on_row(rows)
             progress.advance(bar)
     return rows
 
@@ -249,7 +271,7 @@ def expert_summary(rows: list[ExpertRow]) -> dict[str, dict[str, Any]]:
 
 
 def suite_summary(rows: list[SuiteRow]) -> dict[str, Any]:
-    speedups = [max(r.ours.speedup or 1.0, 1e-9) for r in rows]
+    speedups = [max(r.ours.speedup or 1.0, 1e-9) for r in rows]  # a crashed task counts as the reference
     pallas = [r for r in rows if r.ours.label == "pallas-kernel" and r.ours.beat_reference and (r.ours.speedup or 0) > 1.0]
     return {"target": SUITE_TARGET, "tasks": len(rows), "pallas_faster": len(pallas), "geomean": geomean(speedups)}
 
@@ -271,6 +293,8 @@ def _expert_cell(row: ExpertRow) -> str:
 def _ours_cell(ours: Ours | None) -> str:
     if ours is None:
         return "-"
+    if ours.status == "error":
+        return f"optimizer failed: {ours.note[:100]}"
     params = f" {ours.params}" if ours.params else ""
     return f"{ours.strategy}{params} [{ours.label or '-'}] {_x(ours.speedup)}"
 
@@ -335,21 +359,27 @@ def main(
         raise typer.Exit(2)
 
     payload: dict[str, Any] = {"budget_s": budget}
+
+    def save() -> None:
+        if json_path:
+            json_path.write_text(json.dumps(payload, indent=2))
+
+    def keep_suite(rows: list[SuiteRow]) -> None:
+        payload["suite"] = {"rows": [r.model_dump() for r in rows], "summary": suite_summary(rows)}
+        save()
+
+    def keep_experts(rows: list[ExpertRow]) -> None:
+        payload.update(targets=chosen_targets, experts_only=experts_only,
+                       rows=[dict(r.model_dump(), ratio=r.ratio, priced=r.priced) for r in rows],
+                       summary=expert_summary(rows))
+        save()
+
     with Evaluator() as evaluator:
         if suite:
-            suite_rows = run_suite(suite_tasks, budget, evaluator, console)
-            print_suite(console, suite_rows, budget)
-            payload["suite"] = {"rows": [r.model_dump() for r in suite_rows], "summary": suite_summary(suite_rows)}
+            print_suite(console, run_suite(suite_tasks, budget, evaluator, console, keep_suite), budget)
         else:
-            rows = run_experts(experts, chosen_targets, budget, not experts_only, evaluator, console)
+            rows = run_experts(experts, chosen_targets, budget, not experts_only, evaluator, console, keep_experts)
             print_experts(console, rows, budget)
-            payload.update(targets=chosen_targets, experts_only=experts_only,
-                           rows=[dict(r.model_dump(), ratio=r.ratio, priced=r.priced) for r in rows],
-                           summary=expert_summary(rows))
-    if json_path:
-        import json
-
-        json_path.write_text(json.dumps(payload, indent=2))
 
 
 if __name__ == "__main__":
