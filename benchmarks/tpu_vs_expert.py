@@ -87,6 +87,7 @@ class Ours(BaseModel):
     beat_reference: bool
     seconds: float
     note: str = ""
+    trials: list[str] = Field(default_factory=list, description="every trial: strategy, status and speedup or reason")
 
 
 class ExpertRow(BaseModel):
@@ -130,9 +131,11 @@ def our_best(task: "Task", target: str, budget_s: float, evaluator: "Evaluator")
     report = result.best_report
     speedup = float(report.speedup) if result.beat_reference and report and report.speedup else 1.0
     params = {k: v for k, v in result.best_params.items() if k != "rewrites"}
+    trials = [f"{t.strategy} {t.params}: {t.report.status} "
+              + (f"{t.report.speedup:.2f}x" if t.report.speedup else t.report.reason[:160]) for t in result.tried]
     return Ours(strategy=result.best_strategy, params=params, label=report.label if report else None,
                 status=report.status if report else "none", speedup=speedup, beat_reference=result.beat_reference,
-                seconds=round(time.monotonic() - started, 1), note=result.note)
+                seconds=round(time.monotonic() - started, 1), note=result.note, trials=trials)
 
 
 def _ours_or_error(task: "Task", target: str, budget_s: float, evaluator: "Evaluator") -> Ours:
