@@ -140,3 +140,12 @@ def test_bad_input_is_one_line_and_exit_code_2(argv: list[str]) -> None:
     result = CliRunner().invoke(bench.app, argv)
     assert result.exit_code == 2
     assert "error:" in result.output
+
+
+def test_an_optimizer_process_that_runs_out_of_memory_is_a_row_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH.parent))  # the spawned process imports the module by name
+    ours = bench.ours_bounded("12p_RMSNorm", "tpu-v5e", 1.0, memory_bytes=64 << 20)
+    assert ours.status == "error" and ours.speedup is None
+    # Where the bound strikes varies (an import, an allocation in the optimizer): a crash of the process
+    # or an error inside it, never a result and never the benchmark's own end.
+    assert "0.0625 GiB" in ours.note or "Cannot allocate memory" in ours.note or "MemoryError" in ours.note, ours.note
