@@ -2,7 +2,7 @@
 
 Mounted by the main CLI; also runnable alone as ``python -m memory.cli``. An error a user can cause
 (bad settings, unreachable server, locked or corrupt store, bad import file, unknown id) ends in one
-line on stderr and exit status 1.
+line on stderr and exit status 2, like every other command.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Annotated, NoReturn, cast
 import structlog
 import typer
 from rich.console import Console
-from rich.syntax import Syntax
 from rich.table import Table
 
 from jaxbench.task import TaskError
 from maxkernel.analysis.signature import SignatureError
+from maxkernel.clierrors import USER_ERROR_EXIT, OneLineTyper
 from maxkernel.config import ConfigError, load_settings
 from memory.errors import MemoryStoreError, one_line
 from memory.facade import Kind, Memory
@@ -29,7 +29,7 @@ from memory.models import KernelHit, KernelRecord, NoteHit, NoteRecord
 
 USER_ERRORS = (MemoryStoreError, ConfigError, TaskError, SignatureError)
 
-app = typer.Typer(
+app = OneLineTyper(
     name="memory",
     help="The memory of verified kernels and optimization notes.",
     no_args_is_help=True,
@@ -54,9 +54,9 @@ def _main() -> None:
 
 
 def _fail(exc: BaseException | str) -> NoReturn:
-    """One line on stderr (other packages' errors may span several), then exit status 1."""
+    """One line on stderr (other packages' errors may span several), then exit status 2."""
     typer.echo(f"error: {one_line(exc)}", err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(USER_ERROR_EXIT)
 
 
 @contextmanager
@@ -180,7 +180,7 @@ def show(record_id: Annotated[str, typer.Argument(metavar="ID", help="an id or a
         ):
             table.add_row(name, value)
         _console().print(table)
-        _console().print(Syntax(record.code, "python", line_numbers=True))
+        _console().out(record.code, highlight=False)  # raw, so that no line is cropped or wrapped for copying
     else:
         table = Table(show_header=False, title=f"note {record.id}")
         for name, value in (

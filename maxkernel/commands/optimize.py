@@ -40,19 +40,17 @@ def _optimize(task: str, brain: str, budget: float, evals: Optional[int], out: P
     from actors.session import BRAINS
     from jaxbench.task import load_task
     from maxkernel.cli import UserError
-    from maxkernel.targets.names import parse_target
+    from maxkernel.commands.checks import check_folder, check_limits, check_target, check_writable
     from orchestrators.api import optimize
 
     if brain not in BRAINS:
         raise UserError(f"--brain {brain}: choose one of {', '.join(BRAINS)}")
-    if budget <= 0:
-        raise UserError(f"--budget {budget}: must be positive")
-    if evals is not None and evals < 1:
-        raise UserError(f"--evals {evals}: must be at least 1")
-    parse_target(target)
+    check_limits(budget, evals)
+    check_target(target)
     loaded = load_task(task)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a folder")
+    check_folder(out, "--out")
+    if json_out is not None:
+        check_writable(json_out, "--json")
     err = Console(stderr=True)
     with _Progress(err, loaded.id, budget) as on_event:
         result = optimize(task, target=target, budget_s=budget, evals=evals, brain=brain, seed=seed, model=model,

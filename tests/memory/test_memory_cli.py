@@ -46,7 +46,7 @@ def _ok(*args: str) -> str:
 
 def _fails(*args: str) -> str:
     result = runner.invoke(app, list(args))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     return lines[0]

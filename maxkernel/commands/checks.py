@@ -1,0 +1,61 @@
+"""What every command checks before any work starts: output paths, run limits, the target at hand.
+
+A bad ``--json`` path found after a twenty-minute run wastes the run; a ``--target gpu`` on a machine
+with no GPU would measure on the CPU and label it a GPU result. Both are refused up front, in one line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+from maxkernel.clierrors import UserError
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """A file the command will write at the end: its folder must exist and be writable, and it no folder."""
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a folder, not a file")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UserError(f"{flag} {path}: not writable")
+
+
+def check_folder(path: Path, flag: str) -> None:
+    """A folder the command will create or write into."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path}: exists and is not a folder")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not os.access(existing, os.W_OK):
+        raise UserError(f"{flag} {path}: {existing} is not writable")
+
+
+def check_limits(budget: Optional[float], evals: Optional[int]) -> None:
+    """``--budget SECONDS`` and ``--evals N``, the limits of every command that runs optimizations."""
+    if budget is not None and budget <= 0:
+        raise UserError(f"--budget {budget:g}: must be a positive number of seconds")
+    if evals is not None and evals < 1:
+        raise UserError(f"--evals {evals}: must be at least 1")
+
+
+def check_target(name: str) -> str:
+    """A known target that this machine can run or model; the bare ``gpu`` needs a GPU JAX can see."""
+    from maxkernel.targets.names import parse_target
+
+    parse_target(name)
+    if name.strip().lower() == "gpu":
+        import jax
+
+        try:
+            gpus = jax.devices("gpu")
+        except RuntimeError:
+            gpus = []
+        if not gpus:
+            seen = ", ".join(sorted({f"{d.platform} ({d.device_kind})" for d in jax.devices()}))
+            raise UserError(f"--target gpu: no GPU on this machine (JAX sees {seen}); use --target cpu here")
+    return name
