@@ -59,3 +59,11 @@ def check_target(name: str) -> str:
             seen = ", ".join(sorted({f"{d.platform} ({d.device_kind})" for d in jax.devices()}))
             raise UserError(f"--target gpu: no GPU on this machine (JAX sees {seen}); use --target cpu here")
     return name
+
+
+def check_store() -> None:
+    """Open and close the store, so that a corrupt or unreachable one is named before a run starts."""
+    from maxkernel.config import load_settings
+    from memory import Store
+
+    Store.open(load_settings().resolved_store_url).close()

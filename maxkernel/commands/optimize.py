@@ -40,7 +40,7 @@ def _optimize(task: str, brain: str, budget: float, evals: Optional[int], out: P
     from actors.session import BRAINS
     from jaxbench.task import load_task
     from maxkernel.cli import UserError
-    from maxkernel.commands.checks import check_folder, check_limits, check_target, check_writable
+    from maxkernel.commands.checks import check_folder, check_limits, check_store, check_target, check_writable
     from orchestrators.api import optimize
 
     if brain not in BRAINS:
@@ -51,6 +51,7 @@ def _optimize(task: str, brain: str, budget: float, evals: Optional[int], out: P
     check_folder(out, "--out")
     if json_out is not None:
         check_writable(json_out, "--json")
+    check_store()
     err = Console(stderr=True)
     with _Progress(err, loaded.id, budget) as on_event:
         result = optimize(task, target=target, budget_s=budget, evals=evals, brain=brain, seed=seed, model=model,

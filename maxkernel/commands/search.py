@@ -46,7 +46,7 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional
     from actors.session import check_keys, config_for_brain
     from jaxbench.task import list_tasks, load_task
     from maxkernel.cli import UserError
-    from maxkernel.commands.checks import check_limits, check_target, check_writable
+    from maxkernel.commands.checks import check_limits, check_store, check_target, check_writable
     from orchestrators.search import DECIDERS, SearchConfig, run_search, run_suite
 
     if algo not in DECIDERS:
@@ -84,6 +84,7 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional
     except ValueError as exc:
         raise UserError(str(exc)) from exc
     check_keys(config_actor)
+    check_store()
     config = SearchConfig(algorithm=algo, seed=seed, target=target,  # type: ignore[arg-type]
                           max_evaluations=evals, time_s=budget, width=width, branching=branching, depth=depth, lanes=lanes, islands=islands)
     err = Console(stderr=True)
