@@ -194,20 +194,51 @@ def memory_cmd(ctx: typer.Context) -> None:
     memory_app(args=list(ctx.args), prog_name="maxkernel memory")
 
 
-@app.command("host", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
-def host_cmd(ctx: typer.Context) -> None:
-    """Run the gRPC host that actors on many machines connect to (ADDRESS, e.g. 0.0.0.0:50051)."""
-    from actors.host import main as host_main
+@app.command("host")
+@guarded
+def host_cmd(address: str = typer.Argument(..., help="HOST:PORT to listen on, e.g. 0.0.0.0:50051")) -> None:
+    """Run the gRPC host that actors on many machines connect to."""
+    import asyncio
 
-    raise typer.Exit(host_main(list(ctx.args)))
+    from maxkernel.commands.checks import check_address, check_port_free
+
+    host, port = check_address(address, "ADDRESS")
+    check_port_free(host, port)
+    from actors.host import serve
+
+    try:
+        asyncio.run(serve(address))
+    except KeyboardInterrupt:
+        pass
 
 
-@app.command("worker", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
-def worker_cmd(ctx: typer.Context) -> None:
-    """Run actors on this machine against a gRPC host (--host HOST:PORT --roles tester,... --config FILE)."""
-    from actors.worker import main as worker_main
+@app.command("worker")
+@guarded
+def worker_cmd(
+    host: str = typer.Option(..., help="HOST:PORT of the gRPC host, e.g. 127.0.0.1:50051"),
+    roles: str = typer.Option(..., help="comma-separated roles, e.g. tester or planner,coder"),
+    config: Optional[Path] = typer.Option(None, help="ActorConfig as a YAML or JSON file"),
+) -> None:
+    """Run actors on this machine against a gRPC host."""
+    import asyncio
 
-    raise typer.Exit(worker_main(list(ctx.args)))
+    from maxkernel.commands.checks import check_address
+    from maxkernel.runtime import ROLES
+
+    check_address(host, "--host")
+    wanted = [r.strip() for r in roles.split(",") if r.strip()]
+    unknown = [r for r in wanted if r not in ROLES]
+    if not wanted or unknown:
+        raise UserError(f"--roles {roles}: {'unknown role ' + unknown[0] if unknown else 'no role'}; "
+                        f"choose from {', '.join(ROLES)}")
+    from actors.config import ActorConfig
+    from actors.worker import serve
+
+    actor_config = ActorConfig.from_file(config) if config else ActorConfig()
+    try:
+        asyncio.run(serve(host, wanted, actor_config))
+    except KeyboardInterrupt:
+        pass
 
 
 def _register_commands() -> None:

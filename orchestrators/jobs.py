@@ -49,7 +49,7 @@ def check_spec(spec: JobSpec) -> JobSpec:
     from maxkernel.targets.names import TargetError, parse_target
 
     if spec.brain not in DAEMON_BRAINS:
-        raise BadJob(f"--brain {spec.brain}: the daemon runs {', '.join(DAEMON_BRAINS)}")
+        raise BadJob(f"--brain {spec.brain}: the daemon runs {', '.join(DAEMON_BRAINS[:-1])} or {DAEMON_BRAINS[-1]}")
     time_s, evals = spec.budget.time_s, spec.budget.max_evaluations
     if (time_s is not None and time_s <= 0) or (evals is not None and evals < 1):
         raise BadJob("--budget and --evals must be positive")

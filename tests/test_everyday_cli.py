@@ -301,7 +301,7 @@ def test_the_http_api_validates_at_the_door_with_the_cli_messages(capsys) -> Non
             code, body = _http(api.port, "POST", "/jobs", {"task": RMS, "target": "tpu-v9"})
             assert code == 400 and "tpu-v9" in body["error"]
             code, body = _http(api.port, "POST", "/jobs", {"task": RMS, "brain": "replay"})
-            assert code == 400 and "rules, gemini, openai" in body["error"]
+            assert code == 400 and "rules, gemini or openai" in body["error"]
             code, body = _http(api.port, "POST", "/jobs", {"task": RMS, "budget": {"time_s": 0}})
             assert code == 400 and "--budget" in body["error"]
             assert queue.list() == []  # nothing bad was queued
@@ -324,3 +324,29 @@ def test_project_metadata_allows_newer_pythons_and_ignores_outputs() -> None:
     assert all(v in spec for v in ("3.11", "3.12", "3.13"))
     ignored = (ROOT / ".gitignore").read_text().split()
     assert "kernels/" in ignored and "reports/" in ignored
+
+
+def test_model_presets_follow_the_current_lists_and_every_cloud_model_has_a_price() -> None:
+    from maxkernel.llm.presets import read_models
+
+    table = read_models()
+    assert table.default == "gemini-3.1-pro-preview"
+    assert table.preset(table.default).model == "gemini-3.1-pro-preview"
+    cloud = [p for p in table.presets.values() if p.provider != "replay" and p.base_url is None]
+    assert cloud and all(table.price(p.model).output > table.price(p.model).input > 0 for p in cloud)
+
+
+def test_host_and_worker_refuse_bad_addresses_roles_and_busy_ports(capsys) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    code, out, _ = cli(capsys, "host", "--help")
+    assert code == 0 and "HOST:PORT" in out  # help, not an address called --help
+    assert "expected HOST:PORT" in one_error(capsys, "host", "nowhere")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert "cannot listen there" in one_error(capsys, "host", f"127.0.0.1:{port}")
+    assert "--host" in one_error(capsys, "worker", "--roles", "tester")
+    assert "unknown role bogus" in one_error(capsys, "worker", "--host", "127.0.0.1:50051", "--roles", "bogus")
+    assert "expected HOST:PORT" in one_error(capsys, "worker", "--host", "nohost", "--roles", "tester")

@@ -67,3 +67,23 @@ def check_store() -> None:
     from memory import Store
 
     Store.open(load_settings().resolved_store_url).close()
+
+
+def check_address(address: str, flag: str) -> tuple[str, int]:
+    """``HOST:PORT`` with a port in range; a flag given where the address belongs is no address."""
+    host, sep, port = address.rpartition(":")
+    if address.startswith("-") or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"{flag} {address!r}: expected HOST:PORT, e.g. 127.0.0.1:50051")
+    return host, int(port)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse to start a second server on a port another process already listens on."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as exc:
+            raise UserError(f"{host}:{port}: cannot listen there ({exc.strerror})") from exc
