@@ -12,6 +12,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from maxkernel.clierrors import OneLineTyper, UserError, fail, guarded
+from maxkernel.commands.formatting import speedup_text
 
 app = OneLineTyper(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                    help="Write and optimize JAX/Pallas kernels.")
@@ -62,11 +63,13 @@ def tasks_cmd() -> None:
     """List the JaxBench suite."""
     from jaxbench.task import list_tasks
 
+    suite = list_tasks()
     table = Table(title="JaxBench")
-    table.add_column("id", no_wrap=True)  # ids are copied into other commands: never cut
+    # ids are copied into other commands: never cut, however narrow the terminal
+    table.add_column("id", no_wrap=True, min_width=max(len(t.id) for t in suite))
     for col in ("category", "dtype", "cpu size", "tolerance"):
         table.add_column(col, overflow="fold")
-    for task in list_tasks():
+    for task in suite:
         tol = task.spec.tolerance
         size = ", ".join(f"{k}={v}" for k, v in task.spec.sizes["cpu"].items())
         table.add_row(task.id, task.spec.category, task.spec.dtype, size, f"{tol.atol:g}/{tol.rtol:g}")
@@ -166,7 +169,7 @@ def print_report(report: Any) -> None:
     basis = f" ({report.basis})" if report.basis else ""
     summary.add_row("reference ms" + basis, _fmt_opt(report.ref_ms))
     summary.add_row("kernel ms" + basis, _fmt_opt(report.kernel_ms))
-    summary.add_row("speedup", f"{report.speedup:.3f}x" if report.speedup else "-")
+    summary.add_row("speedup", speedup_text(report.speedup))
     summary.add_row("cv (kernel / ref)", f"{_fmt_opt(report.cv)} / {_fmt_opt(report.ref_cv)}")
     summary.add_row("FLOPs (ref / kernel)", f"{_fmt_sci(report.ref_flops)} / {_fmt_sci(report.kernel_flops)}")
     for flag in report.flags:

@@ -22,6 +22,7 @@ from rich.table import Table
 from jaxbench.task import TaskError
 from maxkernel.analysis.signature import SignatureError
 from maxkernel.clierrors import USER_ERROR_EXIT, OneLineTyper
+from maxkernel.commands.formatting import speedup_text
 from maxkernel.config import ConfigError, load_settings
 from memory.errors import MemoryStoreError, one_line
 from memory.facade import Kind, Memory
@@ -73,13 +74,9 @@ def _memory(for_reindex: bool = False) -> Iterator[Memory]:
         memory.close()
 
 
-def _speedup(value: float | None) -> str:
-    return f"{value:.2f}x" if value is not None else "-"
-
-
 def _kernel_table(title: str) -> Table:
     table = Table(title=title)
-    table.add_column("id", no_wrap=True)
+    table.add_column("id", no_wrap=True, min_width=12)
     for column in ("task", "target", "speedup", "strategy", "pattern"):
         table.add_column(column, overflow="fold")
     table.add_column("created", no_wrap=True)
@@ -87,14 +84,14 @@ def _kernel_table(title: str) -> Table:
 
 
 def _kernel_row(table: Table, k: KernelRecord, score: float | None = None) -> None:
-    cells = [k.id[:12], k.task_id, k.target, _speedup(k.speedup), k.strategy or "-", k.pattern or "-"]
+    cells = [k.id[:12], k.task_id, k.target, speedup_text(k.speedup), k.strategy or "-", k.pattern or "-"]
     cells.append(f"{score:.3f}" if score is not None else k.created_at.strftime("%Y-%m-%d %H:%M"))
     table.add_row(*cells)
 
 
 def _note_table(title: str) -> Table:
     table = Table(title=title)
-    table.add_column("id", no_wrap=True)
+    table.add_column("id", no_wrap=True, min_width=12)
     for column in ("outcome", "task", "target", "note"):
         table.add_column(column, overflow="fold")
     table.add_column("created", no_wrap=True)
@@ -168,7 +165,7 @@ def show(record_id: Annotated[str, typer.Argument(metavar="ID", help="an id or a
         for name, value in (
             ("task", record.task_id),
             ("target", record.target),
-            ("speedup", _speedup(record.speedup)),
+            ("speedup", speedup_text(record.speedup)),
             ("kernel / ref ms", f"{report.kernel_ms} / {report.ref_ms} ({report.basis or '-'})"),
             ("max abs err", str(report.max_abs_err)),
             ("strategy", record.strategy or "-"),
@@ -236,7 +233,7 @@ def stats() -> None:
         ("candidates", str(s.store.candidates)),
         ("evaluations", str(s.store.evaluations)),
         ("events", str(s.store.events)),
-        ("best speedup", _speedup(s.store.best_speedup)),
+        ("best speedup", speedup_text(s.store.best_speedup)),
         ("kernels by target", ", ".join(f"{k}: {v}" for k, v in sorted(s.store.kernels_by_target.items())) or "-"),
         (
             "kernels by category",

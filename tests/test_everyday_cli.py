@@ -13,8 +13,6 @@ import re
 import subprocess
 import sys
 import tomllib
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from support import EXAMPLES
+from support import http_json as _http
 
 ROOT = Path(__file__).resolve().parent.parent
 RMS = "12p_RMSNorm"
@@ -141,11 +140,17 @@ def test_jobs_show_why_a_job_failed_and_write_json_to_a_file(capsys, tmp_path: P
     _insert_jobs(job_id)
     with Store.open(load_settings().resolved_store_url) as store:
         JobQueue(store.engine).finish(job_id, "failed", error="TaskError: reference.py vanished")
+        done_id = "cafe" + "3" * 28
+        _insert_jobs(done_id)
+        JobQueue(store.engine).finish(done_id, "done", result={"best_report": {"speedup": 1.23456},
+                                                               "best_strategy": "rowblock"})
     code, out, _ = cli(capsys, "jobs")
     assert code == 0 and "reference.py vanished" in out
+    assert "1.23x rowblock" in out  # the one precision every command shows a speedup with
     target = tmp_path / "jobs.json"
     code, out, _ = cli(capsys, "jobs", "--json", str(target))
-    assert code == 0 and out == "" and json.loads(target.read_text())[0]["error"].endswith("vanished")
+    listed = {j["id"]: j for j in json.loads(target.read_text())}
+    assert code == 0 and out == "" and listed[job_id]["error"].endswith("vanished")
     assert "does not exist" in one_error(capsys, "jobs", "--json", str(tmp_path / "no" / "jobs.json"))
     assert "choose one of" in one_error(capsys, "jobs", "--status", "finished")
 
@@ -228,13 +233,15 @@ def test_eval_honours_the_evaluator_settings(capsys, monkeypatch) -> None:  # ty
     assert seen == {"timeout": 0.5, "rounds": 3}
 
 
-def test_usage_errors_of_the_real_entry_point_are_one_line(tmp_path: Path) -> None:
-    for args, words in ((("tasks", "--bogus"), "No such option: --bogus"), (("eval",), "Missing argument"),
-                        (("search", RMS, "--evals", "many"), "--evals"), (("no-such-command",), "No such command"),
-                        (("memory", "show"), "Missing argument")):
-        proc = subprocess_cli(*args, MAXKERNEL_DATA_DIR=str(tmp_path))
-        lines = user_lines(proc.stderr)
-        assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], (args, proc.stderr)
+def test_usage_errors_are_one_line(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """What Typer finds before a command runs: no boxed panel, one line, exit 2 (and so from the real script)."""
+    for args, words in ((("eval",), "Missing argument"), (("search", RMS, "--evals", "many"), "--evals"),
+                        (("no-such-command",), "No such command"), (("memory", "show"), "Missing argument"),
+                        (("jobs", "--status"), "requires an argument")):
+        assert words in one_error(capsys, *args), args
+    proc = subprocess_cli("tasks", "--bogus", MAXKERNEL_DATA_DIR=str(tmp_path))
+    lines = user_lines(proc.stderr)
+    assert proc.returncode == 2 and len(lines) == 1 and "No such option: --bogus" in lines[0], proc.stderr
 
 
 def test_version_and_the_whole_suite_at_eighty_columns(tmp_path: Path) -> None:
@@ -271,17 +278,6 @@ def test_the_static_check_says_syntax_error() -> None:
     static = next(c for c in report.checks if c.name == "static")
     assert report.status == "compile_error" and not static.passed and "syntax error at line 1" in static.detail
     assert [c.name for c in report.checks] == ["static"]  # said at the static stage, nothing compiled
-
-
-def _http(port: int, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def test_the_http_api_validates_at_the_door_with_the_cli_messages(capsys) -> None:  # type: ignore[no-untyped-def]

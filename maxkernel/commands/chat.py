@@ -29,8 +29,7 @@ def _chat(task: str, brain: str, model: Optional[str], transcript: Optional[Path
     from actors.session import check_keys, config_for_brain
     from jaxbench.task import load_task
     from maxkernel.cli import UserError
-    from maxkernel.commands.checks import check_target
-    from memory.errors import RecordNotFoundError
+    from maxkernel.commands.checks import check_target, resolve_resume
     from orchestrators.hitl import run_chat
 
     check_target(target)
@@ -43,13 +42,5 @@ def _chat(task: str, brain: str, model: Optional[str], transcript: Optional[Path
         raise UserError("--brain replay needs --transcript PATH")
     check_keys(config)
     if resume:
-        from maxkernel.config import load_settings
-        from memory import Store
-        from orchestrators.tables import resolve_id
-
-        with Store.open(load_settings().resolved_store_url) as store:
-            try:
-                resume = resolve_id(store, resume, ("session",))[1]
-            except RecordNotFoundError as exc:
-                raise UserError(f"--resume {resume}: {exc}") from exc
+        resume = resolve_resume(resume, "session")
     asyncio.run(run_chat(task, config, resume=resume, target=target))

@@ -87,3 +87,17 @@ def check_port_free(host: str, port: int) -> None:
             probe.bind((host.strip("[]"), port))
         except OSError as exc:
             raise UserError(f"{host}:{port}: cannot listen there ({exc.strerror})") from exc
+
+
+def resolve_resume(resume: str, kind: str) -> str:
+    """The full id of the ``kind`` ("search" or "session") that ``--resume`` names by the one id rule."""
+    from maxkernel.config import load_settings
+    from memory import Store
+    from memory.errors import RecordNotFoundError
+    from orchestrators.tables import resolve_id
+
+    with Store.open(load_settings().resolved_store_url) as store:
+        try:
+            return resolve_id(store, resume, (kind,))[1]
+        except RecordNotFoundError as exc:
+            raise UserError(f"--resume {resume}: {exc}") from exc

@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from maxkernel.commands.formatting import speedup_text
+
 
 def _queue() -> Any:
     from maxkernel.config import load_settings
@@ -134,13 +136,13 @@ def _jobs(status: Optional[str], json_out: Optional[Path]) -> None:
             json_out.write_text(text)
         return
     table = Table(title="jobs")
-    table.add_column("id", no_wrap=True)
+    table.add_column("id", no_wrap=True, min_width=12)
     for col in ("task", "priority", "status", "best", "tries", "created", "reason"):
         table.add_column(col, overflow="fold")
     for j in jobs:
         best = "-"
         if j.result and j.result.get("best_report"):
-            best = f"{j.result['best_report'].get('speedup')}x {j.result.get('best_strategy', '')}"
+            best = f"{speedup_text(j.result['best_report'].get('speedup'))} {j.result.get('best_strategy', '')}"
         table.add_row(j.id[:12], escape(j.task_id), str(j.priority), j.status, escape(best), str(j.attempts),
                       j.created_at.strftime("%Y-%m-%d %H:%M:%S"), escape(j.error or "-"))
     Console().print(table)

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from maxkernel.commands.formatting import speedup_text
+
 
 def search_command(
     tasks: List[str] = typer.Argument(None, help="suite ids or task folders (several: batch mode)"),
@@ -46,7 +48,7 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional
     from actors.session import check_keys, config_for_brain
     from jaxbench.task import list_tasks, load_task
     from maxkernel.cli import UserError
-    from maxkernel.commands.checks import check_limits, check_store, check_target, check_writable
+    from maxkernel.commands.checks import check_limits, check_store, check_target, check_writable, resolve_resume
     from orchestrators.search import DECIDERS, SearchConfig, run_search, run_suite
 
     if algo not in DECIDERS:
@@ -64,16 +66,7 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional
     if resume and len(tasks) != 1:
         raise UserError("--resume continues one search: name its one task")
     if resume:
-        from maxkernel.config import load_settings
-        from memory import Store
-        from memory.errors import RecordNotFoundError
-        from orchestrators.tables import resolve_id
-
-        with Store.open(load_settings().resolved_store_url) as store:
-            try:
-                resume = resolve_id(store, resume, ("search",))[1]
-            except RecordNotFoundError as exc:
-                raise UserError(f"--resume {resume}: {exc}") from exc
+        resume = resolve_resume(resume, "search")
     if brain == "replay" and transcript is None:
         raise UserError("--brain replay needs --transcript PATH")
     for t in tasks:
@@ -95,13 +88,13 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional
             results = asyncio.run(run_suite(loaded, config, config_actor, global_evaluations=global_evals,
                                             on_event=on_event)).results
     table = Table(title=f"{algo} search · seed {seed}")
-    table.add_column("search", no_wrap=True)
+    table.add_column("search", no_wrap=True, min_width=12)
     for col in ("task", "evaluations", "best strategy", "params", "speedup", "first correct at"):
         table.add_column(col, overflow="fold")  # folded, never cut: strategies and params are copied
     for r in results:
         table.add_row(r.search_id[:12], escape(r.task_id), str(r.evaluations), escape(r.best_strategy),
                       escape(str(r.best_params or "")),
-                      (f"{r.best_speedup}x" + (" confirmed" if r.confirmed else "")) if r.best_speedup else "-",
+                      (speedup_text(r.best_speedup) + (" confirmed" if r.confirmed else "")) if r.best_speedup else "-",
                       str(r.first_correct_at or "-"))
     Console().print(table)
     if json_out:
