@@ -109,3 +109,17 @@ def test_runs_as_a_module(filled: dict[str, str]) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert filled["note"][:12] in result.stdout
+
+
+def test_a_narrow_terminal_never_cuts_ids_or_code(filled: dict[str, str], monkeypatch) -> None:
+    """What a user copies (an id from the list, a line of code from show) comes out whole at 60 columns."""
+    from memory import Store
+
+    monkeypatch.setenv("COLUMNS", "60")
+    listed = _ok("list")
+    assert all(filled[k][:12] in listed for k in ("relu", "norm", "note"))
+    with Store.open(load_settings().resolved_store_url) as store:
+        code = store.kernels([filled["relu"]])[filled["relu"]].code
+    shown = _ok("show", filled["relu"][:6]).splitlines()
+    assert max(map(len, code.splitlines())) > 60  # a line wider than the terminal
+    assert all(line in shown for line in code.splitlines() if line.strip())
