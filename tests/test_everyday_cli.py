@@ -172,6 +172,7 @@ def test_jobs_show_why_a_job_failed_and_write_json_to_a_file(capsys, tmp_path: P
     (("search", RMS, "--target", "gpu"), "no GPU on this machine"),
     (("eval", RMS, CANDIDATE, "--target", "gpu"), "no GPU on this machine"),
     (("chat", RMS, "--target", "gpu"), "no GPU on this machine"),
+    (("submit", RMS, "--target", "gpu"), "no GPU on this machine"),
     (("optimize", RMS, "--json", "/no/such/folder/r.json"), "does not exist"),
     (("search", RMS, "--json", "/no/such/folder/r.json"), "does not exist"),
     (("eval", RMS, CANDIDATE, "--json", "/no/such/folder/r.json"), "does not exist"),
@@ -212,6 +213,16 @@ def test_a_bad_setting_is_refused_the_same_way_by_every_command(capsys, monkeypa
         assert words in one_error(capsys, *args), args
     if variable == "MAXKERNEL_HOME":
         assert "MAXKERNEL_DATA_DIR" in one_error(capsys, "tasks")  # the refusal names the known ones
+
+
+def test_a_broken_settings_file_is_named_with_its_line(capsys, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    broken = tmp_path / "settings.yaml"
+    broken.write_text("eval_workers: 2\nstore_url: [unclosed\n")
+    monkeypatch.setenv("MAXKERNEL_CONFIG", str(broken))
+    line = one_error(capsys, "jobs")
+    assert str(broken) in line and "line 3" in line and "not valid YAML" in line
+    broken.write_text("eval_wrokers: 2\n")
+    assert "unknown setting 'eval_wrokers'" in one_error(capsys, "tasks")
 
 
 def test_eval_honours_the_evaluator_settings(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
