@@ -13,6 +13,7 @@ from typing import Any, Callable, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 USER_ERROR_EXIT = 2
 
@@ -29,8 +30,7 @@ def one_line(text: object) -> str:
 
 
 def fail(message: object, code: int = USER_ERROR_EXIT) -> NoReturn:
-    Console(stderr=True).print(f"[bold red]error:[/] {one_line(message)}", highlight=False, soft_wrap=True,
-                               markup=True)
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(one_line(message))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -79,8 +79,8 @@ class OneLineTyper(typer.Typer):
             ctx = getattr(exc, "ctx", None)
             where = f"{ctx.command_path}: " if ctx is not None else ""
             message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-            Console(stderr=True).print(f"[bold red]error:[/] {where}{one_line(message)}", highlight=False,
-                                       soft_wrap=True, markup=True)
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(where + one_line(message))}", highlight=False,
+                                       soft_wrap=True)
             sys.exit(USER_ERROR_EXIT)
         except typer.Abort:
             sys.exit(1)

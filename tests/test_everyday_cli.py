@@ -204,6 +204,7 @@ def test_optimize_output_folder_that_is_a_file_is_refused_first(capsys, tmp_path
     ("MAXKERNEL_EVAL_TIMEOUT_S", "abc", "MAXKERNEL_EVAL_TIMEOUT_S='abc'"),
     ("MAXKERNEL_EVAL_TIMEOUT_S", "0", "greater than 0"),
     ("MAXKERNEL_EVAL_WORKERS", "many", "MAXKERNEL_EVAL_WORKERS"),
+    ("MAXKERNEL_EVAL_WORKERS", "[x]", "MAXKERNEL_EVAL_WORKERS='[x]'"),  # printed as given, not as markup
     ("MAXKERNEL_HOME", "/tmp/x", "unknown variable MAXKERNEL_HOME"),
 ])
 def test_a_bad_setting_is_refused_the_same_way_by_every_command(capsys, monkeypatch, variable: str, value: str,  # type: ignore[no-untyped-def]
