@@ -56,14 +56,9 @@ class Services:
     def evaluator(self) -> "Evaluator":
         with self._lock:
             if self._evaluator is None:
-                from jaxbench.evaluate import EvalConfig, Evaluator
-                from jaxbench.pool import WorkerPool
+                from maxkernel.evaluation import evaluator_from
 
-                s = self.settings
-                self._evaluator = Evaluator(
-                    pool=WorkerPool(s.eval_workers, memory_bytes=int(s.eval_memory_gb * (1 << 30))),
-                    config=EvalConfig(correctness_seeds=s.eval_correctness_seeds, timing_rounds=s.eval_timing_rounds,
-                                      timeout_s=s.eval_timeout_s))
+                self._evaluator = evaluator_from(self.settings)
             return self._evaluator
 
     @property

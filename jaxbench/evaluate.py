@@ -183,7 +183,8 @@ class Evaluator:
             findings = []
         report.checks.append(CheckResult(name="static", passed=not findings, detail="; ".join(map(str, findings))))
         if findings:
-            return _fail(report, "rejected", f"static check: {findings[0]}")
+            syntax = findings[0].rule == static_checks.SYNTAX_RULE
+            return _fail(report, "compile_error" if syntax else "rejected", f"static check: {findings[0]}")
 
         note("compile")
         ref = self.reference(task, report.size)

@@ -42,6 +42,9 @@ CACHE_DECORATORS = {"lru_cache", "cache", "cached_property"}
 MUTABLE_FACTORIES = {"dict", "list", "set", "defaultdict", "OrderedDict", "Counter", "deque", "bytearray"}
 
 
+SYNTAX_RULE = "syntax"  # not a rule broken but code that does not parse: a compile error, not a rejection
+
+
 @dataclass
 class Finding:
     rule: str
@@ -201,8 +204,9 @@ def scan(source: str) -> tuple[list[Finding], bool]:
     """Findings (empty when clean) and whether the candidate claims to be a Pallas kernel."""
     try:
         tree = ast.parse(source)
-    except SyntaxError:
-        return [], False  # the loader reports syntax errors with their own status
+    except SyntaxError as exc:
+        # Said here, at the first stage, rather than found later by the worker's compile.
+        return [Finding(SYNTAX_RULE, exc.lineno or 0, f"syntax error at line {exc.lineno}: {exc.msg}")], False
     scanner = _Scanner()
     scanner.visit(tree)
     return scanner.findings, scanner.imports_pallas

@@ -142,7 +142,11 @@ def check_task(task: Task, timing: bool = True) -> TaskCheck:
 
 
 def main(argv: list[str]) -> int:
-    tasks = [load_task(a) for a in argv] if argv else list_tasks()
+    try:
+        tasks = [load_task(a) for a in argv] if argv else list_tasks()
+    except TaskError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     failed = 0
     for task in tasks:
         res = check_task(task)

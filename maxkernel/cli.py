@@ -3,48 +3,24 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Write and optimize JAX/Pallas kernels.")
+from maxkernel.clierrors import OneLineTyper, UserError, fail, guarded
+from maxkernel.commands.formatting import speedup_text
+
+app = OneLineTyper(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                   help="Write and optimize JAX/Pallas kernels.")
 console = Console()
 err_console = Console(stderr=True)
 
 
-class UserError(Exception):
-    """An error the user can fix: printed as one line, exit code 2."""
-
-
-def fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn known user-caused exceptions into one clear line and a non-zero exit."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from jaxbench.task import TaskError
-        from maxkernel.config import ConfigError
-        from maxkernel.llm.errors import LlmError
-        from maxkernel.targets.names import TargetError
-
-        try:
-            return fn(*args, **kwargs)
-        except (TaskError, ConfigError, UserError, TargetError, LlmError) as exc:
-            fail(str(exc))
-        except FileNotFoundError as exc:
-            fail(f"{exc.filename}: no such file")
-
-    return wrapper
+__all__ = ["UserError", "fail", "guarded", "app", "run"]
 
 
 def _progress() -> Progress:
@@ -52,10 +28,32 @@ def _progress() -> Progress:
                     TimeElapsedColumn(), console=err_console, transient=False)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            console.print(f"maxkernel {version('maxkernel')}", highlight=False)
+        except PackageNotFoundError:
+            fail("maxkernel is not installed as a package: run pip install -e .")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def main(log_level: str = typer.Option("warning", help="debug|info|warning|error")) -> None:
+def main(
+    log_level: str = typer.Option("warning", help="debug|info|warning|error"),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version"),
+) -> None:
+    """Settings are read here, before any command, so that a bad one is refused the same way everywhere."""
+    from maxkernel.config import ConfigError, load_settings
     from maxkernel.logging import configure
 
+    if log_level not in ("debug", "info", "warning", "error"):
+        fail(f"--log-level {log_level}: choose debug, info, warning or error")
+    try:
+        load_settings()
+    except ConfigError as exc:
+        fail(exc)
     configure(log_level)
 
 
@@ -65,10 +63,13 @@ def tasks_cmd() -> None:
     """List the JaxBench suite."""
     from jaxbench.task import list_tasks
 
+    suite = list_tasks()
     table = Table(title="JaxBench")
-    for col in ("id", "category", "dtype", "cpu size", "tolerance"):
-        table.add_column(col)
-    for task in list_tasks():
+    # ids are copied into other commands: never cut, however narrow the terminal
+    table.add_column("id", no_wrap=True, min_width=max(len(t.id) for t in suite))
+    for col in ("category", "dtype", "cpu size", "tolerance"):
+        table.add_column(col, overflow="fold")
+    for task in suite:
         tol = task.spec.tolerance
         size = ", ".join(f"{k}={v}" for k, v in task.spec.sizes["cpu"].items())
         table.add_row(task.id, task.spec.category, task.spec.dtype, size, f"{tol.atol:g}/{tol.rtol:g}")
@@ -84,8 +85,13 @@ def bench_cmd(
 ) -> None:
     """Reference timings of the suite with GFLOP/s and GB/s from XLA cost analysis."""
     from jaxbench.bench import bench_task
+    from maxkernel.commands.checks import check_writable
     from jaxbench.task import list_tasks, load_task
 
+    if size not in ("cpu", "full"):
+        raise UserError(f"--size {size}: choose cpu or full")
+    if json_out is not None:
+        check_writable(json_out, "--json")
     selected = [load_task(t) for t in tasks] if tasks else list_tasks()
     rows = []
     with _progress() as progress:
@@ -119,15 +125,24 @@ def eval_cmd(
 ) -> None:
     """Evaluate one candidate; exit 0 only when it is correct."""
     from jaxbench.task import load_task
-    from maxkernel.evaluation import evaluate_candidate
+    from maxkernel.commands.checks import check_target, check_writable
+    from maxkernel.config import load_settings
+    from maxkernel.evaluation import evaluate_candidate, evaluator_from
 
+    check_target(target)
     loaded = load_task(task)
     if not candidate.is_file():
         raise UserError(f"{candidate}: no such candidate file")
+    if json_out is not None:
+        check_writable(json_out, "--json")
     source = candidate.read_text()
-    with err_console.status("evaluating") as status:
-        report = evaluate_candidate(loaded, source, target=target, size=size, filename=str(candidate),
-                                    progress=lambda stage: status.update(f"evaluating: {stage}"))
+    evaluator = evaluator_from(load_settings())
+    try:
+        with err_console.status("evaluating") as status:
+            report = evaluate_candidate(loaded, source, target=target, size=size, filename=str(candidate),
+                                        evaluator=evaluator, progress=lambda stage: status.update(f"evaluating: {stage}"))
+    finally:
+        evaluator.close()
     print_report(report)
     if json_out:
         json_out.write_text(report.model_dump_json(indent=2))
@@ -154,7 +169,7 @@ def print_report(report: Any) -> None:
     basis = f" ({report.basis})" if report.basis else ""
     summary.add_row("reference ms" + basis, _fmt_opt(report.ref_ms))
     summary.add_row("kernel ms" + basis, _fmt_opt(report.kernel_ms))
-    summary.add_row("speedup", f"{report.speedup:.3f}x" if report.speedup else "-")
+    summary.add_row("speedup", speedup_text(report.speedup))
     summary.add_row("cv (kernel / ref)", f"{_fmt_opt(report.cv)} / {_fmt_opt(report.ref_cv)}")
     summary.add_row("FLOPs (ref / kernel)", f"{_fmt_sci(report.ref_flops)} / {_fmt_sci(report.kernel_flops)}")
     for flag in report.flags:
@@ -182,20 +197,51 @@ def memory_cmd(ctx: typer.Context) -> None:
     memory_app(args=list(ctx.args), prog_name="maxkernel memory")
 
 
-@app.command("host", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
-def host_cmd(ctx: typer.Context) -> None:
-    """Run the gRPC host that actors on many machines connect to (ADDRESS, e.g. 0.0.0.0:50051)."""
-    from actors.host import main as host_main
+@app.command("host")
+@guarded
+def host_cmd(address: str = typer.Argument(..., help="HOST:PORT to listen on, e.g. 0.0.0.0:50051")) -> None:
+    """Run the gRPC host that actors on many machines connect to."""
+    import asyncio
 
-    raise typer.Exit(host_main(list(ctx.args)))
+    from maxkernel.commands.checks import check_address, check_port_free
+
+    host, port = check_address(address, "ADDRESS")
+    check_port_free(host, port)
+    from actors.host import serve
+
+    try:
+        asyncio.run(serve(address))
+    except KeyboardInterrupt:
+        pass
 
 
-@app.command("worker", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
-def worker_cmd(ctx: typer.Context) -> None:
-    """Run actors on this machine against a gRPC host (--host HOST:PORT --roles tester,... --config FILE)."""
-    from actors.worker import main as worker_main
+@app.command("worker")
+@guarded
+def worker_cmd(
+    host: str = typer.Option(..., help="HOST:PORT of the gRPC host, e.g. 127.0.0.1:50051"),
+    roles: str = typer.Option(..., help="comma-separated roles, e.g. tester or planner,coder"),
+    config: Optional[Path] = typer.Option(None, help="ActorConfig as a YAML or JSON file"),
+) -> None:
+    """Run actors on this machine against a gRPC host."""
+    import asyncio
 
-    raise typer.Exit(worker_main(list(ctx.args)))
+    from maxkernel.commands.checks import check_address
+    from maxkernel.runtime import ROLES
+
+    check_address(host, "--host")
+    wanted = [r.strip() for r in roles.split(",") if r.strip()]
+    unknown = [r for r in wanted if r not in ROLES]
+    if not wanted or unknown:
+        raise UserError(f"--roles {roles}: {'unknown role ' + unknown[0] if unknown else 'no role'}; "
+                        f"choose from {', '.join(ROLES)}")
+    from actors.config import ActorConfig
+    from actors.worker import serve
+
+    actor_config = ActorConfig.from_file(config) if config else ActorConfig()
+    try:
+        asyncio.run(serve(host, wanted, actor_config))
+    except KeyboardInterrupt:
+        pass
 
 
 def _register_commands() -> None:
@@ -226,4 +272,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(app())
+    run()

@@ -23,6 +23,18 @@ if TYPE_CHECKING:
     from jaxbench.evaluate import Evaluator
     from jaxbench.report import EvalReport
     from jaxbench.task import Task
+    from maxkernel.config import Settings
+
+
+def evaluator_from(settings: "Settings") -> "Evaluator":
+    """An evaluator with the settings' worker count, memory limit, seeds, rounds and timeout."""
+    from jaxbench.evaluate import EvalConfig, Evaluator
+    from jaxbench.pool import WorkerPool
+
+    return Evaluator(
+        pool=WorkerPool(settings.eval_workers, memory_bytes=int(settings.eval_memory_gb * (1 << 30))),
+        config=EvalConfig(correctness_seeds=settings.eval_correctness_seeds, timing_rounds=settings.eval_timing_rounds,
+                          timeout_s=settings.eval_timeout_s))
 
 
 def evaluate_candidate(

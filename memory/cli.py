@@ -2,7 +2,7 @@
 
 Mounted by the main CLI; also runnable alone as ``python -m memory.cli``. An error a user can cause
 (bad settings, unreachable server, locked or corrupt store, bad import file, unknown id) ends in one
-line on stderr and exit status 1.
+line on stderr and exit status 2, like every other command.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Annotated, NoReturn, cast
 import structlog
 import typer
 from rich.console import Console
-from rich.syntax import Syntax
 from rich.table import Table
 
 from jaxbench.task import TaskError
 from maxkernel.analysis.signature import SignatureError
+from maxkernel.clierrors import USER_ERROR_EXIT, OneLineTyper
+from maxkernel.commands.formatting import speedup_text
 from maxkernel.config import ConfigError, load_settings
 from memory.errors import MemoryStoreError, one_line
 from memory.facade import Kind, Memory
@@ -29,7 +30,7 @@ from memory.models import KernelHit, KernelRecord, NoteHit, NoteRecord
 
 USER_ERRORS = (MemoryStoreError, ConfigError, TaskError, SignatureError)
 
-app = typer.Typer(
+app = OneLineTyper(
     name="memory",
     help="The memory of verified kernels and optimization notes.",
     no_args_is_help=True,
@@ -54,9 +55,9 @@ def _main() -> None:
 
 
 def _fail(exc: BaseException | str) -> NoReturn:
-    """One line on stderr (other packages' errors may span several), then exit status 1."""
+    """One line on stderr (other packages' errors may span several), then exit status 2."""
     typer.echo(f"error: {one_line(exc)}", err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(USER_ERROR_EXIT)
 
 
 @contextmanager
@@ -73,13 +74,9 @@ def _memory(for_reindex: bool = False) -> Iterator[Memory]:
         memory.close()
 
 
-def _speedup(value: float | None) -> str:
-    return f"{value:.2f}x" if value is not None else "-"
-
-
 def _kernel_table(title: str) -> Table:
     table = Table(title=title)
-    table.add_column("id", no_wrap=True)
+    table.add_column("id", no_wrap=True, min_width=12)
     for column in ("task", "target", "speedup", "strategy", "pattern"):
         table.add_column(column, overflow="fold")
     table.add_column("created", no_wrap=True)
@@ -87,14 +84,14 @@ def _kernel_table(title: str) -> Table:
 
 
 def _kernel_row(table: Table, k: KernelRecord, score: float | None = None) -> None:
-    cells = [k.id[:12], k.task_id, k.target, _speedup(k.speedup), k.strategy or "-", k.pattern or "-"]
+    cells = [k.id[:12], k.task_id, k.target, speedup_text(k.speedup), k.strategy or "-", k.pattern or "-"]
     cells.append(f"{score:.3f}" if score is not None else k.created_at.strftime("%Y-%m-%d %H:%M"))
     table.add_row(*cells)
 
 
 def _note_table(title: str) -> Table:
     table = Table(title=title)
-    table.add_column("id", no_wrap=True)
+    table.add_column("id", no_wrap=True, min_width=12)
     for column in ("outcome", "task", "target", "note"):
         table.add_column(column, overflow="fold")
     table.add_column("created", no_wrap=True)
@@ -168,7 +165,7 @@ def show(record_id: Annotated[str, typer.Argument(metavar="ID", help="an id or a
         for name, value in (
             ("task", record.task_id),
             ("target", record.target),
-            ("speedup", _speedup(record.speedup)),
+            ("speedup", speedup_text(record.speedup)),
             ("kernel / ref ms", f"{report.kernel_ms} / {report.ref_ms} ({report.basis or '-'})"),
             ("max abs err", str(report.max_abs_err)),
             ("strategy", record.strategy or "-"),
@@ -180,7 +177,7 @@ def show(record_id: Annotated[str, typer.Argument(metavar="ID", help="an id or a
         ):
             table.add_row(name, value)
         _console().print(table)
-        _console().print(Syntax(record.code, "python", line_numbers=True))
+        _console().out(record.code, highlight=False)  # raw, so that no line is cropped or wrapped for copying
     else:
         table = Table(show_header=False, title=f"note {record.id}")
         for name, value in (
@@ -236,7 +233,7 @@ def stats() -> None:
         ("candidates", str(s.store.candidates)),
         ("evaluations", str(s.store.evaluations)),
         ("events", str(s.store.events)),
-        ("best speedup", _speedup(s.store.best_speedup)),
+        ("best speedup", speedup_text(s.store.best_speedup)),
         ("kernels by target", ", ".join(f"{k}: {v}" for k, v in sorted(s.store.kernels_by_target.items())) or "-"),
         (
             "kernels by category",

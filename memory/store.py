@@ -23,6 +23,7 @@ from maxkernel.analysis.signature import TaskSignature
 from memory import migrate
 from memory.engine import WRITE, create_store_engine, describe, parse_url, translate
 from memory.errors import MemoryStoreError, RecordNotFoundError
+from memory.ids import resolve_prefix
 from memory.models import (
     CandidateInfo,
     EvaluationInfo,
@@ -677,19 +678,13 @@ class Store:
 
     def resolve_id(self, prefix: str) -> tuple[str, str]:
         """``("kernel"|"note", full id)`` for an id or a unique prefix of one."""
-        prefix = prefix.strip().lower()
-        if len(prefix) < 4:
-            raise RecordNotFoundError(f"id prefix {prefix!r} is too short (4 characters at least)")
-        with self.read() as s:
-            found = [
-                ("kernel", i)
-                for i in s.scalars(sa.select(KernelRow.id).where(KernelRow.id.startswith(prefix)).limit(2))
-            ] + [("note", i) for i in s.scalars(sa.select(NoteRow.id).where(NoteRow.id.startswith(prefix)).limit(2))]
-        if not found:
-            raise RecordNotFoundError(f"no kernel or note with id {prefix!r} in {self.where}")
-        if len(found) > 1:
-            raise RecordNotFoundError(f"id prefix {prefix!r} is ambiguous in {self.where}; give more characters")
-        return found[0]
+        return self.resolve(prefix, ("kernel", "note"))
+
+    def resolve(self, prefix: str, kinds: Sequence[str] = ("kernel", "note", "session")) -> tuple[str, str]:
+        """``(kind, full id)`` for an id or a unique prefix among the store's own records of ``kinds``."""
+        columns = {"kernel": KernelRow.id, "note": NoteRow.id, "session": SessionRow.id}
+        with self.read("looking up an id") as s:
+            return resolve_prefix(s, [(k, columns[k]) for k in kinds], prefix, self.where)
 
     def stats(self) -> StoreStats:
         with self.read("counting") as s:

@@ -15,11 +15,11 @@ from typing import Any, Callable
 import structlog
 from pydantic import ValidationError
 
-from orchestrators.jobs import JobQueue, JobSpec, UnknownJob
+from orchestrators.jobs import BadJob, JobNotActive, JobQueue, JobSpec, UnknownJob, check_spec
 
 log = structlog.get_logger("orchestrators.http")
 
-_JOB = re.compile(r"^/jobs/([0-9a-f]{1,64})(/result|/cancel)?$")
+_JOB = re.compile(r"^/jobs/([^/?]{1,64})(/result|/cancel)?$")
 
 
 def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
@@ -63,14 +63,18 @@ def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]]) -> type[
         def do_POST(self) -> None:  # noqa: N802
             try:
                 if self.path == "/jobs":
-                    spec = JobSpec.model_validate(self._body())
+                    spec = check_spec(JobSpec.model_validate(self._body()))
                     return self._reply(201, queue.submit(spec).model_dump(mode="json"))
                 match = _JOB.match(self.path)
                 if match and match.group(2) == "/cancel":
                     return self._reply(200, queue.cancel(match.group(1)).model_dump(mode="json"))
                 self._reply(404, {"error": f"no route {self.path}"})
             except (ValidationError, json.JSONDecodeError) as exc:
-                self._reply(400, {"error": str(exc).splitlines()[0]})
+                self._reply(400, {"error": " ".join(str(exc).split())})
+            except BadJob as exc:
+                self._reply(400, {"error": str(exc)})
+            except JobNotActive as exc:
+                self._reply(409, {"error": str(exc)})
             except UnknownJob as exc:
                 self._reply(404, {"error": str(exc)})
 

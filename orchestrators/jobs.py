@@ -7,16 +7,20 @@ in priority order. A job left ``running`` by a daemon that died is queued again 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
 from pydantic import BaseModel, Field
 
 from maxkernel.messages import new_id
+from memory.engine import describe
+from memory.errors import RecordNotFoundError
+from memory.ids import resolve_prefix
 from orchestrators.auto import AutoBudget
 from orchestrators.tables import ensure, jobs, utcnow, writing
 
 JobStatus = Literal["queued", "running", "cancelling", "done", "failed", "cancelled"]
+STATUSES: tuple[str, ...] = get_args(JobStatus)
 ACTIVE = ("queued", "running", "cancelling")
 
 
@@ -28,6 +32,34 @@ class JobSpec(BaseModel):
     budget: AutoBudget = Field(default_factory=AutoBudget)
     brain: str = "rules"
     target: str = "cpu"
+
+
+DAEMON_BRAINS = ("rules", "gemini", "openai")
+
+
+class BadJob(ValueError):
+    """A job spec that cannot run (unknown task, target or brain, no budget); one line, the CLI's words."""
+
+
+def check_spec(spec: JobSpec) -> JobSpec:
+    """Refuse a spec the daemon could never run, at the door; a task folder is kept as its full path."""
+    from pathlib import Path
+
+    from jaxbench.task import TaskError, load_task
+    from maxkernel.targets.names import TargetError, parse_target
+
+    if spec.brain not in DAEMON_BRAINS:
+        raise BadJob(f"--brain {spec.brain}: the daemon runs {', '.join(DAEMON_BRAINS[:-1])} or {DAEMON_BRAINS[-1]}")
+    time_s, evals = spec.budget.time_s, spec.budget.max_evaluations
+    if (time_s is not None and time_s <= 0) or (evals is not None and evals < 1):
+        raise BadJob("--budget and --evals must be positive")
+    try:
+        parse_target(spec.target)
+        loaded = load_task(spec.task)
+    except (TaskError, TargetError) as exc:
+        raise BadJob(str(exc)) from exc
+    ref = str(Path(spec.task).resolve()) if Path(spec.task).exists() else loaded.id
+    return spec.model_copy(update={"task": ref})
 
 
 class JobInfo(BaseModel):
@@ -49,6 +81,10 @@ class JobInfo(BaseModel):
 
 class UnknownJob(LookupError):
     """No job with that id (or prefix)."""
+
+
+class JobNotActive(ValueError):
+    """A cancel asked of a job that already ended: nothing was cancelled."""
 
 
 def _info(row: Any) -> JobInfo:
@@ -73,11 +109,12 @@ class JobQueue:
         return self.get(job_id)
 
     def resolve(self, prefix: str) -> str:
-        with self.engine.connect() as conn:
-            ids = conn.execute(sa.select(jobs.c.id).where(jobs.c.id.like(f"{prefix}%")).limit(2)).scalars().all()
-        if len(ids) != 1:
-            raise UnknownJob(f"no job {prefix!r}" if not ids else f"job id {prefix!r} is ambiguous")
-        return ids[0]
+        """The full id of the job whose id is ``prefix`` or starts with it (the one id rule)."""
+        try:
+            with self.engine.connect() as conn:
+                return resolve_prefix(conn, [("job", jobs.c.id)], prefix, describe(self.engine.url))[1]
+        except RecordNotFoundError as exc:
+            raise UnknownJob(str(exc)) from exc
 
     def get(self, job_id: str) -> JobInfo:
         job_id = self.resolve(job_id)
@@ -132,8 +169,12 @@ class JobQueue:
         return list(ids)
 
     def cancel(self, job_id: str) -> JobInfo:
+        """Cancel a queued job now, or ask a running one to stop; a job that already ended is refused."""
         job_id = self.resolve(job_id)
         with self.writer.begin() as conn:
+            status = conn.execute(sa.select(jobs.c.status).where(jobs.c.id == job_id)).scalar_one()
+            if status not in ACTIVE:
+                raise JobNotActive(f"job {job_id} is already {status}; nothing to cancel")
             conn.execute(jobs.update().where(jobs.c.id == job_id, jobs.c.status == "queued")
                          .values(status="cancelled", updated_at=utcnow()))
             conn.execute(jobs.update().where(jobs.c.id == job_id, jobs.c.status == "running")

@@ -8,6 +8,7 @@ only *point at* the store's sessions and candidates; the event log stays the rec
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -82,3 +83,14 @@ def writing(engine: sa.Engine) -> sa.Engine:
     from memory.engine import WRITE
 
     return engine.execution_options(**{WRITE: True})
+
+
+def resolve_id(store: Any, prefix: str, kinds: tuple[str, ...] = ("job", "search", "session")) -> tuple[str, str]:
+    """``(kind, full id)`` for a job, search or session id, or any unique prefix of one (the one id rule)."""
+    from memory.ids import resolve_prefix
+    from memory.schema import SessionRow
+
+    ensure(store.engine)
+    columns = {"job": jobs.c.id, "search": searches.c.id, "session": SessionRow.__table__.c.id}
+    with store.engine.connect() as conn:
+        return resolve_prefix(conn, [(k, columns[k]) for k in kinds], prefix, store.where)

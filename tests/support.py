@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "jaxbench" / "examples"
@@ -13,3 +17,15 @@ def reference_candidate(task_id: str) -> str:
     from jaxbench.task import load_task
 
     return load_task(task_id).reference_path.read_text() + "\n\nkernel = reference\n"
+
+
+def http_json(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """One request to a local JSON API: (status, decoded body), error statuses included."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())

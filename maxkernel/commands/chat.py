@@ -29,11 +29,10 @@ def _chat(task: str, brain: str, model: Optional[str], transcript: Optional[Path
     from actors.session import check_keys, config_for_brain
     from jaxbench.task import load_task
     from maxkernel.cli import UserError
-    from maxkernel.targets.names import parse_target
-    from memory.errors import RecordNotFoundError
+    from maxkernel.commands.checks import check_target, resolve_resume
     from orchestrators.hitl import run_chat
 
-    parse_target(target)
+    check_target(target)
     load_task(task)
     try:
         config = config_for_brain(brain, model=model, transcript=transcript)
@@ -42,7 +41,6 @@ def _chat(task: str, brain: str, model: Optional[str], transcript: Optional[Path
     if brain == "replay" and transcript is None:
         raise UserError("--brain replay needs --transcript PATH")
     check_keys(config)
-    try:
-        asyncio.run(run_chat(task, config, resume=resume, target=target))
-    except RecordNotFoundError as exc:
-        raise UserError(f"--resume {resume}: {exc}") from exc
+    if resume:
+        resume = resolve_resume(resume, "session")
+    asyncio.run(run_chat(task, config, resume=resume, target=target))

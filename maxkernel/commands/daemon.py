@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from maxkernel.commands.formatting import speedup_text
+
 
 def _queue() -> Any:
     from maxkernel.config import load_settings
@@ -93,48 +95,58 @@ def submit_command(
 
 
 def _submit(task: str, priority: int, budget: float, evals: int, brain: str, target: str) -> None:
-    from jaxbench.task import load_task
     from maxkernel.cli import UserError
-    from maxkernel.targets.names import parse_target
+    from maxkernel.commands.checks import check_target
     from orchestrators.auto import AutoBudget
-    from orchestrators.jobs import JobSpec
+    from orchestrators.jobs import BadJob, JobSpec, check_spec
 
-    if brain not in ("rules", "gemini", "openai"):
-        raise UserError(f"--brain {brain}: the daemon runs rules, gemini or openai")
-    if budget <= 0 or evals < 1:
-        raise UserError("--budget and --evals must be positive")
-    parse_target(target)
-    loaded = load_task(task)
-    ref = str(Path(task).resolve()) if Path(task).exists() else loaded.id
-    job = _queue().submit(JobSpec(task=ref, priority=priority,
-                                  budget=AutoBudget(time_s=budget, max_evaluations=evals), brain=brain, target=target))
+    check_target(target)  # the daemon runs here: a bare gpu target needs a GPU here
+    try:
+        spec = check_spec(JobSpec(task=task, priority=priority, budget=AutoBudget(time_s=budget, max_evaluations=evals),
+                                  brain=brain, target=target))
+    except BadJob as exc:
+        raise UserError(str(exc)) from exc
+    job = _queue().submit(spec)
     Console().print(job.id, highlight=False)
 
 
 def jobs_command(
     status: Optional[str] = typer.Option(None, help="only jobs in this status"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the jobs as JSON to this file ('-': stdout)"),
 ) -> None:
-    """List the jobs, newest first."""
+    """List the jobs, newest first, with why each failed one failed."""
     from maxkernel.cli import guarded
 
-    guarded(_jobs)(status, as_json)
+    guarded(_jobs)(status, json_out)
 
 
-def _jobs(status: Optional[str], as_json: bool) -> None:
+def _jobs(status: Optional[str], json_out: Optional[Path]) -> None:
+    from maxkernel.cli import UserError
+    from maxkernel.commands.checks import check_writable
+    from orchestrators.jobs import STATUSES
+
+    if status is not None and status not in STATUSES:
+        raise UserError(f"--status {status}: choose one of {', '.join(STATUSES)}")
+    if json_out is not None and str(json_out) != "-":
+        check_writable(json_out, "--json")
     jobs = _queue().list(status)
-    if as_json:
-        print(json.dumps([j.model_dump(mode="json") for j in jobs], indent=2))
+    if json_out is not None:
+        text = json.dumps([j.model_dump(mode="json") for j in jobs], indent=2)
+        if str(json_out) == "-":
+            print(text)
+        else:
+            json_out.write_text(text)
         return
     table = Table(title="jobs")
-    for col in ("id", "task", "priority", "status", "best", "tries", "created"):
-        table.add_column(col)
+    table.add_column("id", no_wrap=True, min_width=12)
+    for col in ("task", "priority", "status", "best", "tries", "created", "reason"):
+        table.add_column(col, overflow="fold")
     for j in jobs:
         best = "-"
         if j.result and j.result.get("best_report"):
-            best = f"{j.result['best_report'].get('speedup')}x {j.result.get('best_strategy', '')}"
+            best = f"{speedup_text(j.result['best_report'].get('speedup'))} {j.result.get('best_strategy', '')}"
         table.add_row(j.id[:12], escape(j.task_id), str(j.priority), j.status, escape(best), str(j.attempts),
-                      j.created_at.strftime("%Y-%m-%d %H:%M:%S"))
+                      j.created_at.strftime("%Y-%m-%d %H:%M:%S"), escape(j.error or "-"))
     Console().print(table)
 
 
@@ -147,10 +159,10 @@ def cancel_command(job: str = typer.Argument(..., help="job id or a unique prefi
 
 def _cancel(job: str) -> None:
     from maxkernel.cli import UserError
-    from orchestrators.jobs import UnknownJob
+    from orchestrators.jobs import JobNotActive, UnknownJob
 
     try:
         info = _queue().cancel(job)
-    except UnknownJob as exc:
+    except (UnknownJob, JobNotActive) as exc:
         raise UserError(str(exc)) from exc
     Console().print(f"{info.id}: {info.status}", highlight=False)

@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from maxkernel.commands.formatting import speedup_text
+
 
 def optimize_command(
     task: str = typer.Argument(..., help="suite id or task folder"),
@@ -40,19 +42,18 @@ def _optimize(task: str, brain: str, budget: float, evals: Optional[int], out: P
     from actors.session import BRAINS
     from jaxbench.task import load_task
     from maxkernel.cli import UserError
-    from maxkernel.targets.names import parse_target
+    from maxkernel.commands.checks import check_folder, check_limits, check_store, check_target, check_writable
     from orchestrators.api import optimize
 
     if brain not in BRAINS:
         raise UserError(f"--brain {brain}: choose one of {', '.join(BRAINS)}")
-    if budget <= 0:
-        raise UserError(f"--budget {budget}: must be positive")
-    if evals is not None and evals < 1:
-        raise UserError(f"--evals {evals}: must be at least 1")
-    parse_target(target)
+    check_limits(budget, evals)
+    check_target(target)
     loaded = load_task(task)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a folder")
+    check_folder(out, "--out")
+    if json_out is not None:
+        check_writable(json_out, "--json")
+    check_store()
     err = Console(stderr=True)
     with _Progress(err, loaded.id, budget) as on_event:
         result = optimize(task, target=target, budget_s=budget, evals=evals, brain=brain, seed=seed, model=model,
@@ -89,7 +90,7 @@ class _Progress:
         if kind == "iteration":
             self.progress.update(self.bar, description=f"{self.task_id}: {data['strategy']}")
         elif kind == "trial":
-            speed = f"{data['speedup']:.2f}x" if data.get("speedup") else data["status"]
+            speed = speedup_text(data["speedup"]) if data.get("speedup") else data["status"]
             params = data["params"] or ""
             self.progress.console.print(f"  {data['role']:8} {data['strategy']} {params}: {speed}", highlight=False,
                                         markup=False)
@@ -110,15 +111,15 @@ def _print(result: Any, kernel_path: Path | None) -> None:
         table.add_column(col, overflow="fold")
     for row in result.trials:
         table.add_row(escape(row.strategy), row.role, escape(str(row.params or "")), row.status,
-                      f"{row.speedup:.2f}x" if row.speedup else "-", row.label or "-")
+                      speedup_text(row.speedup), row.label or "-")
     console.print(table)
     report = result.best_report
     basis = f" ({report.basis})" if report is not None and report.basis else ""
     if result.beat_reference and result.confirmed_speedup is not None:
-        speed = f"{result.confirmed_speedup:.2f}x{basis} confirmed"
+        speed = f"{speedup_text(result.confirmed_speedup)}{basis} confirmed"
         verdict = "[green]faster than the reference[/]"
     else:
-        speed = "1.00x"
+        speed = speedup_text(1.0)
         verdict = "[yellow]no candidate beat the reference[/]"
     params = {k: v for k, v in result.best_params.items() if k not in ("rewrites", "source")}
     console.print(f"best: {escape(result.best_strategy or '-')} {escape(str(params or ''))} — {speed} — {verdict}")

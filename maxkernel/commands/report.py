@@ -21,13 +21,18 @@ def report_command(
 
 def _report(subject: str, out: Optional[Path]) -> None:
     from maxkernel.cli import UserError
+    from maxkernel.commands.checks import check_writable
     from maxkernel.config import load_settings
     from memory import Store
     from orchestrators.report import UnknownSubject, write_report
+    from orchestrators.tables import resolve_id
 
+    if out is not None:
+        check_writable(out, "--out")
     with Store.open(load_settings().resolved_store_url) as store:
+        full_id = resolve_id(store, subject)[1]
         try:
-            path = write_report(store, subject, out or Path("reports") / f"{subject[:16]}.html")
+            path = write_report(store, full_id, out or Path("reports") / f"{full_id[:16]}.html")
         except (UnknownSubject, LookupError) as exc:
             raise UserError(str(exc)) from exc
     Console().print(f"report written to {path}", highlight=False)

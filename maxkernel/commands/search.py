@@ -12,12 +12,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from maxkernel.commands.formatting import speedup_text
+
 
 def search_command(
     tasks: List[str] = typer.Argument(None, help="suite ids or task folders (several: batch mode)"),
     algo: str = typer.Option("beam", help="parallel | beam | evolve"),
     seed: int = typer.Option(0, help="seed of every random choice (same seed, same search)"),
     evals: int = typer.Option(30, help="evaluations per task"),
+    budget: Optional[float] = typer.Option(None, help="seconds per task (default: no limit but the evaluations)"),
     global_evals: Optional[int] = typer.Option(None, help="batch mode: evaluations for all tasks together"),
     suite: bool = typer.Option(False, help="search every task of the suite"),
     width: int = typer.Option(2, help="beam width"),
@@ -34,24 +37,28 @@ def search_command(
     """Search a graph of candidates; the search is stored as it goes and resumes with --resume ID."""
     from maxkernel.cli import guarded
 
-    guarded(_search)(tasks or [], algo, seed, evals, global_evals, suite, width, branching, depth, lanes, islands,
+    guarded(_search)(tasks or [], algo, seed, evals, budget, global_evals, suite, width, branching, depth, lanes, islands,
                      brain, transcript, target, resume, json_out)
 
 
-def _search(tasks: list[str], algo: str, seed: int, evals: int, global_evals: Optional[int], suite: bool,
+def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional[float], global_evals: Optional[int],
+            suite: bool,
             width: int, branching: int, depth: int, lanes: int, islands: int, brain: str,
             transcript: Optional[Path], target: str, resume: Optional[str], json_out: Optional[Path]) -> None:
     from actors.session import check_keys, config_for_brain
     from jaxbench.task import list_tasks, load_task
     from maxkernel.cli import UserError
-    from maxkernel.targets.names import parse_target
+    from maxkernel.commands.checks import check_limits, check_store, check_target, check_writable, resolve_resume
     from orchestrators.search import DECIDERS, SearchConfig, run_search, run_suite
 
     if algo not in DECIDERS:
         raise UserError(f"--algo {algo}: choose parallel, beam or evolve")
-    if evals < 1:
-        raise UserError(f"--evals {evals}: must be at least 1")
-    parse_target(target)
+    check_limits(budget, evals)
+    if global_evals is not None:
+        check_limits(None, global_evals)
+    check_target(target)
+    if json_out is not None:
+        check_writable(json_out, "--json")
     if suite:
         tasks = [t.id for t in list_tasks()]
     if not tasks:
@@ -59,15 +66,7 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, global_evals: Op
     if resume and len(tasks) != 1:
         raise UserError("--resume continues one search: name its one task")
     if resume:
-        from maxkernel.config import load_settings
-        from memory import Store
-        from orchestrators.search import search_id_exists
-        from orchestrators.tables import ensure
-
-        with Store.open(load_settings().resolved_store_url) as store:
-            ensure(store.engine)
-            if not search_id_exists(store, resume):
-                raise UserError(f"--resume {resume}: no such search in {store.where}")
+        resume = resolve_resume(resume, "search")
     if brain == "replay" and transcript is None:
         raise UserError("--brain replay needs --transcript PATH")
     for t in tasks:
@@ -78,8 +77,9 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, global_evals: Op
     except ValueError as exc:
         raise UserError(str(exc)) from exc
     check_keys(config_actor)
-    config = SearchConfig(algorithm=algo, seed=seed, target=target, max_evaluations=evals, width=width,  # type: ignore[arg-type]
-                          branching=branching, depth=depth, lanes=lanes, islands=islands)
+    check_store()
+    config = SearchConfig(algorithm=algo, seed=seed, target=target,  # type: ignore[arg-type]
+                          max_evaluations=evals, time_s=budget, width=width, branching=branching, depth=depth, lanes=lanes, islands=islands)
     err = Console(stderr=True)
     with _progress(err) as (progress, on_event):
         if len(loaded) == 1:
@@ -88,12 +88,13 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, global_evals: Op
             results = asyncio.run(run_suite(loaded, config, config_actor, global_evaluations=global_evals,
                                             on_event=on_event)).results
     table = Table(title=f"{algo} search · seed {seed}")
-    for col in ("search", "task", "evaluations", "best strategy", "params", "speedup", "first correct at"):
-        table.add_column(col)
+    table.add_column("search", no_wrap=True, min_width=12)
+    for col in ("task", "evaluations", "best strategy", "params", "speedup", "first correct at"):
+        table.add_column(col, overflow="fold")  # folded, never cut: strategies and params are copied
     for r in results:
         table.add_row(r.search_id[:12], escape(r.task_id), str(r.evaluations), escape(r.best_strategy),
                       escape(str(r.best_params or "")),
-                      (f"{r.best_speedup}x" + (" confirmed" if r.confirmed else "")) if r.best_speedup else "-",
+                      (speedup_text(r.best_speedup) + (" confirmed" if r.confirmed else "")) if r.best_speedup else "-",
                       str(r.first_correct_at or "-"))
     Console().print(table)
     if json_out:

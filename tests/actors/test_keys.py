@@ -26,7 +26,7 @@ def test_gemini_without_key() -> None:
         optimize(TASK, brain="gemini")
     message = str(err.value)
     assert "\n" not in message
-    assert message == ("gemini-2.5-pro: no API key: set GEMINI_API_KEY or GOOGLE_API_KEY, "
+    assert message == ("gemini-3.1-pro-preview: no API key: set GEMINI_API_KEY or GOOGLE_API_KEY, "
                        "or run with --brain rules (needs no model)")
 
 

@@ -187,7 +187,7 @@ def test_the_cli_reports_a_corrupt_store_in_one_line(tmp_path: Path) -> None:
     (data / "maxkernel.db").write_bytes(b"garbage" * 500)
     env = dict(os.environ, MAXKERNEL_DATA_DIR=str(data))
     result = subprocess.run([sys.executable, "-m", "memory.cli", "stats"], capture_output=True, text=True, env=env)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: store file is corrupt")

@@ -46,7 +46,7 @@ def _ok(*args: str) -> str:
 
 def _fails(*args: str) -> str:
     result = runner.invoke(app, list(args))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     return lines[0]
@@ -100,7 +100,7 @@ def test_bad_settings_end_in_one_line(monkeypatch) -> None:
     assert "unknown embedding 'word2vec'" in _fails("stats")
     monkeypatch.setenv("MAXKERNEL_EMBEDDING", "structural")
     monkeypatch.setenv("MAXKERNEL_EVAL_WORKERS", "many")
-    assert "invalid settings" in _fails("stats")
+    assert "MAXKERNEL_EVAL_WORKERS='many'" in _fails("stats")
 
 
 def test_runs_as_a_module(filled: dict[str, str]) -> None:
@@ -109,3 +109,17 @@ def test_runs_as_a_module(filled: dict[str, str]) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert filled["note"][:12] in result.stdout
+
+
+def test_a_narrow_terminal_never_cuts_ids_or_code(filled: dict[str, str], monkeypatch) -> None:
+    """What a user copies (an id from the list, a line of code from show) comes out whole at 60 columns."""
+    from memory import Store
+
+    monkeypatch.setenv("COLUMNS", "60")
+    listed = _ok("list")
+    assert all(filled[k][:12] in listed for k in ("relu", "norm", "note"))
+    with Store.open(load_settings().resolved_store_url) as store:
+        code = store.kernels([filled["relu"]])[filled["relu"]].code
+    shown = _ok("show", filled["relu"][:6]).splitlines()
+    assert max(map(len, code.splitlines())) > 60  # a line wider than the terminal
+    assert all(line in shown for line in code.splitlines() if line.strip())

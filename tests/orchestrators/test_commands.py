@@ -31,23 +31,23 @@ def test_queue_from_the_shell_and_user_errors() -> None:
     assert first.exit_code == 0, first.output
     job_id = first.output.strip()
     second = runner.invoke(app, ["submit", "41k_Gemm_Add_ReLU"])
-    listed = json.loads(runner.invoke(app, ["jobs", "--json"]).output)
+    listed = json.loads(runner.invoke(app, ["jobs", "--json", "-"]).output)
     assert [j["task_id"] for j in listed] == ["41k_Gemm_Add_ReLU", "12p_RMSNorm"]
     assert listed[1]["priority"] == 3 and listed[1]["budget"]["max_evaluations"] == 5
     assert all(j["status"] == "queued" for j in listed)
 
     cancelled = runner.invoke(app, ["cancel", job_id[:10]])
     assert cancelled.exit_code == 0 and "cancelled" in cancelled.output
-    assert json.loads(runner.invoke(app, ["jobs", "--json", "--status", "cancelled"]).output)[0]["id"] == job_id
+    assert json.loads(runner.invoke(app, ["jobs", "--json", "-", "--status", "cancelled"]).output)[0]["id"] == job_id
 
     status = runner.invoke(app, ["daemon", "status"])
     assert status.exit_code == 1 and "no daemon running" in status.output and "queued 1" in status.output
     for args, words in ((["submit", "no_such_task"], "no_such_task"), (["cancel", "ffffffff"], "no job"),
                         (["daemon", "restart"], "choose start, stop or status"), (["daemon", "stop"], "no daemon"),
-                        (["report", "0123abcd"], "no session, search or job"),
+                        (["report", "0123abcd"], "no job, search or session"),
                         (["search", "12p_RMSNorm", "--algo", "greedy"], "choose parallel, beam or evolve"),
                         (["search", "12p_RMSNorm", "--brain", "replay"], "transcript"),
-                        (["search", "12p_RMSNorm", "--resume", "abc"], "no such search"),
+                        (["search", "12p_RMSNorm", "--resume", "abcd"], "no search with id"),
                         (["chat", "12p_RMSNorm", "--brain", "replay"], "--transcript"),
                         (["submit", "12p_RMSNorm", "--brain", "replay"], "rules, gemini or openai")):
         result = runner.invoke(app, args)
@@ -70,7 +70,7 @@ def test_submit_and_chat_take_a_task_folder(tmp_path) -> None:  # type: ignore[n
     runner, app = CliRunner(), _app()
     queued = runner.invoke(app, ["submit", str(folder)])
     assert queued.exit_code == 0, queued.output
-    assert json.loads(runner.invoke(app, ["jobs", "--json"]).output)[0]["task_id"] == str(folder.resolve())
+    assert json.loads(runner.invoke(app, ["jobs", "--json", "-"]).output)[0]["task_id"] == str(folder.resolve())
 
     lines = iter(["plan", "a", "quit"])
     said: list[str] = []

@@ -3,31 +3,18 @@ finishes it, memory feeding a later job, and a graceful SIGTERM stop."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from maxkernel.config import load_settings
 from memory import Store
+from support import http_json as _http
 
 TASK = "12p_RMSNorm"
 BUDGET = {"max_evaluations": 3, "tune_max_trials": 1, "max_iterations": 2, "patience": 1, "time_s": 240}
-
-
-def _http(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def _wait(predicate: Any, timeout_s: float, what: str) -> Any:
