@@ -61,14 +61,14 @@ def main(log_level: str = typer.Option("warning", help="debug|info|warning|error
 
 @app.command("tasks")
 @guarded
-def tasks_cmd() -> None:
-    """List the JaxBench suite."""
-    from jaxbench.task import list_tasks
+def tasks_cmd(models: bool = typer.Option(False, "--models", help="list the model layers instead")) -> None:
+    """List the JaxBench suite (or its model layers)."""
+    from jaxbench.task import list_models, list_tasks
 
-    table = Table(title="JaxBench")
+    table = Table(title="JaxBench model layers" if models else "JaxBench")
     for col in ("id", "category", "dtype", "cpu size", "tolerance"):
         table.add_column(col)
-    for task in list_tasks():
+    for task in list_models() if models else list_tasks():
         tol = task.spec.tolerance
         size = ", ".join(f"{k}={v}" for k, v in task.spec.sizes["cpu"].items())
         table.add_row(task.id, task.spec.category, task.spec.dtype, size, f"{tol.atol:g}/{tol.rtol:g}")
@@ -203,6 +203,8 @@ def _register_commands() -> None:
     from maxkernel.commands.analyze import analyze_command
     from maxkernel.commands.chat import chat_command
     from maxkernel.commands.daemon import cancel_command, daemon_command, jobs_command, submit_command
+    from maxkernel.commands.extract import extract_command
+    from maxkernel.commands.model import optimize_model_command
     from maxkernel.commands.optimize import optimize_command
     from maxkernel.commands.report import report_command
     from maxkernel.commands.search import search_command
@@ -216,6 +218,8 @@ def _register_commands() -> None:
     app.command("jobs")(jobs_command)
     app.command("cancel")(cancel_command)
     app.command("report")(report_command)
+    app.command("extract")(extract_command)
+    app.command("optimize-model")(optimize_model_command)
 
 
 _register_commands()

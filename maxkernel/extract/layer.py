@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -130,6 +131,9 @@ def extract_task(task: Task | str | Path, out: Path, target: str = "cpu", timing
     programs, spans = plan_regions(task)
     root = out / task.id
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob("r[0-9][0-9]_*"):  # regions of an earlier extraction would mislead a reader
+        if (stale / "task.yaml").is_file():
+            shutil.rmtree(stale)
     sizes = {size: task.size(size) for size in SIZES}
     infos: list[RegionInfo] = []
     for index, span in enumerate(spans):
