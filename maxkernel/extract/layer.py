@@ -18,6 +18,7 @@ from maxkernel.extract.subprogram import prefix_program, region_program
 from maxkernel.extract.tasks import float_first, region_source, write_region_task
 
 SIZES = ("cpu", "full")
+LAYOUT = {"broadcast_in_dim", "reshape", "transpose", "convert_element_type", "squeeze", "expand_dims", "copy"}
 
 
 class ExtractError(Exception):
@@ -107,16 +108,55 @@ def _fold_norms(spans: list[Span]) -> list[Span]:
     folded: list[Span] = []
     for span in reversed(spans):
         if span.kind == "norm" and folded and folded[-1].kind != "norm":
-            folded[-1] = Span(span.start, folded[-1].end, folded[-1].kind)
+            folded[-1] = Span(span.start, folded[-1].end, folded[-1].kind, folded[-1].core)
         else:
             folded.append(span)
     return list(reversed(folded))
 
 
+def _split_attention(program: Program, spans: list[Span]) -> list[Span]:
+    """Cut an attention into its projections, its core (q, k, v in, one output) and its output projection.
+
+    The core is what attention kernels are written for; the projections around it are matmuls of their own.
+    """
+    out: list[Span] = []
+    for span in spans:
+        if span.kind != "attention" or span.core is None:
+            out.append(span)
+            continue
+        scores, values = span.core
+        best = None
+        for c in range(scores, span.start, -1):  # only layout ops (a kv-head repeat) between inputs and scores
+            if c < scores and program.nodes[c].prim not in LAYOUT:
+                break
+            sub = region_program(program, Span(c, values + 1, "attention"))
+            if len(sub.inputs) == 3 and all(len(v.shape) == 4 for v in sub.inputs) and len(sub.outputs) == 1:
+                best = c
+        if best is None:
+            out.append(span)
+            continue
+        parts = [Span(span.start, best, "matmul"), Span(best, values + 1, "attention"), Span(values + 1, span.end, "matmul")]
+        out.extend(p for p in parts if p.end > p.start)
+    return out
+
+
+def attention_order(sub: Program) -> Program:
+    """An attention core's arguments as (q, k, v): the order attention kernels and templates expect."""
+    dots = [n for n in sub.nodes if n.prim == "dot_general"]
+    if len(dots) != 2 or len(sub.inputs) != 3:
+        return sub
+    names = [sub.reads(dots[0].ins[0]), sub.reads(dots[0].ins[1]), sub.reads(dots[1].ins[1])]
+    if not all(len(n) == 1 for n in names) or len({next(iter(n)) for n in names}) != 3:
+        return sub
+    by_name = {v.name: v for v in sub.inputs}
+    sub.inputs = [by_name[next(iter(n))] for n in names]
+    return sub
+
+
 def plan_regions(task: Task) -> tuple[dict[str, Program], list[Span]]:
     """Programs at every size and the regions, which must cut every size the same way."""
     programs = {size: trace_program(task, size).dce() for size in SIZES}
-    cuts = {size: _label(p, _merge_integer_only(p, _fold_norms(find_regions(p)))) for size, p in programs.items()}
+    cuts = {size: _label(p, _merge_integer_only(p, _split_attention(p, _fold_norms(find_regions(p))))) for size, p in programs.items()}
     shapes = {size: [(s.start, s.end, s.kind) for s in spans] for size, spans in cuts.items()}
     if shapes["cpu"] != shapes["full"]:
         raise ExtractError(f"{task.id}: the reference's program differs between sizes cpu and full; "
@@ -138,6 +178,8 @@ def extract_task(task: Task | str | Path, out: Path, target: str = "cpu", timing
     infos: list[RegionInfo] = []
     for index, span in enumerate(spans):
         regions = {size: float_first(region_program(programs[size], span)) for size in SIZES}
+        if span.kind == "attention":
+            regions = {size: attention_order(sub) for size, sub in regions.items()}
         prefixes = {size: prefix_program(programs[size], regions[size].inputs) for size in SIZES}
         cpu = regions["cpu"]
         name = f"r{index:02d}_{span.kind}"

@@ -25,6 +25,7 @@ class Span:
     start: int
     end: int
     kind: str
+    core: tuple[int, int] | None = None  # an attention's first score matmul and its value matmul
 
 
 def _producers(program: Program) -> dict[Var, int]:
@@ -94,7 +95,7 @@ def _attention_spans(program: Program) -> list[Span]:
         start = min(projections | scores)
         out_proj = _next_dot(program, values, users, PLUMBING | {"transpose", "reshape"})
         end = (out_proj if out_proj is not None else values) + 1
-        spans.append(Span(start, _extend_epilogue(program, start, end), "attention"))
+        spans.append(Span(start, _extend_epilogue(program, start, end), "attention", (min(scores), values)))
     return spans
 
 
@@ -147,6 +148,7 @@ def find_regions(program: Program) -> list[Span]:
     """Cut the program into regions covering every node, in program order."""
     attention = _attention_spans(program)
     anchors: list[tuple[int, int, str]] = [(s.start, s.end, s.kind) for s in attention]
+    cores = {s.start: s.core for s in attention}
     i = 0
     while i < len(program.nodes):
         inside = next((s for s in attention if s.start <= i < s.end), None)
@@ -175,4 +177,5 @@ def find_regions(program: Program) -> list[Span]:
     for (a_start, _, _), (_, prev_end, _) in zip(merged[1:], merged[:-1]):
         starts.append(max(_prologue_start(program, a_start, prev_end), starts[-1] + 1))
     ends = starts[1:] + [len(program.nodes)]
-    return [Span(s, e, kind) for s, e, (_, _, kind) in zip(starts, ends, merged)]
+    return [Span(s, e, kind, cores.get(a) if kind == "attention" else None)
+            for s, e, (a, _, kind) in zip(starts, ends, merged)]
