@@ -45,7 +45,10 @@ def test_attention_is_one_region_and_region_tasks_are_sound(tmp_path):
     assert kinds.count("attention") == 1
     assert abs(sum(r.share for r in extraction.regions) - 1.0) < 1e-6
     attention = next(r for r in extraction.regions if r.kind == "attention")
-    assert {"wq", "wk", "wv", "wo"} <= set(attention.inputs) and attention.flops > 0
+    assert len(attention.inputs) == 3 and attention.flops > 0  # the core: q, k, v in, one output
+    before = extraction.regions[attention.index - 1]
+    after = extraction.regions[attention.index + 1]
+    assert {"wq", "wk", "wv"} <= set(before.inputs) and "wo" in after.inputs
     for info in extraction.regions:
         region = load_task(info.path)
         assert region.spec.tolerance == load_task("llama31_8b_decoder").spec.tolerance
