@@ -50,7 +50,7 @@ def print_regions(extraction: object) -> None:
     basis = extraction.regions[0].basis if extraction.regions else "measured"
     table = Table(title=f"{extraction.layer}: {len(extraction.regions)} regions ({extraction.target}, {basis})")
     for col, justify in (("region", "left"), ("kind", "left"), ("share", "right"), ("ms", "right"),
-                         ("GFLOP", "right"), ("MB", "right"), ("folder", "left")):
+                         ("GFLOP (cpu size)", "right"), ("MB (cpu size)", "right"), ("folder", "left")):
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for r in extraction.regions:
         table.add_row(r.task_id.split("__")[-1], r.kind, f"{100 * r.share:.1f}%", f"{r.ms:.3g}" if r.ms else "-",
