@@ -23,3 +23,16 @@ def test_six_layers_ship_apart_from_the_fifty():
 def test_layer_passes_task_check(layer_id):
     check = check_task(load_task(layer_id), timing=False)
     assert check.ok, check.problems
+
+
+def test_tasks_models_lists_the_layers_and_extract_refuses_a_bad_task(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "COLUMNS": "250"}
+    listed = subprocess.run([sys.executable, "-m", "maxkernel.cli", "tasks", "--models"], capture_output=True,
+                            text=True, env=env, timeout=120)
+    assert listed.returncode == 0 and "mamba2_block" in listed.stdout and "12p_RMSNorm" not in listed.stdout
+    bad = subprocess.run([sys.executable, "-m", "maxkernel.cli", "extract", str(tmp_path / "nope")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "no such suite task or task folder" in bad.stderr
