@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SUITE_DIR = Path(__file__).parent / "tasks"
+MODELS_DIR = Path(__file__).parent / "models"  # whole model layers: category "model", not among the 50
 
 Category = Literal[
     "matmul",
@@ -28,6 +29,7 @@ Category = Literal[
     "moe",
     "recurrence",
     "gather",
+    "model",
 ]
 
 
@@ -52,6 +54,7 @@ class TaskSpec(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"]
     tolerance: Tolerance
     sizes: dict[str, dict[str, Any]]
+    source: str | None = None  # the public configuration a model layer's shapes come from
 
 
 class Task:
@@ -163,9 +166,9 @@ def resolve_task_path(name_or_path: str | Path) -> Path:
     candidate = Path(name_or_path)
     if candidate.is_dir():
         return candidate.resolve()
-    suite = SUITE_DIR / str(name_or_path)
-    if suite.is_dir():
-        return suite
+    for folder in (SUITE_DIR, MODELS_DIR):
+        if (folder / str(name_or_path)).is_dir():
+            return folder / str(name_or_path)
     raise TaskError(f"{name_or_path}: no such suite task or task folder")
 
 
@@ -182,4 +185,10 @@ def _suite_order(path: Path) -> tuple[int, str]:
 def list_tasks() -> list[Task]:
     """All tasks of the suite in their numeric order."""
     folders = sorted((p for p in SUITE_DIR.iterdir() if (p / "task.yaml").is_file()), key=_suite_order)
+    return [load_task(p) for p in folders]
+
+
+def list_models() -> list[Task]:
+    """The model layers (``jaxbench/models/``), by id; kept apart from the suite's 50 tasks."""
+    folders = sorted(p for p in MODELS_DIR.iterdir() if (p / "task.yaml").is_file())
     return [load_task(p) for p in folders]

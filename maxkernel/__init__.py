@@ -6,10 +6,11 @@ loaded on first use (it lives with the orchestrators), so ``import maxkernel`` s
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["optimize"]
+__all__ = ["extract", "optimize"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,4 +18,6 @@ def __getattr__(name: str) -> Any:
         from orchestrators.api import optimize
 
         return optimize
+    if name == "extract":  # the package is callable: maxkernel.extract(fn, *example_args)
+        return importlib.import_module("maxkernel.extract")
     raise AttributeError(f"module 'maxkernel' has no attribute {name!r}")

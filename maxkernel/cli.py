@@ -59,12 +59,12 @@ def main(
 
 @app.command("tasks")
 @guarded
-def tasks_cmd() -> None:
-    """List the JaxBench suite."""
-    from jaxbench.task import list_tasks
+def tasks_cmd(models: bool = typer.Option(False, "--models", help="list the model layers instead")) -> None:
+    """List the JaxBench suite (or its model layers)."""
+    from jaxbench.task import list_models, list_tasks
 
-    suite = list_tasks()
-    table = Table(title="JaxBench")
+    suite = list_models() if models else list_tasks()
+    table = Table(title="JaxBench model layers" if models else "JaxBench")
     # ids are copied into other commands: never cut, however narrow the terminal
     table.add_column("id", no_wrap=True, min_width=max(len(t.id) for t in suite))
     for col in ("category", "dtype", "cpu size", "tolerance"):
@@ -249,6 +249,8 @@ def _register_commands() -> None:
     from maxkernel.commands.analyze import analyze_command
     from maxkernel.commands.chat import chat_command
     from maxkernel.commands.daemon import cancel_command, daemon_command, jobs_command, submit_command
+    from maxkernel.commands.extract import extract_command
+    from maxkernel.commands.model import optimize_model_command
     from maxkernel.commands.optimize import optimize_command
     from maxkernel.commands.report import report_command
     from maxkernel.commands.search import search_command
@@ -262,6 +264,8 @@ def _register_commands() -> None:
     app.command("jobs")(jobs_command)
     app.command("cancel")(cancel_command)
     app.command("report")(report_command)
+    app.command("extract")(extract_command)
+    app.command("optimize-model")(optimize_model_command)
 
 
 _register_commands()

@@ -1,0 +1,230 @@
+"""``extract_task``: split a task's reference into region tasks and say where its time goes."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import jax
+from pydantic import BaseModel
+
+from jaxbench.task import Task, load_task
+from maxkernel.analysis.program import Program, trace_program
+from maxkernel.extract.regions import Span, find_regions
+from maxkernel.extract.subprogram import prefix_program, region_program
+from maxkernel.extract.tasks import float_first, region_source, write_region_task
+
+SIZES = ("cpu", "full")
+LAYOUT = {"broadcast_in_dim", "reshape", "transpose", "convert_element_type", "squeeze", "expand_dims", "copy"}
+
+
+class ExtractError(Exception):
+    """The task's reference cannot be split into region tasks (said in one line)."""
+
+
+class RegionInfo(BaseModel):
+    """One region task: where it sits in the layer, what it reads and makes, what it costs."""
+
+    index: int
+    task_id: str
+    kind: str
+    path: str
+    nodes: tuple[int, int]
+    inputs: list[str]
+    outputs: list[str]
+    primitives: list[str]
+    ms: float | None = None
+    share: float = 0.0
+    basis: str = "measured"
+    flops: float = 0.0
+    bytes: float = 0.0
+
+
+class Extraction(BaseModel):
+    """A layer split into regions that together compute it."""
+
+    layer: str
+    layer_path: str
+    target: str
+    inputs: list[str]
+    outputs: list[str]
+    regions: list[RegionInfo]
+    layer_ms: float | None = None
+    seconds: float = 0.0
+
+
+def program_fn(program: Program) -> Any:
+    """A callable that binds the program's nodes (jittable): the region computed without any source."""
+    from maxkernel.analysis.program import read
+
+    def run(*args: Any) -> tuple[Any, ...]:
+        env: dict[Any, Any] = dict(zip(program.inputs, args))
+        for node in program.nodes:
+            out = node.primitive.bind(*[read(env, op) for op in node.ins], **node.params)
+            env.update(zip(node.outs, out if node.primitive.multiple_results else [out]))
+        return tuple(read(env, op) for op in program.outputs)
+
+    return run
+
+
+def _merge_integer_only(program: Program, spans: list[Span]) -> list[Span]:
+    """A region that hands on no floating value (indices only) joins the next: a task needs a float output."""
+    merged: list[Span] = []
+    pending: Span | None = None
+    for span in spans:
+        if pending is not None:
+            span = Span(pending.start, span.end, pending.kind if pending.kind != "elementwise" else span.kind)
+            pending = None
+        sub = float_first(region_program(program, span))
+        if not sub.outputs or not jax.numpy.issubdtype(sub.outputs[0].dtype, jax.numpy.floating):
+            pending = span
+            continue
+        merged.append(span)
+    if pending is not None:
+        if not merged:
+            raise ExtractError("the reference has no floating output to split on")
+        last = merged.pop()
+        merged.append(Span(last.start, pending.end, last.kind))
+    return merged
+
+
+def _label(program: Program, spans: list[Span]) -> list[Span]:
+    """Matmuls over a batch of experts after a routing step are the experts."""
+    routed = False
+    for span in spans:
+        routed = routed or span.kind == "routing"
+        if span.kind == "matmul" and routed:
+            dots = [n for n in program.nodes[span.start:span.end] if n.prim == "dot_general"]
+            if any(n.params["dimension_numbers"][1][0] for n in dots):
+                span.kind = "experts"
+    return spans
+
+
+def _fold_norms(spans: list[Span]) -> list[Span]:
+    """A normalization that feeds a matmul, an attention or a routing step is its prologue, not a region."""
+    folded: list[Span] = []
+    for span in reversed(spans):
+        if span.kind == "norm" and folded and folded[-1].kind != "norm":
+            folded[-1] = Span(span.start, folded[-1].end, folded[-1].kind, folded[-1].core)
+        else:
+            folded.append(span)
+    return list(reversed(folded))
+
+
+def _split_attention(program: Program, spans: list[Span]) -> list[Span]:
+    """Cut an attention into its projections, its core (q, k, v in, one output) and its output projection.
+
+    The core is what attention kernels are written for; the projections around it are matmuls of their own.
+    """
+    out: list[Span] = []
+    for span in spans:
+        if span.kind != "attention" or span.core is None:
+            out.append(span)
+            continue
+        scores, values = span.core
+        best = None
+        for c in range(scores, span.start, -1):  # only layout ops (a kv-head repeat) between inputs and scores
+            if c < scores and program.nodes[c].prim not in LAYOUT:
+                break
+            sub = region_program(program, Span(c, values + 1, "attention"))
+            if len(sub.inputs) == 3 and all(len(v.shape) == 4 for v in sub.inputs) and len(sub.outputs) == 1:
+                best = c
+        if best is None:
+            out.append(span)
+            continue
+        parts = [Span(span.start, best, "matmul"), Span(best, values + 1, "attention"), Span(values + 1, span.end, "matmul")]
+        out.extend(p for p in parts if p.end > p.start)
+    return out
+
+
+def attention_order(sub: Program) -> Program:
+    """An attention core's arguments as (q, k, v): the order attention kernels and templates expect."""
+    dots = [n for n in sub.nodes if n.prim == "dot_general"]
+    if len(dots) != 2 or len(sub.inputs) != 3:
+        return sub
+    names = [sub.reads(dots[0].ins[0]), sub.reads(dots[0].ins[1]), sub.reads(dots[1].ins[1])]
+    if not all(len(n) == 1 for n in names) or len({next(iter(n)) for n in names}) != 3:
+        return sub
+    by_name = {v.name: v for v in sub.inputs}
+    sub.inputs = [by_name[next(iter(n))] for n in names]
+    return sub
+
+
+def plan_regions(task: Task) -> tuple[dict[str, Program], list[Span]]:
+    """Programs at every size and the regions, which must cut every size the same way."""
+    programs = {size: trace_program(task, size).dce() for size in SIZES}
+    cuts = {size: _label(p, _merge_integer_only(p, _split_attention(p, _fold_norms(find_regions(p))))) for size, p in programs.items()}
+    shapes = {size: [(s.start, s.end, s.kind) for s in spans] for size, spans in cuts.items()}
+    if shapes["cpu"] != shapes["full"]:
+        raise ExtractError(f"{task.id}: the reference's program differs between sizes cpu and full; "
+                           "regions must cut both the same way")
+    return programs, cuts["cpu"]
+
+
+def extract_task(task: Task | str | Path, out: Path, target: str = "cpu", timing: bool = True) -> Extraction:
+    """Write one region task per region under ``out/<layer id>/`` and return where the layer's time goes."""
+    started = time.perf_counter()
+    task = task if isinstance(task, Task) else load_task(task)
+    programs, spans = plan_regions(task)
+    root = out / task.id
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob("r[0-9][0-9]_*"):  # regions of an earlier extraction would mislead a reader
+        if (stale / "task.yaml").is_file():
+            shutil.rmtree(stale)
+    sizes = {size: task.size(size) for size in SIZES}
+    infos: list[RegionInfo] = []
+    for index, span in enumerate(spans):
+        regions = {size: float_first(region_program(programs[size], span)) for size in SIZES}
+        if span.kind == "attention":
+            regions = {size: attention_order(sub) for size, sub in regions.items()}
+        prefixes = {size: prefix_program(programs[size], regions[size].inputs) for size in SIZES}
+        cpu = regions["cpu"]
+        name = f"r{index:02d}_{span.kind}"
+        task_id = f"{task.id}__{name}"
+        prims = sorted({n.prim for n in cpu.nodes})
+        description = (f"Region {index} ({span.kind}) of {task.id}: nodes {span.start}-{span.end} of its program, "
+                       f"{len(cpu.inputs)} inputs, {len(cpu.outputs)} outputs; primitives {', '.join(prims)}.")
+        source = region_source(f"Region {index} ({span.kind}) of {task.id}.", task.id, sizes, regions, prefixes)
+        folder = write_region_task(root / name, task_id=task_id, name=f"{task.spec.name}: {name}", kind=span.kind,
+                                   description=description, dtype=str(cpu.outputs[0].dtype),
+                                   tolerance=task.spec.tolerance.model_dump(), layer_reference=task.reference_path,
+                                   source=source)
+        infos.append(RegionInfo(index=index, task_id=task_id, kind=span.kind, path=str(folder),
+                                nodes=(span.start, span.end), inputs=[v.name for v in cpu.inputs],
+                                outputs=[v.name for v in cpu.outputs], primitives=prims))
+    cpu_program = programs["cpu"]
+    extraction = Extraction(layer=task.id, layer_path=str(task.path), target=target,
+                            inputs=[v.name for v in cpu_program.inputs],
+                            outputs=[getattr(o, "name", "") for o in cpu_program.outputs], regions=infos)
+    if timing:
+        _cost(extraction, target)
+    extraction.seconds = time.perf_counter() - started
+    return extraction
+
+
+def _cost(extraction: Extraction, target: str) -> None:
+    """Each region's time (measured on cpu, modelled on tpu-*), FLOPs and bytes; shares of their sum."""
+    from jaxbench.task_check import median_ms
+    from maxkernel.targets.names import parse_target
+
+    kind, generation = parse_target(target)
+    for info in extraction.regions:
+        region = load_task(info.path)
+        args, static = region.get_inputs(jax.random.key(0), "cpu")
+        fn = jax.jit(partial(region.reference, **static))
+        cost = fn.lower(*args).compile().cost_analysis()
+        cost = (cost[0] if isinstance(cost, (list, tuple)) and cost else cost) or {}
+        info.flops, info.bytes = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+        if kind == "tpu" and generation is not None:
+            from maxkernel.targets.model import model_reference
+
+            info.ms, info.basis = model_reference(region, generation).time_ms, "modelled"
+        else:
+            info.ms = median_ms(fn, args, repeats=5)
+    total = sum(info.ms or 0.0 for info in extraction.regions)
+    for info in extraction.regions:
+        info.share = (info.ms or 0.0) / total if total else 0.0
+    extraction.layer_ms = total

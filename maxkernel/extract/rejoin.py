@@ -1,0 +1,34 @@
+"""The re-join check: the region tasks, run one after another on the layer's inputs, give the layer's output."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+
+from jaxbench.compare import Comparison, compare_outputs
+from jaxbench.task import load_task
+from maxkernel.extract.layer import Extraction
+
+
+def run_regions(extraction: Extraction, args: tuple[Any, ...], size: str,
+                kernels: dict[int, Any] | None = None) -> tuple[Any, ...]:
+    """The layer's outputs computed region by region (``kernels`` replaces a region's reference by index)."""
+    env: dict[str, Any] = dict(zip(extraction.inputs, args))
+    for info in extraction.regions:
+        fn = (kernels or {}).get(info.index) or load_task(info.path).reference
+        out = jax.jit(partial(fn, size=size))(*[env[name] for name in info.inputs])
+        env.update(zip(info.outputs, out if isinstance(out, tuple) else (out,)))
+    return tuple(env[name] for name in extraction.outputs)
+
+
+def rejoin(extraction: Extraction, seed: int = 1, size: str = "cpu") -> Comparison:
+    """Compare the re-joined regions with the layer's reference on fresh inputs, at the layer's tolerance."""
+    layer = load_task(extraction.layer_path)
+    args, static = layer.get_inputs(jax.random.key(seed), size)
+    expected = jax.jit(partial(layer.reference, **static))(*args)
+    joined = run_regions(extraction, args, size)
+    got = joined[0] if len(joined) == 1 and not isinstance(expected, tuple) else joined
+    tol = layer.spec.tolerance
+    return compare_outputs(jax.device_get(expected), jax.device_get(got), tol.atol, tol.rtol)

@@ -1,0 +1,149 @@
+"""Whole-layer optimization: extract the regions, optimize the hottest first with the budget shared by their
+share of the layer's time, splice every verified region kernel back into one layer candidate, and judge
+that candidate with the evaluator like any other. Each region is one ordinary optimization session on the
+actors, so memory carries over from one region to the next.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import structlog
+from pydantic import BaseModel, Field
+
+from jaxbench.task import Task, load_task
+from maxkernel.extract import Extraction, extract_task
+from maxkernel.extract.splice import splice
+
+log = structlog.get_logger(__name__)
+
+MIN_REGION_BUDGET_S = 8.0  # below this a session cannot even judge the reference and one candidate
+
+
+class RegionRow(BaseModel):
+    index: int
+    task_id: str
+    kind: str
+    share: float
+    budget_s: float
+    before_ms: float | None = None
+    after_ms: float | None = None
+    speedup: float | None = None
+    strategy: str = ""
+    status: str = Field("", description="kept | dropped | no faster kernel | skipped")
+    note: str = ""
+
+
+class ModelResult(BaseModel):
+    """What ``maxkernel optimize-model`` gives: the layer's judged speedup and a row per region."""
+
+    layer: str
+    target: str
+    basis: str | None = None
+    correct: bool = False
+    ref_ms: float | None = None
+    kernel_ms: float | None = None
+    speedup: float | None = None
+    amdahl_bound: float = Field(1.0, description="layer speedup the kept region speedups imply, by their shares")
+    regions: list[RegionRow] = Field(default_factory=list)
+    kernel_path: str | None = None
+    notes: list[str] = Field(default_factory=list)
+    seconds: float = 0.0
+
+
+def amdahl(rows: list[RegionRow]) -> float:
+    """1 / sum(share / speedup) over the regions (speedup 1 for regions left as they were)."""
+    total = sum(r.share / (r.speedup if r.status == "kept" and r.speedup else 1.0) for r in rows)
+    return 1.0 / total if total > 0 else 1.0
+
+
+def _shapes(task: Task) -> dict[str, list[tuple[int, ...]]]:
+    from maxkernel.analysis.program import input_shapes
+
+    return {size: [tuple(a.shape) for a in input_shapes(task, size)] for size in ("cpu", "full")}
+
+
+def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, target: str = "cpu", brain: str = "rules",
+                   seed: int = 0, data_dir: str | None = None,
+                   on_region: Callable[[RegionRow], None] | None = None) -> ModelResult:
+    """Optimize a whole layer; writes ``out/regions/...`` and, when correct, ``out/<layer>_<target>.py``."""
+    from maxkernel.evaluation import evaluate_candidate
+    from orchestrators.api import optimize
+
+    started = time.perf_counter()
+    layer = load_task(task)
+    extraction = extract_task(layer, out / "regions", target=target)
+    result = ModelResult(layer=layer.id, target=target)
+    remaining = budget_s - (time.perf_counter() - started)
+    hottest = sorted(extraction.regions, key=lambda r: r.share, reverse=True)
+    kernels: dict[int, str] = {}
+    rows: dict[int, RegionRow] = {}
+    for info in hottest:
+        row = RegionRow(index=info.index, task_id=info.task_id, kind=info.kind, share=info.share,
+                        budget_s=max(0.0, remaining) * info.share, before_ms=info.ms)
+        rows[info.index] = row
+        if row.budget_s < MIN_REGION_BUDGET_S:
+            row.status, row.note = "skipped", f"its share of the budget ({row.budget_s:.0f} s) is too small"
+        else:
+            session = optimize(info.path, target=target, budget_s=row.budget_s, brain=brain, seed=seed,
+                               data_dir=data_dir)
+            report = session.best_report
+            row.strategy = session.best_strategy
+            if session.beat_reference and session.best_source and report is not None and report.correct:
+                kernels[info.index] = session.best_source
+                row.speedup = session.confirmed_speedup or report.speedup
+                row.after_ms = (info.ms / row.speedup) if info.ms and row.speedup else report.kernel_ms
+                row.status = "kept"
+            else:
+                row.status, row.note = "no faster kernel", session.note or session.stop_reason
+        log.info("region done", region=info.task_id, status=row.status, speedup=row.speedup)
+        if on_region is not None:
+            on_region(row)
+    result.regions = [rows[i.index] for i in extraction.regions]
+    report = _judge(layer, extraction, kernels, result, target, evaluate_candidate)
+    result.amdahl_bound = amdahl(result.regions)
+    if report is not None and report.correct:
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{layer.id}_{target}.py"
+        path.write_text(report_source(layer, extraction, kernels))
+        result.kernel_path = str(path)
+        result.correct, result.basis = True, report.basis
+        result.ref_ms, result.kernel_ms, result.speedup = report.ref_ms, report.kernel_ms, report.speedup
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def report_source(layer: Task, extraction: Extraction, kernels: dict[int, str]) -> str:
+    return splice(extraction, kernels, _shapes(layer))
+
+
+def _judge(layer: Task, extraction: Extraction, kernels: dict[int, str], result: ModelResult, target: str,
+           evaluate: Any) -> Any:
+    """Judge the spliced layer; when it fails, add the region kernels back one at a time, hottest first,
+    keeping each only if the whole stays correct. ``kernels`` is left holding the ones kept."""
+    shapes = _shapes(layer)
+    report = evaluate(layer, splice(extraction, kernels, shapes), target=target)
+    if report.correct or not kernels:
+        return report
+    result.notes.append(f"the layer with all {len(kernels)} region kernels failed ({report.status}: "
+                        f"{report.reason}); trying them one at a time")
+    trial = dict(kernels)
+    kept: dict[int, str] = {}
+    order = sorted(trial, key=lambda i: extraction.regions[i].share, reverse=True)
+    best = None
+    for index in order:
+        attempt = {**kept, index: trial[index]}
+        candidate = evaluate(layer, splice(extraction, attempt, shapes), target=target)
+        row = next(r for r in result.regions if r.index == index)
+        if candidate.correct:
+            kept, best = attempt, candidate
+        else:
+            row.status, row.note = "dropped", f"breaks the whole layer: {candidate.status}: {candidate.reason}"
+            result.notes.append(f"region {index} ({row.kind}) dropped: it breaks the whole layer")
+    kernels.clear()
+    kernels.update(kept)
+    if best is None:
+        best = evaluate(layer, splice(extraction, {}, shapes), target=target)
+    return best

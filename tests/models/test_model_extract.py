@@ -1,0 +1,72 @@
+"""Extraction: every shipped layer splits into region tasks that re-join to the layer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxbench.task import list_models, load_task
+from jaxbench.task_check import check_task
+from maxkernel.extract import extract_task
+from maxkernel.extract.rejoin import rejoin, run_regions
+
+LAYERS = [t.id for t in list_models()]
+
+
+@pytest.mark.parametrize("layer_id", LAYERS)
+def test_regions_rejoin_to_the_layer(layer_id, tmp_path):
+    extraction = extract_task(layer_id, tmp_path, timing=False)
+    assert len(extraction.regions) >= 2
+    covered = [r.nodes for r in extraction.regions]
+    assert covered[0][0] == 0 and all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
+    assert rejoin(extraction).ok
+
+
+def test_a_wrong_region_breaks_the_rejoin(tmp_path):
+    extraction = extract_task("mixtral_8x7b_moe", tmp_path, timing=False)
+    hot = extraction.regions[-1]
+    reference = load_task(hot.path).reference
+    layer = load_task("mixtral_8x7b_moe")
+    args, static = layer.get_inputs(jax.random.key(3))
+    right = run_regions(extraction, args, "cpu")
+    wrong = run_regions(extraction, args, "cpu", {hot.index: lambda *a, size: reference(*a, size=size) * 1.01})
+    expected = jax.jit(lambda *a: layer.reference(*a, **static))(*args)
+    np.testing.assert_allclose(right[0], expected, atol=2e-3, rtol=2e-3)
+    assert not np.allclose(wrong[0], expected, atol=2e-3, rtol=2e-3)
+
+
+def test_attention_is_one_region_and_region_tasks_are_sound(tmp_path):
+    extraction = extract_task("llama31_8b_decoder", tmp_path, target="cpu")
+    kinds = [r.kind for r in extraction.regions]
+    assert kinds.count("attention") == 1
+    assert abs(sum(r.share for r in extraction.regions) - 1.0) < 1e-6
+    attention = next(r for r in extraction.regions if r.kind == "attention")
+    assert len(attention.inputs) == 3 and attention.flops > 0  # the core: q, k, v in, one output
+    before = extraction.regions[attention.index - 1]
+    after = extraction.regions[attention.index + 1]
+    assert {"wq", "wk", "wv"} <= set(before.inputs) and "wo" in after.inputs
+    for info in extraction.regions:
+        region = load_task(info.path)
+        assert region.spec.tolerance == load_task("llama31_8b_decoder").spec.tolerance
+        check = check_task(region, timing=False)
+        assert check.ok, (info.task_id, check.problems)
+
+
+def test_extract_a_users_function(tmp_path):
+    import maxkernel
+
+    def block(x, w1, w2):
+        h = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)
+        return x + jax.nn.gelu(h @ w1) @ w2
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    args = (jax.random.normal(keys[0], (64, 128)), jax.random.normal(keys[1], (128, 256)),
+            jax.random.normal(keys[2], (256, 128)))
+    extraction = maxkernel.extract(block, *args, out=tmp_path, timing=False)
+    assert [r.kind for r in extraction.regions] == ["matmul", "matmul"]
+    assert rejoin(extraction).ok
+    assert Path(extraction.regions[0].path, "task.yaml").is_file()

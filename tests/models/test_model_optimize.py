@@ -1,0 +1,46 @@
+"""optimize-model end to end on the smallest layer with a tiny budget, and the drop of a breaking region kernel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jaxbench.task import load_task
+from maxkernel.evaluation import evaluate_candidate
+from maxkernel.extract import extract_task
+from orchestrators.model_opt import ModelResult, RegionRow, _judge, amdahl, optimize_model
+
+SMALLEST = "mamba2_block"  # three regions
+
+
+def test_optimize_model_writes_a_correct_layer(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAXKERNEL_DATA_DIR", str(tmp_path / "data"))
+    result = optimize_model(SMALLEST, out=tmp_path, budget_s=30.0, target="cpu")
+    assert result.correct and result.kernel_path and result.speedup is not None
+    assert [r.index for r in result.regions] == list(range(len(result.regions)))
+    assert {r.status for r in result.regions} <= {"kept", "dropped", "no faster kernel", "skipped"}
+    assert abs(sum(r.share for r in result.regions) - 1.0) < 1e-6
+    report = evaluate_candidate(load_task(SMALLEST), Path(result.kernel_path).read_text(), target="cpu")
+    assert report.correct, report.reason
+
+
+def test_a_region_kernel_that_breaks_the_layer_is_dropped(tmp_path):
+    layer = load_task(SMALLEST)
+    extraction = extract_task(layer, tmp_path, timing=False)
+    for info in extraction.regions:
+        info.share = 1.0 / len(extraction.regions)
+    last = extraction.regions[-1]
+    args = ", ".join(f"a{i}" for i in range(len(last.inputs)))
+    broken = f"import jax.numpy as jnp\n\n\ndef kernel({args}, size):\n    return a0 * 0.0 + 1.0\n"
+    result = ModelResult(layer=layer.id, target="cpu",
+                         regions=[RegionRow(index=r.index, task_id=r.task_id, kind=r.kind, share=r.share, budget_s=0,
+                                            status="kept", speedup=2.0) for r in extraction.regions])
+    kernels = {last.index: broken}
+    report = _judge(layer, extraction, kernels, result, "cpu", evaluate_candidate)
+    assert report.correct and kernels == {}
+    assert result.regions[-1].status == "dropped" and "breaks the whole layer" in result.regions[-1].note
+
+
+def test_amdahl_bound_counts_only_kept_regions():
+    rows = [RegionRow(index=0, task_id="a", kind="attention", share=0.5, budget_s=1, status="kept", speedup=2.0),
+            RegionRow(index=1, task_id="b", kind="matmul", share=0.5, budget_s=1, status="dropped", speedup=4.0)]
+    assert abs(amdahl(rows) - 1.0 / (0.25 + 0.5)) < 1e-9
