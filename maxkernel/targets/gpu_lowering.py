@@ -69,6 +69,8 @@ def validate_gpu(candidate_source: str, task: Task, chip: str) -> GpuLoweringRes
     lines = candidate_source.splitlines()
 
     def fail(stage: GpuStage, exc: BaseException | str, line: int | None, **extra: Any) -> GpuLoweringResult:
+        if isinstance(exc, BaseException):
+            exc = _backend_error(exc)
         message = str(exc).strip()
         kind = type(exc).__name__ if isinstance(exc, BaseException) else "TargetError"
         summary = next((ln.strip() for ln in message.splitlines() if ln.strip()), kind)
@@ -102,6 +104,13 @@ def validate_gpu(candidate_source: str, task: Task, chip: str) -> GpuLoweringRes
         line = _candidate_line(exc, filename) or _kernel_line(str(exc), jaxpr, filename)
         return fail("lowering", exc, line, pallas_calls=len(calls))
     return _check_chip(calls, spec, filename, fail, start)
+
+
+def _backend_error(exc: BaseException) -> BaseException:
+    """The backend's own error under Pallas's "Exception while lowering eqn" wrapper (its deepest cause)."""
+    while str(exc).lstrip().startswith("Exception while lowering") and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc
 
 
 def _check_chip(calls: list[Any], spec: GpuSpec, filename: str, fail: Any, start: float) -> GpuLoweringResult:

@@ -39,23 +39,31 @@ class TpuStageResult(BaseModel):
 def run_tpu_stage(task_path: Path, source: str, generation: str, timeout_s: float = 300) -> TpuStageResult:
     """Validate lowering, derive the check size and model the candidate for ``generation`` in a fresh
     sandboxed process."""
-    request = json.dumps({"task": str(task_path), "source": source, "generation": generation})
+    request = {"task": str(task_path), "source": source, "generation": generation}
+    reply, failure = run_sandboxed("maxkernel.targets.sandboxed", request, timeout_s, "TPU lowering")
+    if failure is not None:
+        return TpuStageResult(failure=failure)
+    try:
+        return TpuStageResult.model_validate_json(reply or "")
+    except ValueError as exc:
+        return TpuStageResult(failure=f"TPU lowering process sent a malformed reply: {exc}")
+
+
+def run_sandboxed(module: str, request: dict[str, Any], timeout_s: float, label: str) -> tuple[str | None, str | None]:
+    """Run ``python -m module`` with the JSON ``request`` on stdin; (its last JSON line, None) or (None, why not)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONDONTWRITEBYTECODE="1")
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "maxkernel.targets.sandboxed"], input=request, capture_output=True,
+            [sys.executable, "-m", module], input=json.dumps(request), capture_output=True,
             text=True, timeout=timeout_s, env=env, start_new_session=True, cwd="/",
         )
     except subprocess.TimeoutExpired:
-        return TpuStageResult(failure=f"TPU lowering did not finish within {timeout_s:.0f} s")
+        return None, f"{label} did not finish within {timeout_s:.0f} s"
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return TpuStageResult(failure=f"TPU lowering process failed (exit {proc.returncode}): {tail}")
-    try:
-        return TpuStageResult.model_validate_json(lines[-1])
-    except ValueError as exc:
-        return TpuStageResult(failure=f"TPU lowering process sent a malformed reply: {exc}")
+        return None, f"{label} process failed (exit {proc.returncode}): {tail}"
+    return lines[-1], None
 
 
 def _main() -> None:

@@ -1,0 +1,8 @@
+"""The GPU Pallas templates, in the order strategies list them (see ``maxkernel.rules.strategy``)."""
+
+from __future__ import annotations
+
+from maxkernel.templates.base import Template
+from maxkernel.templates.gpu_attention import GPU_FLASH_ATTENTION
+
+GPU_TEMPLATES: tuple[Template, ...] = (GPU_FLASH_ATTENTION,)
