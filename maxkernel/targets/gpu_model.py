@@ -95,15 +95,17 @@ def _bandwidth(spec: GpuSpec) -> float:
 
 def compute_seconds(counts: OpCounts, spec: GpuSpec, dot_efficiency: float, share: float = 1.0) -> float:
     """Time of ``counts`` on ``share`` of the chip: dots on the tensor cores (f32 at TF32, HIGHEST on the CUDA
-    cores), elementwise work on the CUDA cores, transcendentals on the SFUs, one after the other."""
+    cores) overlapping the elementwise work (CUDA cores) and transcendentals (SFUs) that other warps issue
+    meanwhile, so the slower of the two pipes."""
     rates = {"bf16": spec.peak_bf16_flops * dot_efficiency, "f32": spec.peak_tf32_flops * dot_efficiency,
              "f32_high": spec.peak_f32_flops, "int8": spec.peak_int8_ops * dot_efficiency}
-    seconds = sum(flops / (rates[cls] * share) for cls, flops in counts.mxu.items())
-    return seconds + counts.vpu / (spec.cuda_core_ops * share) + counts.transcendental / (spec.sfu_ops * share)
+    dots = sum(flops / (rates[cls] * share) for cls, flops in counts.mxu.items())
+    return max(dots, counts.vpu / (spec.cuda_core_ops * share) + counts.transcendental / (spec.sfu_ops * share))
 
 
 def distinct_window_bytes(eqn: core.JaxprEqn, notes: list[str]) -> float:
-    """HBM bytes of a call: every distinct block window of every operand once (shared ones hit in L2)."""
+    """HBM bytes of a call: every distinct block window of every operand once (shared ones hit in L2);
+    see :func:`all_window_bytes` for what L2 serves."""
     grid_mapping = eqn.params["grid_mapping"]
     grid = tuple(int(g) for g in grid_mapping.grid)
     cells = math.prod(grid) if grid else 1
@@ -126,8 +128,19 @@ def distinct_window_bytes(eqn: core.JaxprEqn, notes: list[str]) -> float:
     return total
 
 
-def _kernel_estimate(call: PallasCall, spec: GpuSpec, notes: list[str]) -> GpuKernelEstimate:
+def all_window_bytes(eqn: core.JaxprEqn) -> float:
+    """Bytes every instance reads and writes through L2: its windows, each instance its own."""
+    from maxkernel.targets.gpu_blocks import _block_bytes
+
+    grid_mapping = eqn.params["grid_mapping"]
+    cells = math.prod(int(g) for g in grid_mapping.grid) if grid_mapping.grid else 1
+    return float(cells * sum(_block_bytes(bm) for bm in grid_mapping.block_mappings))
+
+
+def _kernel_estimate(call: PallasCall, spec: GpuSpec, notes: list[str],
+                     dot_efficiency: float | None = None) -> GpuKernelEstimate:
     c = _constants()
+    efficiency = c.dot_efficiency.value if dot_efficiency is None else dot_efficiency
     shape: ProgramShape = check_smem(call.eqn, call.name, spec)
     grid_mapping = call.eqn.params["grid_mapping"]
     sample = GridSample.of(grid_mapping.grid)
@@ -138,12 +151,14 @@ def _kernel_estimate(call: PallasCall, spec: GpuSpec, notes: list[str]) -> GpuKe
     notes.extend(f"{call.name}: {n}" for n in dict.fromkeys(work.notes))
     totals = work.totals()
     moved = distinct_window_bytes(call.eqn, notes)
+    through_l2 = all_window_bytes(call.eqn)
+    l2_bandwidth = spec.hbm_bandwidth * c.l2_bandwidth_ratio.value
     cells = shape.cells
     occupancy = resident_blocks(shape, spec)
     per_wave = spec.sms * occupancy
     waves = max(1, math.ceil(cells / per_wave))
     # One instance's work, alone on one SM (the SM's share of the chip's rates).
-    per_cell = compute_seconds(totals, spec, c.dot_efficiency.value, 1.0 / spec.sms) / cells
+    per_cell = compute_seconds(totals, spec, efficiency, 1.0 / spec.sms) / cells
     time_s = compute_s = memory_s = 0.0
     left = cells
     for _ in range(waves):
@@ -152,7 +167,8 @@ def _kernel_estimate(call: PallasCall, spec: GpuSpec, notes: list[str]) -> GpuKe
         resident = math.ceil(in_wave / spec.sms)  # instances sharing the busiest SM
         hiding = min(1.0, resident * shape.num_warps / c.saturating_warps.value)
         wave_compute = resident * per_cell / hiding
-        wave_memory = moved * in_wave / cells / (_bandwidth(spec) * min(1.0, hiding * in_wave / spec.sms))
+        busy = min(1.0, hiding * in_wave / spec.sms)
+        wave_memory = max(moved / _bandwidth(spec), through_l2 / l2_bandwidth) * in_wave / cells / busy
         time_s += max(wave_compute, wave_memory)
         compute_s += wave_compute
         memory_s += wave_memory

@@ -62,6 +62,7 @@ class GpuModelConstants(BaseModel):
     launch_overhead_s: Constant
     dispatch_overhead_s: Constant
     hbm_efficiency: Constant
+    l2_bandwidth_ratio: Constant
     saturating_warps: Constant
     dot_efficiency: Constant
     xla_dot_efficiency: Constant

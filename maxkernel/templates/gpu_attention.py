@@ -97,15 +97,23 @@ class GpuFlashAttentionTemplate:
         assert not isinstance(a, str)
         causal = _mask_kind(a) == "causal"
         backend = str(params.get("backend", "triton"))
+        if all(math.isclose(s.scale, s.head_dim ** -0.5, rel_tol=1e-6) for s in shapes):  # type: ignore[union-attr]
+            scale: float | None = None
+        elif len({s.scale for s in shapes}) == 1:  # type: ignore[union-attr]
+            scale = a.scale
+        else:
+            raise ValueError("the softmax scale differs between sizes in a way the GPU template cannot follow")
         return render_source(
             block_q=int(params["block_q"]), block_k=int(params["block_k"]), causal=causal,
-            scale=a.scale, out_dtype=np.dtype(a.out_dtype).name, backend=backend,
+            scale=scale, out_dtype=np.dtype(a.out_dtype).name, backend=backend,
             compiler=compiler_params_text(backend, int(params["num_warps"]), int(params["num_stages"])))
 
 
-def render_source(block_q: int, block_k: int, causal: bool, scale: float, out_dtype: str, backend: str,
+def render_source(block_q: int, block_k: int, causal: bool, scale: float | None, out_dtype: str, backend: str,
                   compiler: str) -> str:
-    """The candidate file: shape-generic (blocks shrink to fit smaller sequences), one pallas_call."""
+    """The candidate file: shape-generic (blocks shrink to fit smaller sequences), one pallas_call. ``scale``
+    None: 1 / sqrt(head_dim) of the inputs at hand."""
+    scale_text = "None  # 1 / sqrt(head_dim)" if scale is None else repr(scale)
     limit = ("# Causal: key blocks past this query block's last row are never visited.\n"
              "    stop = jnp.minimum(seq, (i + 1) * bq) // bk\n" if causal else "    stop = seq // bk\n")
     mask = ("        rows = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)\n"
@@ -123,7 +131,7 @@ from jax.experimental import pallas as pl
 
 BLOCK_Q = {block_q}
 BLOCK_K = {block_k}
-SCALE = {scale!r}
+SCALE = {scale_text}
 
 
 def _fit(block, extent):
@@ -134,7 +142,7 @@ def _fit(block, extent):
     return block
 
 
-def _attention_body(q_ref, k_ref, v_ref, o_ref, *, bq, bk, seq):
+def _attention_body(q_ref, k_ref, v_ref, o_ref, *, bq, bk, seq, scale):
     i = pl.program_id(2)
     q = q_ref[...]
     {limit.strip()}
@@ -143,7 +151,7 @@ def _attention_body(q_ref, k_ref, v_ref, o_ref, *, bq, bk, seq):
         acc, m, l = carry
         k = k_ref[pl.ds(j * bk, bk), :]
         v = v_ref[pl.ds(j * bk, bk), :]
-        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * SCALE
+        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
 {mask}        m_new = jnp.maximum(m, jnp.max(s, axis=1))
         p = jnp.exp(s - m_new[:, None])
         alpha = jnp.exp(m - m_new)
@@ -162,7 +170,8 @@ def kernel(q, k, v):
     kv_heads = k.shape[1]
     group = heads // kv_heads
     bq, bk = _fit(BLOCK_Q, seq), _fit(BLOCK_K, seq)
-    body = functools.partial(_attention_body, bq=bq, bk=bk, seq=seq)
+    scale = d ** -0.5 if SCALE is None else SCALE
+    body = functools.partial(_attention_body, bq=bq, bk=bk, seq=seq, scale=scale)
     return pl.pallas_call(
         body,
         grid=(batch, heads, seq // bq),
