@@ -44,3 +44,17 @@ def test_flash_template_is_proposed_lowers_and_is_modelled_faster() -> None:
     # Causal: the loop stops at the diagonal, so about half the dense attention's dot work is modelled.
     dense = 4 * 2 * 32 * 4096 * 4096 * 128
     assert 0.5 * dense <= ours.dot_flops < 0.6 * dense
+
+
+@needs_plugin
+def test_rowblock_template_lowers_through_triton_and_refuses_non_power_of_two_rows(rmsnorm_task: Task) -> None:
+    from maxkernel.templates.gpu_rowblock import GPU_ROWBLOCK
+
+    analysis = analyze_task(rmsnorm_task)
+    assert GPU_ROWBLOCK.applies(rmsnorm_task, analysis) is None
+    space = GPU_ROWBLOCK.space(rmsnorm_task, analysis, "gpu-a100")
+    source = GPU_ROWBLOCK.render(rmsnorm_task, space.defaults, ("cpu", "full"))
+    lowered = validate_gpu(source, rmsnorm_task, "a100")
+    assert lowered.ok and lowered.backends == ["triton"], lowered.reason
+    cross_entropy = load_task("13p_Cross_Entropy")
+    assert "power-of-two" in (GPU_ROWBLOCK.applies(cross_entropy, analyze_task(cross_entropy)) or "")
