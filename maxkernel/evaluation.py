@@ -58,8 +58,6 @@ def _evaluate_tpu(task: "Task", source: str, target: str, generation: str, size:
     import jax
 
     from jaxbench import static_checks
-    from jaxbench.candidate import source_sha
-    from jaxbench.report import EvalReport
     from maxkernel.targets.model import model_reference
     from maxkernel.targets.sandboxed import run_tpu_stage
 
@@ -73,10 +71,8 @@ def _evaluate_tpu(task: "Task", source: str, target: str, generation: str, size:
     lowering = stage.lowering or {}
     if stage.failure or not lowering.get("ok"):
         reason = stage.failure or lowering.get("reason") or "lowering failed"
-        report = EvalReport(task=task.id, target=target, size="full", status="rejected" if stage.failure and "sandbox" in stage.failure else "compile_error",
-                            reason=reason, candidate_sha=source_sha(source))
-        report.checks.append(CheckResult(name=f"tpu_lowering_{generation}", passed=False, detail=reason))
-        return report
+        status = "rejected" if stage.failure and "sandbox" in stage.failure else "compile_error"
+        return _not_lowered(task, source, target, f"tpu_lowering_{generation}", status, reason)
 
     lowered = CheckResult(name=f"tpu_lowering_{generation}", passed=True,
                           detail=f"lowers for {generation}; VMEM {lowering.get('vmem_bytes') or 0} of "
@@ -93,8 +89,6 @@ def _evaluate_gpu(task: "Task", source: str, target: str, chip: str, size: str, 
     import jax
 
     from jaxbench import static_checks
-    from jaxbench.candidate import source_sha
-    from jaxbench.report import EvalReport
     from maxkernel.targets.gpu_model import model_gpu_reference
     from maxkernel.targets.gpu_sandboxed import run_gpu_stage
 
@@ -110,10 +104,7 @@ def _evaluate_gpu(task: "Task", source: str, target: str, chip: str, size: str, 
         reason = stage.failure or lowering.get("reason") or "lowering failed"
         status = "rejected" if (stage.failure and "sandbox" in stage.failure) or lowering.get("stage") == "plugin" \
             else "compile_error"
-        report = EvalReport(task=task.id, target=target, size="full", status=status, reason=reason,
-                            candidate_sha=source_sha(source))
-        report.checks.append(CheckResult(name=name, passed=False, detail=reason))
-        return report
+        return _not_lowered(task, source, target, name, status, reason)
     lowered = CheckResult(name=name, passed=True,
                           detail=f"lowers for {chip} ({', '.join(lowering.get('backends') or []) or 'no kernels'}); "
                                  f"shared memory {lowering.get('smem_bytes') or 0} of "
@@ -121,6 +112,16 @@ def _evaluate_gpu(task: "Task", source: str, target: str, chip: str, size: str, 
     on_gpu = jax.default_backend() == "gpu"
     return _check_and_price(task, source, target, filename, ev, progress, stage, lowered, on_gpu,
                             lambda: model_gpu_reference(task, chip).as_report_fields())
+
+
+def _not_lowered(task: "Task", source: str, target: str, check: str, status: str, reason: str) -> "EvalReport":
+    from jaxbench.candidate import source_sha
+    from jaxbench.report import EvalReport
+
+    report = EvalReport(task=task.id, target=target, size="full", status=status, reason=reason,  # type: ignore[arg-type]
+                        candidate_sha=source_sha(source))
+    report.checks.append(CheckResult(name=check, passed=False, detail=reason))
+    return report
 
 
 def _check_and_price(task: "Task", source: str, target: str, filename: str, ev: "Evaluator",

@@ -6,17 +6,16 @@ touched, and prints one JSON reply line.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from maxkernel.targets.check_size import CheckSize
-from maxkernel.targets.sandboxed import SANDBOX_MEMORY_BYTES, _check_size, run_sandboxed
+from maxkernel.targets.sandboxed import _check_size, run_sandboxed, serve
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
 
 # Tracing reads no chip details for GPU kernels; check sizes are derived under this TPU generation's
 # abstract device only because the twin search traces under one.
@@ -43,39 +42,21 @@ def run_gpu_stage(task_path: Path, source: str, chip: str, timeout_s: float = 30
         return GpuStageResult(failure=f"GPU lowering process sent a malformed reply: {exc}")
 
 
-def _main() -> None:
-    request = json.loads(sys.stdin.read())
-    from jaxbench import sandbox
-    from jaxbench.task import SUITE_DIR, load_task
+def _gpu_stage(request: dict[str, Any], task: "Task", result: GpuStageResult) -> None:
     from maxkernel.targets.gpu_lowering import validate_gpu
     from maxkernel.targets.gpu_model import model_gpu_candidate
     from maxkernel.targets.names import TargetError
 
-    task = load_task(request["task"])
-    _ = task.module
-    sandbox.enter(SANDBOX_MEMORY_BYTES)
-    workdir = Path(tempfile.mkdtemp(prefix="mk_gpu_"))
-    os.chdir(workdir)
-    sandbox.arm(workdir, [SUITE_DIR, task.path])
-    result = GpuStageResult()
-    try:
-        lowering = validate_gpu(request["source"], task, request["chip"])
-        result.lowering = lowering.model_dump(mode="json")
-        if lowering.ok:
-            result.check = _check_size(request["source"], task, TRACE_GENERATION)
-        if lowering.ok and result.check is not None and result.check.refusal is None:
-            try:
-                result.model = model_gpu_candidate(request["source"], task, request["chip"]).as_report_fields()
-            except TargetError as exc:
-                result.model_error = str(exc)
-    except sandbox.SandboxViolation as exc:
-        result.failure = str(exc)
-    violations = sandbox.disarm()
-    if violations:
-        result.failure = f"sandbox: {violations[0]} is not allowed"
-    sys.stdout.write(result.model_dump_json() + "\n")
-    sys.stdout.flush()
+    lowering = validate_gpu(request["source"], task, request["chip"])
+    result.lowering = lowering.model_dump(mode="json")
+    if lowering.ok:
+        result.check = _check_size(request["source"], task, TRACE_GENERATION)
+    if lowering.ok and result.check is not None and result.check.refusal is None:
+        try:
+            result.model = model_gpu_candidate(request["source"], task, request["chip"]).as_report_fields()
+        except TargetError as exc:
+            result.model_error = str(exc)
 
 
 if __name__ == "__main__":
-    _main()
+    serve(GpuStageResult, _gpu_stage)  # type: ignore[arg-type]

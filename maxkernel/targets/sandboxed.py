@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel
 
@@ -66,38 +66,45 @@ def run_sandboxed(module: str, request: dict[str, Any], timeout_s: float, label:
     return lines[-1], None
 
 
-def _main() -> None:
+def serve(result_type: type[BaseModel], stage: Callable[[dict[str, Any], "Task", BaseModel], None]) -> None:
+    """The sandboxed side: read the request, load the task (trusted), close the sandbox, let ``stage`` fill a
+    ``result_type`` (which has a ``failure`` field), and print it as one JSON line."""
     request = json.loads(sys.stdin.read())
     from jaxbench import sandbox
     from jaxbench.task import SUITE_DIR, load_task
-    from maxkernel.targets.lowering import validate_tpu
-    from maxkernel.targets.model import model_candidate
-    from maxkernel.targets.names import TargetError
 
     task = load_task(request["task"])
     _ = task.module  # the reference is imported before the sandbox closes its file
     sandbox.enter(SANDBOX_MEMORY_BYTES)
-    workdir = Path(tempfile.mkdtemp(prefix="mk_tpu_"))
+    workdir = Path(tempfile.mkdtemp(prefix="mk_stage_"))
     os.chdir(workdir)
     sandbox.arm(workdir, [SUITE_DIR, task.path])
-    result = TpuStageResult()
+    result = result_type()
     try:
-        lowering = validate_tpu(request["source"], task, request["generation"])
-        result.lowering = lowering.model_dump(mode="json")
-        if lowering.ok:
-            result.check = _check_size(request["source"], task, request["generation"])
-        if lowering.ok and result.check is not None and result.check.refusal is None:
-            try:
-                result.model = model_candidate(request["source"], task, request["generation"]).as_report_fields()
-            except TargetError as exc:
-                result.model_error = str(exc)
+        stage(request, task, result)
     except sandbox.SandboxViolation as exc:
-        result.failure = str(exc)
+        result.failure = str(exc)  # type: ignore[attr-defined]
     violations = sandbox.disarm()
     if violations:
-        result.failure = f"sandbox: {violations[0]} is not allowed"
+        result.failure = f"sandbox: {violations[0]} is not allowed"  # type: ignore[attr-defined]
     sys.stdout.write(result.model_dump_json() + "\n")
     sys.stdout.flush()
+
+
+def _tpu_stage(request: dict[str, Any], task: "Task", result: TpuStageResult) -> None:
+    from maxkernel.targets.lowering import validate_tpu
+    from maxkernel.targets.model import model_candidate
+    from maxkernel.targets.names import TargetError
+
+    lowering = validate_tpu(request["source"], task, request["generation"])
+    result.lowering = lowering.model_dump(mode="json")
+    if lowering.ok:
+        result.check = _check_size(request["source"], task, request["generation"])
+    if lowering.ok and result.check is not None and result.check.refusal is None:
+        try:
+            result.model = model_candidate(request["source"], task, request["generation"]).as_report_fields()
+        except TargetError as exc:
+            result.model_error = str(exc)
 
 
 def _check_size(source: str, task: "Task", generation: str) -> CheckSize:
@@ -114,4 +121,4 @@ def _check_size(source: str, task: "Task", generation: str) -> CheckSize:
 
 
 if __name__ == "__main__":
-    _main()
+    serve(TpuStageResult, _tpu_stage)  # type: ignore[arg-type]

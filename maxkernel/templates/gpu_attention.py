@@ -19,7 +19,6 @@ from maxkernel.templates.gpu_base import (
     GPU_WARPS,
     backend_import,
     compiler_params_text,
-    gpu_sizes,
     gpu_target,
     power_of_two,
 )
