@@ -15,7 +15,7 @@ run, and a model may only price what ran.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from jaxbench.report import CheckResult
 
@@ -54,6 +54,11 @@ def evaluate_candidate(
     from jaxbench.evaluate import default_evaluator
 
     ev = evaluator or default_evaluator()
+    if kind == "gpu":
+        from maxkernel.targets.names import resolve_gpu
+
+        chip = resolve_gpu(target)  # bare "gpu": this machine's GPU, or one line saying there is none
+        return _evaluate_gpu(task, source, f"gpu-{chip}", chip, size, filename, ev, progress)
     if kind != "tpu":
         return ev.evaluate(task, source, target=target, size=size, filename=filename, progress=progress)
     assert generation is not None
@@ -65,8 +70,6 @@ def _evaluate_tpu(task: "Task", source: str, target: str, generation: str, size:
     import jax
 
     from jaxbench import static_checks
-    from jaxbench.candidate import source_sha
-    from jaxbench.report import EvalReport
     from maxkernel.targets.model import model_reference
     from maxkernel.targets.sandboxed import run_tpu_stage
 
@@ -80,14 +83,68 @@ def _evaluate_tpu(task: "Task", source: str, target: str, generation: str, size:
     lowering = stage.lowering or {}
     if stage.failure or not lowering.get("ok"):
         reason = stage.failure or lowering.get("reason") or "lowering failed"
-        report = EvalReport(task=task.id, target=target, size="full", status="rejected" if stage.failure and "sandbox" in stage.failure else "compile_error",
-                            reason=reason, candidate_sha=source_sha(source))
-        report.checks.append(CheckResult(name=f"tpu_lowering_{generation}", passed=False, detail=reason))
-        return report
+        status = "rejected" if stage.failure and "sandbox" in stage.failure else "compile_error"
+        return _not_lowered(task, source, target, f"tpu_lowering_{generation}", status, reason)
 
     lowered = CheckResult(name=f"tpu_lowering_{generation}", passed=True,
                           detail=f"lowers for {generation}; VMEM {lowering.get('vmem_bytes') or 0} of "
                                  f"{lowering.get('vmem_budget_bytes') or 0} bytes")
+    on_tpu = jax.default_backend() == "tpu"
+    return _check_and_price(task, source, target, filename, ev, progress, stage, lowered, on_tpu,
+                            lambda: model_reference(task, generation).as_report_fields())
+
+
+def _evaluate_gpu(task: "Task", source: str, target: str, chip: str, size: str, filename: str,
+                  ev: "Evaluator", progress: Callable[[str], None] | None) -> "EvalReport":
+    """As for TPU: lower for the chip in the sandboxed process (``compile_error`` with the backend's message),
+    check in interpret mode at the check size, and price with the GPU model; on a GPU host, measure there."""
+    import jax
+
+    from jaxbench import static_checks
+    from maxkernel.targets.gpu_model import model_gpu_reference
+    from maxkernel.targets.gpu_sandboxed import run_gpu_stage
+
+    findings, _ = static_checks.scan(source)
+    if findings and ev.config.static_checks:
+        return ev.evaluate(task, source, target=target, size=size, filename=filename, progress=progress)
+    note = progress or (lambda _m: None)
+    note(f"lowering for GPU {chip}")
+    stage = run_gpu_stage(task.path, source, chip, timeout_s=ev.config.timeout_s * 2)
+    lowering = stage.lowering or {}
+    name = f"gpu_lowering_{chip}"
+    if stage.failure or not lowering.get("ok"):
+        reason = stage.failure or lowering.get("reason") or "lowering failed"
+        status = "rejected" if (stage.failure and "sandbox" in stage.failure) or lowering.get("stage") == "plugin" \
+            else "compile_error"
+        return _not_lowered(task, source, target, name, status, reason)
+    lowered = CheckResult(name=name, passed=True,
+                          detail=f"lowers for {chip} ({', '.join(lowering.get('backends') or []) or 'no kernels'}); "
+                                 f"shared memory {lowering.get('smem_bytes') or 0} of "
+                                 f"{lowering.get('smem_budget_bytes') or 0} bytes per block")
+    on_gpu = jax.default_backend() == "gpu"
+    return _check_and_price(task, source, target, filename, ev, progress, stage, lowered, on_gpu,
+                            lambda: model_gpu_reference(task, chip).as_report_fields())
+
+
+def _not_lowered(task: "Task", source: str, target: str, check: str, status: str, reason: str) -> "EvalReport":
+    from jaxbench.candidate import source_sha
+    from jaxbench.report import EvalReport
+
+    report = EvalReport(task=task.id, target=target, size="full", status=status, reason=reason,  # type: ignore[arg-type]
+                        candidate_sha=source_sha(source))
+    report.checks.append(CheckResult(name=check, passed=False, detail=reason))
+    return report
+
+
+def _check_and_price(task: "Task", source: str, target: str, filename: str, ev: "Evaluator",
+                     progress: Callable[[str], None] | None, stage: Any, lowered: CheckResult, on_device: bool,
+                     reference_model: Callable[[], dict[str, Any]]) -> "EvalReport":
+    """Check a lowered candidate at its check size (timed only on the target itself) and attach the model's
+    figures; off the target, a correct candidate's times are the modelled ones."""
+    from jaxbench.candidate import source_sha
+    from jaxbench.report import EvalReport
+
+    note = progress or (lambda _m: None)
     check = stage.check
     if check is None or check.refusal:
         reason = check.refusal if check is not None and check.refusal else "no check size was derived"
@@ -96,9 +153,8 @@ def _evaluate_tpu(task: "Task", source: str, target: str, generation: str, size:
         report.checks += [lowered, CheckResult(name="priced_is_checked", passed=False, detail=reason)]
         return report
 
-    on_tpu = jax.default_backend() == "tpu"
     previous_timing = ev.config.timing
-    ev.config.timing = on_tpu  # interpreted TPU semantics on a CPU say nothing about TPU speed
+    ev.config.timing = on_device  # interpreted semantics on a CPU say nothing about accelerator speed
     note(f"checking at {check.name}")
     try:
         report = ev.evaluate(task.with_size(check.name, check.values), source, target=target, size=check.name,
@@ -118,8 +174,8 @@ def _evaluate_tpu(task: "Task", source: str, target: str, generation: str, size:
         if stage.model_error:
             report.flags.append(f"cost model: {stage.model_error}")
         return report
-    report.model = {"candidate": stage.model, "reference": model_reference(task, generation).as_report_fields()}
-    if report.correct and not on_tpu:
+    report.model = {"candidate": stage.model, "reference": reference_model()}
+    if report.correct and not on_device:
         ref_ms, kernel_ms = report.model["reference"]["time_ms"], stage.model["time_ms"]
         report.ref_ms, report.kernel_ms = round(ref_ms, 6), round(kernel_ms, 6)
         report.speedup = round(ref_ms / kernel_ms, 4) if kernel_ms > 0 else None

@@ -9,6 +9,8 @@ from pydantic import BaseModel, Field
 from maxkernel.rewrites.structural import structural_rewrites
 from maxkernel.templates import TEMPLATES
 from maxkernel.templates.base import sizes_for
+from maxkernel.templates.gpu import GPU_TEMPLATES
+from maxkernel.templates.gpu_base import gpu_sizes, gpu_target
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -45,7 +47,7 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
         space = structural.space(task, analysis, target)
         found.append(Strategy(name=f"rewrite:{structural.name}", kind="rewrite", params=space.defaults,
                               space=space.space, rationale=structural.description, target=target))
-    for template in TEMPLATES:
+    for template in templates_for(target):
         reason = template.applies(task, analysis)
         if reason is not None:
             continue
@@ -59,19 +61,24 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
     return found
 
 
+def templates_for(target: str) -> tuple[Any, ...]:
+    """GPU targets get the GPU Pallas templates (the TPU ones emit Mosaic TPU code); the rest the default ones."""
+    return GPU_TEMPLATES if gpu_target(target) else TEMPLATES
+
+
 def render(task: "Task", strategy: Strategy, params: dict[str, Any] | None = None) -> str:
     """Candidate source for ``strategy`` with ``params`` (its defaults where not given)."""
     from maxkernel.rewrites import render_rewrite
 
     chosen = {**strategy.params, **(params or {})}
-    sizes = sizes_for(strategy.target)
+    sizes = gpu_sizes(strategy.target) if gpu_target(strategy.target) else sizes_for(strategy.target)
     if strategy.kind == "rewrite":
         structural = next((r for r in structural_rewrites() if f"rewrite:{r.name}" == strategy.name), None)
         if structural is not None:
             return structural.render(task, chosen, sizes)
         return render_rewrite(task, list(chosen["rewrites"]), sizes)
     if strategy.kind == "template":
-        template = next(t for t in TEMPLATES if f"template:{t.name}" == strategy.name)
+        template = next(t for t in templates_for(strategy.target) if f"template:{t.name}" == strategy.name)
         return template.render(task, chosen, sizes)
     return reference_source(task)
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel
 
@@ -39,57 +39,72 @@ class TpuStageResult(BaseModel):
 def run_tpu_stage(task_path: Path, source: str, generation: str, timeout_s: float = 300) -> TpuStageResult:
     """Validate lowering, derive the check size and model the candidate for ``generation`` in a fresh
     sandboxed process."""
-    request = json.dumps({"task": str(task_path), "source": source, "generation": generation})
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONDONTWRITEBYTECODE="1")
+    request = {"task": str(task_path), "source": source, "generation": generation}
+    reply, failure = run_sandboxed("maxkernel.targets.sandboxed", request, timeout_s, "TPU lowering")
+    if failure is not None:
+        return TpuStageResult(failure=failure)
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "maxkernel.targets.sandboxed"], input=request, capture_output=True,
-            text=True, timeout=timeout_s, env=env, start_new_session=True, cwd="/",
-        )
-    except subprocess.TimeoutExpired:
-        return TpuStageResult(failure=f"TPU lowering did not finish within {timeout_s:.0f} s")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return TpuStageResult(failure=f"TPU lowering process failed (exit {proc.returncode}): {tail}")
-    try:
-        return TpuStageResult.model_validate_json(lines[-1])
+        return TpuStageResult.model_validate_json(reply or "")
     except ValueError as exc:
         return TpuStageResult(failure=f"TPU lowering process sent a malformed reply: {exc}")
 
 
-def _main() -> None:
+def run_sandboxed(module: str, request: dict[str, Any], timeout_s: float, label: str) -> tuple[str | None, str | None]:
+    """Run ``python -m module`` with the JSON ``request`` on stdin; (its last JSON line, None) or (None, why not)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONDONTWRITEBYTECODE="1")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", module], input=json.dumps(request), capture_output=True,
+            text=True, timeout=timeout_s, env=env, start_new_session=True, cwd="/",
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"{label} did not finish within {timeout_s:.0f} s"
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"{label} process failed (exit {proc.returncode}): {tail}"
+    return lines[-1], None
+
+
+def serve(result_type: type[BaseModel], stage: Callable[[dict[str, Any], "Task", BaseModel], None]) -> None:
+    """The sandboxed side: read the request, load the task (trusted), close the sandbox, let ``stage`` fill a
+    ``result_type`` (which has a ``failure`` field), and print it as one JSON line."""
     request = json.loads(sys.stdin.read())
     from jaxbench import sandbox
     from jaxbench.task import SUITE_DIR, load_task
-    from maxkernel.targets.lowering import validate_tpu
-    from maxkernel.targets.model import model_candidate
-    from maxkernel.targets.names import TargetError
 
     task = load_task(request["task"])
     _ = task.module  # the reference is imported before the sandbox closes its file
     sandbox.enter(SANDBOX_MEMORY_BYTES)
-    workdir = Path(tempfile.mkdtemp(prefix="mk_tpu_"))
+    workdir = Path(tempfile.mkdtemp(prefix="mk_stage_"))
     os.chdir(workdir)
     sandbox.arm(workdir, [SUITE_DIR, task.path])
-    result = TpuStageResult()
+    result = result_type()
     try:
-        lowering = validate_tpu(request["source"], task, request["generation"])
-        result.lowering = lowering.model_dump(mode="json")
-        if lowering.ok:
-            result.check = _check_size(request["source"], task, request["generation"])
-        if lowering.ok and result.check is not None and result.check.refusal is None:
-            try:
-                result.model = model_candidate(request["source"], task, request["generation"]).as_report_fields()
-            except TargetError as exc:
-                result.model_error = str(exc)
+        stage(request, task, result)
     except sandbox.SandboxViolation as exc:
-        result.failure = str(exc)
+        result.failure = str(exc)  # type: ignore[attr-defined]
     violations = sandbox.disarm()
     if violations:
-        result.failure = f"sandbox: {violations[0]} is not allowed"
+        result.failure = f"sandbox: {violations[0]} is not allowed"  # type: ignore[attr-defined]
     sys.stdout.write(result.model_dump_json() + "\n")
     sys.stdout.flush()
+
+
+def _tpu_stage(request: dict[str, Any], task: "Task", result: TpuStageResult) -> None:
+    from maxkernel.targets.lowering import validate_tpu
+    from maxkernel.targets.model import model_candidate
+    from maxkernel.targets.names import TargetError
+
+    lowering = validate_tpu(request["source"], task, request["generation"])
+    result.lowering = lowering.model_dump(mode="json")
+    if lowering.ok:
+        result.check = _check_size(request["source"], task, request["generation"])
+    if lowering.ok and result.check is not None and result.check.refusal is None:
+        try:
+            result.model = model_candidate(request["source"], task, request["generation"]).as_report_fields()
+        except TargetError as exc:
+            result.model_error = str(exc)
 
 
 def _check_size(source: str, task: "Task", generation: str) -> CheckSize:
@@ -106,4 +121,4 @@ def _check_size(source: str, task: "Task", generation: str) -> CheckSize:
 
 
 if __name__ == "__main__":
-    _main()
+    serve(TpuStageResult, _tpu_stage)  # type: ignore[arg-type]

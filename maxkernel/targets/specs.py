@@ -70,7 +70,7 @@ def load_tpu_specs(path: Path = TARGETS_FILE) -> dict[str, TpuSpec]:
         raise TargetError(f"{path}: cannot read TPU specs: {exc}") from exc
     if not isinstance(raw, dict):
         raise TargetError(f"{path}: expected a mapping of generation -> spec")
-    raw = {k: v for k, v in raw.items() if k != MODEL_KEY}
+    raw = {k: v for k, v in raw.items() if k not in (MODEL_KEY, GPU_KEY)}
     if sorted(raw) != sorted(GENERATIONS):
         raise TargetError(f"{path}: generations {sorted(raw)} differ from {sorted(GENERATIONS)}")
     specs = {}
@@ -90,6 +90,7 @@ def load_tpu_spec(generation: str, path: Path = TARGETS_FILE) -> TpuSpec:
 
 
 MODEL_KEY = "model"
+GPU_KEY = "gpu"  # NVIDIA chips: maxkernel.targets.gpu_spec
 
 
 class Constant(BaseModel):

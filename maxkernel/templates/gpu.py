@@ -1,0 +1,9 @@
+"""The GPU Pallas templates, in the order strategies list them (see ``maxkernel.rules.strategy``)."""
+
+from __future__ import annotations
+
+from maxkernel.templates.base import Template
+from maxkernel.templates.gpu_attention import GPU_FLASH_ATTENTION
+from maxkernel.templates.gpu_rowblock import GPU_ROWBLOCK
+
+GPU_TEMPLATES: tuple[Template, ...] = (GPU_ROWBLOCK, GPU_FLASH_ATTENTION)

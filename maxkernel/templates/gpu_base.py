@@ -1,0 +1,38 @@
+"""What GPU Pallas templates share: the tuning space's axes (blocks, ``num_warps``, ``num_stages``, backend)
+and the compiler-parameter text each backend takes. Blocks are powers of two (Triton requires every array
+in a kernel to have a power-of-two size)."""
+
+from __future__ import annotations
+
+GPU_BLOCKS = (16, 32, 64, 128, 256)
+GPU_WARPS = (4, 8)
+GPU_STAGES = (2, 3, 4)
+BACKENDS = ("triton", "mosaic")
+
+
+def gpu_target(target: str) -> bool:
+    return target.startswith("gpu")
+
+
+def gpu_sizes(target: str) -> tuple[str, ...]:
+    """Sizes a GPU candidate must run at: it is checked at ``cpu`` and lowered at ``full``."""
+    return ("cpu", "full") if gpu_target(target) else ("cpu",)
+
+
+def power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def compiler_params_text(backend: str, num_warps: int, num_stages: int) -> str:
+    """The ``compiler_params=`` argument of an emitted pallas_call for ``backend``."""
+    if backend == "triton":
+        return f"plt.CompilerParams(num_warps={num_warps}, num_stages={num_stages})"
+    if backend == "mosaic":
+        return f"plgpu.CompilerParams(max_concurrent_steps={num_stages})"
+    raise ValueError(f"unknown GPU backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+
+
+def backend_import(backend: str) -> str:
+    if backend == "triton":
+        return "from jax.experimental.pallas import triton as plt"
+    return "from jax.experimental.pallas import mosaic_gpu as plgpu"
