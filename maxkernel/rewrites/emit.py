@@ -3,6 +3,10 @@
 Each primitive is written as the ``jnp``/``jax.lax`` call a person would write, with its static
 parameters spelled out, so the emitted candidate can be read and edited. A primitive without a
 faithful spelling raises ``EmitError``: such tasks get no source-level rewrite rather than a wrong one.
+
+Shapes are written from the inputs (``x.shape[0]``, ``x.shape[0] * x.shape[1]`` for a flattened pair)
+wherever a traced dimension equals one of theirs, so the function serves other sizes than the one it was
+traced at; the evaluator's unseen-size check is what proves a given candidate does.
 """
 
 from __future__ import annotations
@@ -72,11 +76,36 @@ def const_expr(c: Const, bare: bool) -> str:
     raise EmitError(f"a captured constant array of shape {c.shape} is too large to write out")
 
 
+def input_dims(program: Program) -> dict[int, str]:
+    """Each dimension size (above 1) of the inputs, as the expression reading it: single axes first,
+    then products of adjacent axes (what flattening reshapes produce)."""
+    found: dict[int, str] = {}
+    for var in program.inputs:
+        for axis, size in enumerate(var.shape):
+            if int(size) > 1:
+                found.setdefault(int(size), f"{var.name}.shape[{axis}]")
+    for var in program.inputs:
+        for axis in range(len(var.shape) - 1):
+            a, b = int(var.shape[axis]), int(var.shape[axis + 1])
+            if a > 1 and b > 1:
+                found.setdefault(a * b, f"{var.name}.shape[{axis}] * {var.name}.shape[{axis + 1}]")
+    return found
+
+
 class Emitter:
     """Writes the nodes of one program as assignment lines."""
 
     def __init__(self, program: Program) -> None:
         self.program = program
+        self.dims = input_dims(program)
+
+    def shape(self, dims: Any) -> str:
+        """A shape tuple whose dimensions are read from the inputs where one of theirs matches."""
+        parts = [self.dim(int(d)) for d in dims]
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+    def dim(self, size: int) -> str:
+        return self.dims.get(size, str(size))
 
     def operand(self, op: Operand, partner: Operand | None = None) -> str:
         if isinstance(op, Var):
@@ -141,7 +170,7 @@ class Emitter:
         fixed, init, xs = ops[:consts], ops[consts:consts + carries], ops[consts + carries:]
         call = (f"jax.lax.scan(lambda c, x: (lambda r: (r[:{carries}], r[{carries}:]))({name}("
                 f"{''.join(a + ', ' for a in fixed)}*c, *x)), ({''.join(a + ', ' for a in init)}), "
-                f"({''.join(a + ', ' for a in xs)}), length={int(p['length'])}, reverse={bool(p['reverse'])})")
+                f"({''.join(a + ', ' for a in xs)}), length={self.dim(int(p['length']))}, reverse={bool(p['reverse'])})")
         targets = ", ".join(o.name for o in node.outs)
         return [indent + line for line in nested] + [
             f"{indent}{name}_out = {call}",
@@ -175,15 +204,14 @@ def emit_function(program: Program, name: str, doc: str | None = None) -> str:
 
 
 def _broadcast(em: Emitter, n: Node) -> str:
-    shape = tuple(int(d) for d in n.params["shape"])
     dims = tuple(int(d) for d in n.params["broadcast_dimensions"])
-    return f"jax.lax.broadcast_in_dim({em.operand(n.ins[0])}, {shape}, {dims})"
+    return f"jax.lax.broadcast_in_dim({em.operand(n.ins[0])}, {em.shape(n.params['shape'])}, {dims})"
 
 
 def _reshape(em: Emitter, n: Node) -> str:
     if n.params.get("dimensions") is not None:
         raise EmitError("reshape with dimensions")
-    return f"{em.operand(n.ins[0])}.reshape({tuple(int(d) for d in n.params['new_sizes'])})"
+    return f"{em.operand(n.ins[0])}.reshape({em.shape(n.params['new_sizes'])})"
 
 
 def _convert(em: Emitter, n: Node) -> str:
@@ -222,8 +250,7 @@ def _expand(em: Emitter, n: Node) -> str:
 
 
 def _iota(em: Emitter, n: Node) -> str:
-    shape = tuple(int(d) for d in n.params["shape"])
-    return f"jax.lax.broadcasted_iota({dtype_expr(n.params['dtype'])}, {shape}, {int(n.params['dimension'])})"
+    return f"jax.lax.broadcasted_iota({dtype_expr(n.params['dtype'])}, {em.shape(n.params['shape'])}, {int(n.params['dimension'])})"
 
 
 def _select(em: Emitter, n: Node) -> str:
@@ -344,8 +371,7 @@ def _random_unwrap(em: Emitter, n: Node) -> str:
 
 def _random_bits(em: Emitter, n: Node) -> str:
     width = int(n.params["bit_width"])
-    shape = tuple(int(d) for d in n.params["shape"])
-    return f"jax.random.bits({em.operand(n.ins[0])}, {shape}, jnp.uint{width})"
+    return f"jax.random.bits({em.operand(n.ins[0])}, {em.shape(n.params['shape'])}, jnp.uint{width})"
 
 
 _EMITTERS: dict[str, Callable[[Emitter, Node], str]] = {
