@@ -205,7 +205,14 @@ def emit_function(program: Program, name: str, doc: str | None = None) -> str:
 
 def _broadcast(em: Emitter, n: Node) -> str:
     dims = tuple(int(d) for d in n.params["broadcast_dimensions"])
-    return f"jax.lax.broadcast_in_dim({em.operand(n.ins[0])}, {em.shape(n.params['shape'])}, {dims})"
+    operand, shape = n.ins[0], [int(d) for d in n.params["shape"]]
+    parts = [em.dim(d) for d in shape]
+    if isinstance(operand, Var):  # a kept dimension is the operand's own: read it there, never by its size
+        for axis, target in enumerate(dims):
+            if int(operand.shape[axis]) == shape[target] > 1:
+                parts[target] = f"{operand.name}.shape[{axis}]"
+    text = "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+    return f"jax.lax.broadcast_in_dim({em.operand(operand)}, {text}, {dims})"
 
 
 def _reshape(em: Emitter, n: Node) -> str:
