@@ -21,7 +21,7 @@ def size_dispatch(functions: dict[str, tuple[str, tuple[tuple[int, ...], ...]]],
     args = ", ".join(params)
     lines = [f"def kernel({args}, **static):"]
     items = list(functions.items())
-    if len(items) == 1:
+    if len(items) == 1 and (not items[0][1][1] or otherwise is not None):  # no shapes given: it serves any
         name, _ = items[0][1]
         lines.append(f"    return {name}({args})")
         return "\n".join(lines)
