@@ -218,7 +218,12 @@ def _broadcast(em: Emitter, n: Node) -> str:
 def _reshape(em: Emitter, n: Node) -> str:
     if n.params.get("dimensions") is not None:
         raise EmitError("reshape with dimensions")
-    return f"{em.operand(n.ins[0])}.reshape({em.shape(n.params['new_sizes'])})"
+    sizes = [int(d) for d in n.params["new_sizes"]]
+    parts = [em.dim(d) for d in sizes]
+    unread = [i for i, (d, text) in enumerate(zip(sizes, parts)) if d > 1 and text == str(d)]
+    if len(unread) == 1:  # the one size no input names follows from the others, whatever the size
+        parts[unread[0]] = "-1"
+    return f"{em.operand(n.ins[0])}.reshape(({', '.join(parts)}{',' if len(parts) == 1 else ''}))"
 
 
 def _convert(em: Emitter, n: Node) -> str:
@@ -268,10 +273,15 @@ def _select(em: Emitter, n: Node) -> str:
 
 def _slice(em: Emitter, n: Node) -> str:
     start = tuple(int(d) for d in n.params["start_indices"])
-    limit = tuple(int(d) for d in n.params["limit_indices"])
+    limit = [int(d) for d in n.params["limit_indices"]]
+    operand = n.ins[0]
+    # A slice that runs to the end of an axis runs to the end at every size: say so, not the traced length.
+    ends = [f"{operand.name}.shape[{axis}]" if isinstance(operand, Var) and d == int(operand.shape[axis]) > 1 else str(d)
+            for axis, d in enumerate(limit)]
     strides = n.params.get("strides")
     extra = f", {tuple(int(s) for s in strides)}" if strides is not None else ""
-    return f"jax.lax.slice({em.operand(n.ins[0])}, {start}, {limit}{extra})"
+    limit_text = "(" + ", ".join(ends) + ("," if len(ends) == 1 else "") + ")"
+    return f"jax.lax.slice({em.operand(operand)}, {start}, {limit_text}{extra})"
 
 
 def _dynamic_slice(em: Emitter, n: Node) -> str:
