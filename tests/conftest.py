@@ -29,6 +29,17 @@ def quick_evaluator() -> Iterator["object"]:
     ev.close()
 
 
+@pytest.fixture(scope="session")
+def declared_size_evaluator() -> Iterator["object"]:
+    """Correctness at the declared size only, for renderers that serve the sizes they were rendered for
+    and refuse other shapes (the unseen-size check would fail them by design)."""
+    from jaxbench.evaluate import EvalConfig, Evaluator
+
+    ev = Evaluator(config=EvalConfig(timing=False, timeout_s=120, unseen_size=False))
+    yield ev
+    ev.close()
+
+
 @pytest.fixture(autouse=True)
 def _isolated_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Never touch the user's real data dir from a test."""
