@@ -6,9 +6,10 @@
 Per task: reference ms, best ms, the confirmed speedup, what produced it (rewrite, or template with
 parameters), and "ref as cand.": the judge's speedup of the reference itself evaluated as a candidate
 (how much the judge-process vs worker-process timing alone moves the ratio; a winner must beat max(1,
-that)). At the end: tasks with a correct candidate that is not the reference itself, fast_1.1 / fast_1.5
+that)), and "unseen": whether the returned kernel passed the evaluator's check at an unseen size drawn
+from the task's free sizes (with the size). At the end: tasks with a correct candidate that is not the reference itself, fast_1.1 / fast_1.5
 (share of tasks correct and at least 1.1x / 1.5x faster), and the geometric-mean speedup (a task without
-a confirmed faster candidate counts 1.0x). ``--compare-old`` runs the separate rules loop on the same
+a confirmed faster candidate counts 1.0x), and how many returned non-reference kernels passed the unseen size. ``--compare-old`` runs the separate rules loop on the same
 tasks in the same run (alternating which goes first) and prints both tables. Every run uses one
 evaluator and a fresh data dir, so no task recalls a kernel from an earlier run of the benchmark.
 """
@@ -91,6 +92,7 @@ def _engine(services: Any, args: argparse.Namespace) -> Callable[[Any], dict[str
         tried = [t for t in result.trials if t.role in ("draft", "fix", "tune") and t.status == "ok"
                  and t.label != "reference-equivalent" and t.speedup]
         best = max(tried, key=lambda t: t.speedup or 0.0, default=None)
+        unseen = report.check("correct_unseen_size") if report else None
         params = {k: v for k, v in result.best_params.items() if k not in ("rewrites", "source")}
         return {"task": result.task_id, "ref_ms": report.ref_ms if report else None,
                 "best_ms": report.kernel_ms if report else None,
@@ -100,22 +102,23 @@ def _engine(services: Any, args: argparse.Namespace) -> Callable[[Any], dict[str
                 "correct_nonref": bool(tried), "best_nonref": best.speedup if best else None,
                 "best_nonref_by": best.strategy if best else None,
                 "correct_nonref_by": sorted({t.strategy for t in tried}), "baseline": result.baseline_speedup,
-                "trials": result.evaluations, "session_id": result.session_id}
+                "trials": result.evaluations, "session_id": result.session_id,
+                "unseen_passed": unseen.passed if unseen else None, "unseen_size": unseen.detail if unseen else ""}
 
     return run
 
 
 def _print(console: Console, rows: list[dict[str, Any]], budget: float) -> None:
     table = Table(title=f"maxkernel optimize (one engine), cpu size, {budget:g} s per task")
-    for col in ("task", "ref ms", "best ms", "speedup", "produced by", "best non-ref", "ref as cand.", "s"):
+    for col in ("task", "ref ms", "best ms", "speedup", "produced by", "best non-ref", "ref as cand.", "unseen", "s"):
         table.add_column(col, justify="left" if col in ("task", "produced by") else "right")
     for r in rows:
         if "error" in r:
-            table.add_row(str(r["task"]), "-", "-", "1.00x", f"error: {r['error']}", "-", "-", str(r["seconds"]))
+            table.add_row(str(r["task"]), "-", "-", "1.00x", f"error: {r['error']}", "-", "-", "-", str(r["seconds"]))
             continue
         table.add_row(str(r["task"]), _ms(r["ref_ms"]), _ms(r["best_ms"]), f"{r['speedup']:.2f}x", str(r["produced_by"]),
                       f"{r['best_nonref']:.2f}x" if r["best_nonref"] else "-",
-                      f"{r['baseline']:.2f}x" if r.get("baseline") else "-", str(r["seconds"]))
+                      f"{r['baseline']:.2f}x" if r.get("baseline") else "-", _unseen(r), str(r["seconds"]))
     console.print(table)
     n = len(rows)
     nonref = sum(1 for r in rows if r.get("correct_nonref"))
@@ -125,6 +128,18 @@ def _print(console: Console, rows: list[dict[str, Any]], budget: float) -> None:
     console.print(f"tasks: {n}   correct non-reference candidate: {nonref}/{n}   "
                   f"fast_1.1: {fast11}/{n} ({fast11 / max(n, 1):.0%})   fast_1.5: {fast15}/{n} ({fast15 / max(n, 1):.0%})   "
                   f"geomean speedup: {geo:.2f}x", markup=False)
+    returned = [r for r in rows if r.get("beat_reference")]
+    unseen_ok = sum(1 for r in returned if r.get("unseen_passed"))
+    console.print(f"returned non-reference kernels passing the unseen size: {unseen_ok}/{len(returned)}   "
+                  f"unchecked (task declares no free size): {sum(1 for r in returned if r.get('unseen_passed') is None)}",
+                  markup=False)
+
+
+def _unseen(row: dict[str, Any]) -> str:
+    if row.get("unseen_passed") is None:
+        return "-"
+    size = str(row.get("unseen_size", "")).removeprefix("unseen size ").split(":")[0]
+    return f"{'pass' if row['unseen_passed'] else 'FAIL'} {size}"
 
 
 def _ms(value: object) -> str:

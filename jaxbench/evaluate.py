@@ -7,6 +7,7 @@ the one executable the worker compiled for the candidate.
 
 from __future__ import annotations
 
+import random
 import secrets
 import threading
 import time
@@ -38,6 +39,9 @@ class EvalConfig:
     timeout_s: float = 120.0
     timing: bool = True
     static_checks: bool = True  # off only to prove that the sandbox alone still holds
+    # Also check at a size drawn from the task's free parameters. Off by default until every template
+    # computes its grid from its inputs: today most Pallas templates serve their rendered sizes only.
+    unseen_size: bool = False
 
 
 @dataclass
@@ -60,6 +64,20 @@ class _Reference:
     def run(self, inputs: list[np.ndarray]) -> Any:
         out = self.compiled(*[jax.device_put(a) for a in inputs])
         return jax.tree_util.tree_map(np.asarray, jax.block_until_ready(out))
+
+
+def _compile_reference(task: Task, size: str) -> _Reference:
+    args, static = task.get_inputs(jax.random.key(0), size)
+    fn = partial(task.reference, **static)
+    try:
+        closed = jax.make_jaxpr(fn)(*args)
+        compiled = jax.jit(fn).lower(*args).compile()
+    except Exception as exc:  # a broken reference is the task's fault, not the candidate's
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise TaskError(f"{task.reference_path}: reference() fails at size {size!r}: {type(exc).__name__}: {first}") from exc
+    flops, nbytes = _cost(compiled)
+    specs = [{"shape": list(a.shape), "dtype": str(a.dtype)} for a in args]
+    return _Reference(task, static, specs, compiled, str(closed.jaxpr), flops, nbytes, size)
 
 
 def _cost(compiled: Any) -> tuple[float | None, float | None]:
@@ -138,17 +156,7 @@ class Evaluator:
         with self._lock:
             if key in self._refs:
                 return self._refs[key]
-        args, static = task.get_inputs(jax.random.key(0), size)
-        fn = partial(task.reference, **static)
-        try:
-            closed = jax.make_jaxpr(fn)(*args)
-            compiled = jax.jit(fn).lower(*args).compile()
-        except Exception as exc:  # a broken reference is the task's fault, not the candidate's
-            first = (str(exc).strip().splitlines() or [""])[0]
-            raise TaskError(f"{task.reference_path}: reference() fails at size {size!r}: {type(exc).__name__}: {first}") from exc
-        flops, nbytes = _cost(compiled)
-        specs = [{"shape": list(a.shape), "dtype": str(a.dtype)} for a in args]
-        ref = _Reference(task, static, specs, compiled, str(closed.jaxpr), flops, nbytes, size)
+        ref = _compile_reference(task, size)
         with self._lock:
             self._refs[key] = ref
         return ref
@@ -196,13 +204,7 @@ class Evaluator:
             # The worker compiles the candidate while the judge draws inputs and computes the answers.
             # Until its reply is read the pipe is mid-conversation: any failure here retires the worker.
             recycle = True
-            worker.send(
-                {
-                    "op": "load", "source": source, "filename": filename, "static": ref.static,
-                    "arg_specs": ref.arg_specs, "interpret": interpret, "cpu_budget_s": cfg.timeout_s * 2,
-                    "protected": [str(SUITE_DIR), str(task.path)],
-                }
-            )
+            worker.send(self._load_request(ref, source, filename, interpret))
             seeds = [secrets.randbits(31) for _ in range(cfg.correctness_seeds)]
             sets = [ref.inputs(s) for s in seeds]
             sets.append(shifted(ref.inputs(secrets.randbits(31))))
@@ -234,6 +236,9 @@ class Evaluator:
             if self.config.timing:
                 note("timing")
                 self._time(ref, worker, sets, report, deadline, executable, flops_reliable)
+            if report.status == "ok" and cfg.unseen_size and task.spec.free:
+                note("unseen size")
+                self._check_unseen_size(task, report.size, source, filename, interpret, worker, report, deadline)
         except WorkerFailure as failure:
             recycle = True
             return _fail(report, failure.status, failure.reason)
@@ -246,6 +251,44 @@ class Evaluator:
                 except WorkerFailure:
                     pass
             self.pool.release(worker)
+
+    def _load_request(self, ref: _Reference, source: str, filename: str, interpret: InterpretMode) -> dict[str, Any]:
+        return {
+            "op": "load", "source": source, "filename": filename, "static": ref.static,
+            "arg_specs": ref.arg_specs, "interpret": interpret, "cpu_budget_s": self.config.timeout_s * 2,
+            "protected": [str(SUITE_DIR), str(ref.task.path)],
+        }
+
+    def _check_unseen_size(self, task: Task, base: str, source: str, filename: str, interpret: InterpretMode,
+                           worker: WorkerHandle, report: EvalReport, deadline: float) -> None:
+        """Run the candidate at a size drawn afresh from the task's free parameters, which no tuning saw.
+
+        A kernel that hard-codes the shapes it was traced at fails here, and is ``incorrect`` with the size
+        named. Called last: the worker's executable is replaced by the one compiled at the new size.
+        """
+        values = task.draw_unseen(base, random.Random(secrets.randbits(63)))
+        shown = "unseen size " + ", ".join(f"{name}={values[name]}" for name in task.spec.free)
+        ref = _compile_reference(task.with_size("unseen", values), "unseen")
+        inputs = ref.inputs(secrets.randbits(31))
+        expected = ref.run(inputs)
+        try:
+            loaded = worker.request(self._load_request(ref, source, filename, interpret), _left(deadline))
+            ran = worker.request({"op": "run", "inputs": [inputs]}, _left(deadline)) if loaded.get("ok") else loaded
+        except WorkerFailure as failure:
+            raise WorkerFailure(failure.status, f"{shown}: {failure.reason}") from failure
+        if not ran.get("ok"):
+            if ran.get("poisoned"):
+                raise WorkerFailure("incorrect", f"{shown}: {ran.get('reason', '')}")
+            detail = f"{shown}: {ran.get('status', 'runtime_error')}: {ran.get('reason', '')}"
+            report.checks.append(CheckResult(name="correct_unseen_size", passed=False, detail=detail))
+            return _fail(report, "incorrect", detail)
+        tol = task.spec.tolerance
+        cmp = compare_outputs(expected, ran["outputs"][0], tol.atol, tol.rtol)
+        report.checks.append(CheckResult(name="correct_unseen_size", passed=cmp.ok,
+                                         detail=f"{shown}: {cmp.reason}" if cmp.reason else shown))
+        if not cmp.ok:
+            report.max_abs_err = max(report.max_abs_err or 0.0, cmp.max_abs_err)
+            _fail(report, "incorrect", f"{shown}: {cmp.reason}")
 
     def _judge_outputs(self, task: Task, report: EvalReport, expected: list[Any], actual: list[Any], mutated: bool) -> bool:
         tol = task.spec.tolerance

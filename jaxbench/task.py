@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import random
 import sys
 from functools import cached_property
 from pathlib import Path
@@ -43,6 +44,15 @@ class Tolerance(BaseModel):
     rtol: float = Field(ge=0)
 
 
+class FreeSize(BaseModel):
+    """A size parameter the reference accepts at any value on its grid: a kernel must serve them all."""
+
+    model_config = ConfigDict(extra="forbid")
+    multiple_of: int = Field(default=1, ge=1, description="the reference needs the value to be a multiple of this")
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1, description="the largest value the task's inputs allow")
+
+
 class TaskSpec(BaseModel):
     """The content of ``task.yaml``."""
 
@@ -55,6 +65,9 @@ class TaskSpec(BaseModel):
     tolerance: Tolerance
     sizes: dict[str, dict[str, Any]]
     source: str | None = None  # the public configuration a model layer's shapes come from
+    free: dict[str, FreeSize] = Field(
+        default_factory=dict, description="size parameters a kernel must serve at any value (batch, tokens, ...)"
+    )
 
 
 class Task:
@@ -97,6 +110,20 @@ class Task:
                 task.__dict__[cached] = self.__dict__[cached]
         return task
 
+    def draw_unseen(self, base: str, rng: random.Random) -> dict[str, Any]:
+        """Size ``base`` with every free parameter redrawn: a size no kernel was tuned on.
+
+        Each value lies on its parameter's grid, at most the base value plus two steps (so the check stays
+        as cheap as the base size), differs from the base, and, where the grid allows, is not a multiple of
+        8 (so blocks tuned for the base do not tile it).
+        """
+        values = self.size(base)
+        for name, free in self.spec.free.items():
+            if name not in values:
+                raise TaskError(f"{self.path}/task.yaml: free size {name!r} is not a parameter of size {base!r}")
+            values[name] = _draw_value(int(values[name]), free, rng)
+        return values
+
     @cached_property
     def module(self) -> ModuleType:
         """Import ``reference.py`` under a name unique to this folder."""
@@ -137,6 +164,17 @@ class Task:
         return self.module.reference
 
 
+def _draw_value(current: int, free: FreeSize, rng: random.Random) -> int:
+    step = free.multiple_of
+    lo = max(free.min, step, (current // 2) // step * step)
+    hi = max(current, lo) + 2 * step
+    if free.max is not None:
+        hi = min(hi, free.max)
+    grid = [v for v in range(lo, hi + 1, step) if v % step == 0 and v != current]
+    untiled = [v for v in grid if v % 8]
+    return rng.choice(untiled or grid)
+
+
 def _read_spec(folder: Path) -> TaskSpec:
     yaml_path = folder / "task.yaml"
     if not yaml_path.is_file():
@@ -158,6 +196,10 @@ def _read_spec(folder: Path) -> TaskSpec:
     for required in ("cpu", "full"):
         if required not in spec.sizes:
             raise TaskError(f"{yaml_path}: sizes must include {required!r}")
+    for name in spec.free:
+        missing = [size for size, values in spec.sizes.items() if name not in values]
+        if missing:
+            raise TaskError(f"{yaml_path}: free size {name!r} is not a parameter of sizes {missing}")
     return spec
 
 

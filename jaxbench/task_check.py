@@ -6,6 +6,7 @@ Run ``python -m jaxbench.task_check [TASK ...]`` while writing a task; the suite
 
 from __future__ import annotations
 
+import random
 import sys
 import time
 from dataclasses import dataclass, field
@@ -66,6 +67,36 @@ def full_shapes(task: Task, size: str = "full") -> tuple[Any, dict[str, Any], An
 
 def _differs(a: Any, b: Any) -> bool:
     return any(not np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(tree_leaves(a), tree_leaves(b)))
+
+
+def check_free_sizes(task: Task, draws: int = 2) -> list[str]:
+    """Problems with the task's free sizes: the reference must run at sizes drawn as the evaluator draws them."""
+    if not task.spec.free:
+        return []
+    rng = random.Random(task.id)
+    problems = []
+    for i in range(draws):
+        try:
+            values = task.draw_unseen("cpu", rng)
+        except TaskError as exc:
+            return [str(exc)]
+        if all(values[name] == task.spec.sizes["cpu"][name] for name in task.spec.free):
+            problems.append(f"free sizes {sorted(task.spec.free)} cannot be drawn away from the cpu size")
+            break
+        drawn = task.with_size(f"unseen_{i}", values)
+        shown = ", ".join(f"{name}={values[name]}" for name in task.spec.free)
+        try:
+            args, static = drawn.get_inputs(jax.random.key(i), f"unseen_{i}")
+            out = _block(jax.jit(partial(task.reference, **static))(*args))
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            problems.append(f"reference fails at drawn size {shown} {type(exc).__name__}: {first}")
+            continue
+        for j, leaf in enumerate(tree_leaves(out)):
+            arr = np.asarray(leaf)
+            if (arr.dtype.kind == "f" or arr.dtype == jnp.bfloat16) and not np.isfinite(arr.astype(np.float64)).all():
+                problems.append(f"output {j} has NaN/Inf at drawn size {shown}")
+    return problems
 
 
 def check_task(task: Task, timing: bool = True) -> TaskCheck:
@@ -132,6 +163,11 @@ def check_task(task: Task, timing: bool = True) -> TaskCheck:
         full_shapes(task)
     except Exception as exc:
         result.problems.append(f"full size does not trace: {type(exc).__name__}: {exc}")
+
+    if task.spec.free:
+        result.problems.extend(check_free_sizes(task, draws=1 if not timing else 2))
+    else:
+        result.notes.append("no free sizes declared: kernels are checked at the declared sizes only")
 
     if timing:
         result.ref_ms = median_ms(fn, args)

@@ -21,10 +21,21 @@ def evaluator() -> Iterator["object"]:
 
 @pytest.fixture(scope="session")
 def quick_evaluator() -> Iterator["object"]:
-    """Correctness and integrity only (no timing rounds): for sweeping many candidates."""
+    """Correctness and integrity only (no timing rounds), the unseen size included: for sweeping many candidates."""
     from jaxbench.evaluate import EvalConfig, Evaluator
 
-    ev = Evaluator(config=EvalConfig(timing=False, timeout_s=120))
+    ev = Evaluator(config=EvalConfig(timing=False, timeout_s=120, unseen_size=True))
+    yield ev
+    ev.close()
+
+
+@pytest.fixture(scope="session")
+def declared_size_evaluator() -> Iterator["object"]:
+    """Correctness at the declared size only, for renderers that serve the sizes they were rendered for
+    and refuse other shapes (the unseen-size check would fail them by design)."""
+    from jaxbench.evaluate import EvalConfig, Evaluator
+
+    ev = Evaluator(config=EvalConfig(timing=False, timeout_s=120, unseen_size=False))
     yield ev
     ev.close()
 

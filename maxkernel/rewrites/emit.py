@@ -3,6 +3,10 @@
 Each primitive is written as the ``jnp``/``jax.lax`` call a person would write, with its static
 parameters spelled out, so the emitted candidate can be read and edited. A primitive without a
 faithful spelling raises ``EmitError``: such tasks get no source-level rewrite rather than a wrong one.
+
+Shapes are written from the inputs (``x.shape[0]``, ``x.shape[0] * x.shape[1]`` for a flattened pair)
+wherever a traced dimension equals one of theirs, so the function serves other sizes than the one it was
+traced at; the evaluator's unseen-size check is what proves a given candidate does.
 """
 
 from __future__ import annotations
@@ -72,11 +76,36 @@ def const_expr(c: Const, bare: bool) -> str:
     raise EmitError(f"a captured constant array of shape {c.shape} is too large to write out")
 
 
+def input_dims(program: Program) -> dict[int, str]:
+    """Each dimension size (above 1) of the inputs, as the expression reading it: single axes first,
+    then products of adjacent axes (what flattening reshapes produce)."""
+    found: dict[int, str] = {}
+    for var in program.inputs:
+        for axis, size in enumerate(var.shape):
+            if int(size) > 1:
+                found.setdefault(int(size), f"{var.name}.shape[{axis}]")
+    for var in program.inputs:
+        for axis in range(len(var.shape) - 1):
+            a, b = int(var.shape[axis]), int(var.shape[axis + 1])
+            if a > 1 and b > 1:
+                found.setdefault(a * b, f"{var.name}.shape[{axis}] * {var.name}.shape[{axis + 1}]")
+    return found
+
+
 class Emitter:
     """Writes the nodes of one program as assignment lines."""
 
     def __init__(self, program: Program) -> None:
         self.program = program
+        self.dims = input_dims(program)
+
+    def shape(self, dims: Any) -> str:
+        """A shape tuple whose dimensions are read from the inputs where one of theirs matches."""
+        parts = [self.dim(int(d)) for d in dims]
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+    def dim(self, size: int) -> str:
+        return self.dims.get(size, str(size))
 
     def operand(self, op: Operand, partner: Operand | None = None) -> str:
         if isinstance(op, Var):
@@ -141,7 +170,7 @@ class Emitter:
         fixed, init, xs = ops[:consts], ops[consts:consts + carries], ops[consts + carries:]
         call = (f"jax.lax.scan(lambda c, x: (lambda r: (r[:{carries}], r[{carries}:]))({name}("
                 f"{''.join(a + ', ' for a in fixed)}*c, *x)), ({''.join(a + ', ' for a in init)}), "
-                f"({''.join(a + ', ' for a in xs)}), length={int(p['length'])}, reverse={bool(p['reverse'])})")
+                f"({''.join(a + ', ' for a in xs)}), length={self.dim(int(p['length']))}, reverse={bool(p['reverse'])})")
         targets = ", ".join(o.name for o in node.outs)
         return [indent + line for line in nested] + [
             f"{indent}{name}_out = {call}",
@@ -175,15 +204,26 @@ def emit_function(program: Program, name: str, doc: str | None = None) -> str:
 
 
 def _broadcast(em: Emitter, n: Node) -> str:
-    shape = tuple(int(d) for d in n.params["shape"])
     dims = tuple(int(d) for d in n.params["broadcast_dimensions"])
-    return f"jax.lax.broadcast_in_dim({em.operand(n.ins[0])}, {shape}, {dims})"
+    operand, shape = n.ins[0], [int(d) for d in n.params["shape"]]
+    parts = [em.dim(d) for d in shape]
+    if isinstance(operand, Var):  # a kept dimension is the operand's own: read it there, never by its size
+        for axis, target in enumerate(dims):
+            if int(operand.shape[axis]) == shape[target] > 1:
+                parts[target] = f"{operand.name}.shape[{axis}]"
+    text = "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+    return f"jax.lax.broadcast_in_dim({em.operand(operand)}, {text}, {dims})"
 
 
 def _reshape(em: Emitter, n: Node) -> str:
     if n.params.get("dimensions") is not None:
         raise EmitError("reshape with dimensions")
-    return f"{em.operand(n.ins[0])}.reshape({tuple(int(d) for d in n.params['new_sizes'])})"
+    sizes = [int(d) for d in n.params["new_sizes"]]
+    parts = [em.dim(d) for d in sizes]
+    unread = [i for i, (d, text) in enumerate(zip(sizes, parts)) if d > 1 and text == str(d)]
+    if len(unread) == 1:  # the one size no input names follows from the others, whatever the size
+        parts[unread[0]] = "-1"
+    return f"{em.operand(n.ins[0])}.reshape(({', '.join(parts)}{',' if len(parts) == 1 else ''}))"
 
 
 def _convert(em: Emitter, n: Node) -> str:
@@ -222,8 +262,7 @@ def _expand(em: Emitter, n: Node) -> str:
 
 
 def _iota(em: Emitter, n: Node) -> str:
-    shape = tuple(int(d) for d in n.params["shape"])
-    return f"jax.lax.broadcasted_iota({dtype_expr(n.params['dtype'])}, {shape}, {int(n.params['dimension'])})"
+    return f"jax.lax.broadcasted_iota({dtype_expr(n.params['dtype'])}, {em.shape(n.params['shape'])}, {int(n.params['dimension'])})"
 
 
 def _select(em: Emitter, n: Node) -> str:
@@ -234,10 +273,15 @@ def _select(em: Emitter, n: Node) -> str:
 
 def _slice(em: Emitter, n: Node) -> str:
     start = tuple(int(d) for d in n.params["start_indices"])
-    limit = tuple(int(d) for d in n.params["limit_indices"])
+    limit = [int(d) for d in n.params["limit_indices"]]
+    operand = n.ins[0]
+    # A slice that runs to the end of an axis runs to the end at every size: say so, not the traced length.
+    ends = [f"{operand.name}.shape[{axis}]" if isinstance(operand, Var) and d == int(operand.shape[axis]) > 1 else str(d)
+            for axis, d in enumerate(limit)]
     strides = n.params.get("strides")
     extra = f", {tuple(int(s) for s in strides)}" if strides is not None else ""
-    return f"jax.lax.slice({em.operand(n.ins[0])}, {start}, {limit}{extra})"
+    limit_text = "(" + ", ".join(ends) + ("," if len(ends) == 1 else "") + ")"
+    return f"jax.lax.slice({em.operand(operand)}, {start}, {limit_text}{extra})"
 
 
 def _dynamic_slice(em: Emitter, n: Node) -> str:
@@ -344,8 +388,7 @@ def _random_unwrap(em: Emitter, n: Node) -> str:
 
 def _random_bits(em: Emitter, n: Node) -> str:
     width = int(n.params["bit_width"])
-    shape = tuple(int(d) for d in n.params["shape"])
-    return f"jax.random.bits({em.operand(n.ins[0])}, {shape}, jnp.uint{width})"
+    return f"jax.random.bits({em.operand(n.ins[0])}, {em.shape(n.params['shape'])}, jnp.uint{width})"
 
 
 _EMITTERS: dict[str, Callable[[Emitter, Node], str]] = {

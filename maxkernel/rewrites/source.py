@@ -1,7 +1,9 @@
-"""Whole candidate files from emitted programs: imports, one function per input size, and ``kernel``.
+"""Whole candidate files from emitted programs: imports, the computation, and ``kernel``.
 
-Emitted programs carry their shapes, so a candidate holds one specialization per size it was rendered
-for (``cpu`` for measuring here, ``full`` for TPU lowering) and picks one by the argument shapes.
+Emitted functions read their shapes from their inputs, so when every size it was rendered for (``cpu``
+for measuring here, ``full`` for TPU lowering) gives the same code the candidate holds it once; when a
+size decided differently, ``kernel`` picks a specialization by the argument shapes and serves any other
+shape with the first one.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from maxkernel.rewrites.emit import EmitError, emit_function
 HEADER = "import jax\nimport jax.numpy as jnp\n"
 
 
-def size_dispatch(functions: dict[str, tuple[str, tuple[tuple[int, ...], ...]]], params: list[str]) -> str:
-    """``kernel(*args, **static)`` calling the function whose argument shapes match."""
+def size_dispatch(functions: dict[str, tuple[str, tuple[tuple[int, ...], ...]]], params: list[str],
+                  otherwise: str | None = None) -> str:
+    """``kernel(*args, **static)`` calling the function whose argument shapes match; any other shape goes
+    to ``otherwise`` when given, else is refused naming the shapes served."""
     args = ", ".join(params)
     lines = [f"def kernel({args}, **static):"]
     items = list(functions.items())
-    if len(items) == 1:
+    if len(items) == 1 and (not items[0][1][1] or otherwise is not None):  # no shapes given: it serves any
         name, _ = items[0][1]
         lines.append(f"    return {name}({args})")
         return "\n".join(lines)
@@ -25,7 +29,11 @@ def size_dispatch(functions: dict[str, tuple[str, tuple[tuple[int, ...], ...]]],
     for _size, (name, shapes) in items:
         lines.append(f"    if shapes == {shapes}:")
         lines.append(f"        return {name}({args})")
-    lines.append("    raise ValueError(f'no specialization for argument shapes {shapes}')")
+    if otherwise is not None:
+        lines.append(f"    return {otherwise}({args})")
+    else:
+        served = [shapes for _size, (_name, shapes) in items]
+        lines.append(f"    raise ValueError(f'serves argument shapes {served} only, not {{shapes}}')")
     return "\n".join(lines)
 
 
@@ -35,11 +43,17 @@ def jax_candidate(programs: dict[str, Program], doc: str) -> str:
         raise EmitError("no program to emit")
     parts = [f'"""{doc}"""\n', HEADER]
     functions: dict[str, tuple[str, tuple[tuple[int, ...], ...]]] = {}
+    bodies: dict[str, str] = {}
     params: list[str] = []
     for size, program in programs.items():
-        name = f"_computation_{size}"
-        parts.append("\n" + emit_function(program, name) + "\n")
-        functions[size] = (name, tuple(v.shape for v in program.inputs))
+        bodies[size] = emit_function(program, "_computation")
+        functions[size] = (f"_computation_{size}", tuple(v.shape for v in program.inputs))
         params = [v.name for v in program.inputs]
-    parts.append("\n" + size_dispatch(functions, params) + "\n")
+    if len(set(bodies.values())) == 1:  # shape-generic: one function serves every size
+        parts.append("\n" + next(iter(bodies.values())) + "\n")
+        parts.append("\n" + size_dispatch({"any": ("_computation", ())}, params) + "\n")
+        return "\n".join(parts)
+    for size, body in bodies.items():
+        parts.append("\n" + body.replace("def _computation(", f"def _computation_{size}(", 1) + "\n")
+    parts.append("\n" + size_dispatch(functions, params, otherwise=next(iter(functions.values()))[0]) + "\n")
     return "\n".join(parts)

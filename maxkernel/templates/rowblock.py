@@ -17,6 +17,7 @@ import numpy as np
 
 from maxkernel.analysis.program import ProgramBuilder, arg_names, input_shapes, static_args
 from maxkernel.rewrites.emit import EmitError, emit_function, emittable
+from maxkernel.rewrites.source import size_dispatch
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
 
 if TYPE_CHECKING:
@@ -150,17 +151,8 @@ def _render_size(task: "Task", size: str, block: int, names: list[str]) -> str:
 
 
 def _dispatch(items: list[tuple[str, tuple[tuple[int, ...], ...]]], names: list[str]) -> str:
-    args = ", ".join(names[: len(items[0][1])])
-    lines = [f"def kernel({args}, **static):"]
-    if len(items) == 1:
-        lines.append(f"    return {items[0][0]}({args})")
-        return "\n".join(lines) + "\n"
-    lines.append(f"    shapes = tuple(a.shape for a in ({args},))")
-    for name, shapes in items:
-        lines.append(f"    if shapes == {shapes}:")
-        lines.append(f"        return {name}({args})")
-    lines.append("    raise ValueError(f'no specialization for argument shapes {shapes}')")
-    return "\n".join(lines) + "\n"
+    """Each specialization for its argument shapes; any other shape refused, naming those served."""
+    return size_dispatch({str(i): item for i, item in enumerate(items)}, names[: len(items[0][1])]) + "\n"
 
 
 ROWBLOCK = RowBlockTemplate()

@@ -51,3 +51,31 @@ def test_unsupported_primitive_is_refused_not_mistranslated() -> None:
     assert "cond" in (emittable(program) or "")
     with pytest.raises(EmitError):
         jax_candidate({"cpu": program}, "x")
+
+
+@pytest.mark.parametrize("task_id", ["12p_RMSNorm", "21k_Gemm_Divide_Sum_Scaling", "13p_Cross_Entropy"])
+def test_emitted_code_reads_its_shapes_from_its_inputs(task_id: str) -> None:
+    # Traced at the cpu size, run at a size drawn from the task's free sizes: no traced shape is baked in.
+    import random
+
+    task = load_task(task_id)
+    source = jax_candidate({"cpu": trace_program(task, "cpu").dce()}, "shape-generic")
+    unseen = task.with_size("unseen", task.draw_unseen("cpu", random.Random(1)))
+    args, static = unseen.get_inputs(jax.random.key(5), "unseen")
+    expected = jax.jit(functools.partial(task.reference, **static))(*args)
+    got = jax.jit(functools.partial(_load(source).kernel, **static))(*args)
+    for e, g in zip(jax.tree_util.tree_leaves(expected), jax.tree_util.tree_leaves(got)):
+        assert e.shape == g.shape
+        np.testing.assert_allclose(np.asarray(e, np.float32), np.asarray(g, np.float32), rtol=1e-5, atol=1e-5)
+
+
+def test_specializations_that_differ_refuse_or_fall_back_by_shape() -> None:
+    from maxkernel.rewrites.source import size_dispatch
+
+    refusing = size_dispatch({"cpu": ("_a", ((2, 3),)), "full": ("_b", ((4, 3),))}, ["x"])
+    module = _load("def _a(x):\n    return 'a'\n\ndef _b(x):\n    return 'b'\n\n" + refusing)
+    assert module.kernel(np.zeros((4, 3))) == "b"
+    with pytest.raises(ValueError, match=r"serves argument shapes \[\(\(2, 3\),\), \(\(4, 3\),\)\] only"):
+        module.kernel(np.zeros((5, 3)))
+    falling_back = size_dispatch({"cpu": ("_a", ((2, 3),)), "full": ("_b", ((4, 3),))}, ["x"], otherwise="_a")
+    assert _load("def _a(x):\n    return 'a'\n\ndef _b(x):\n    return 'b'\n\n" + falling_back).kernel(np.zeros((5, 3))) == "a"

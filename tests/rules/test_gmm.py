@@ -33,12 +33,12 @@ def test_metadata_visits_every_tile_and_group_that_share_a_row_in_order() -> Non
     assert starts.tolist() == bounds[:-1].tolist() and ends.tolist() == bounds[1:].tolist()
 
 
-def test_grouped_matmul_is_correct_across_group_boundaries_and_lowers(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+def test_grouped_matmul_is_correct_across_group_boundaries_and_lowers(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("14p_Ragged_Dot")  # very unequal groups, one always empty, boundaries off the tiles
     assert GROUPED_MATMUL.applies(task, analyze_task(task)) is None
     source = GROUPED_MATMUL.render(task, {"block_m": 128, "block_k": 128, "block_n": 128}, ("cpu",))
     assert "PrefetchScalarGridSpec" in source and "Precision.HIGHEST" not in source
-    report = quick_evaluator.evaluate(task, source)
+    report = declared_size_evaluator.evaluate(task, source)
     assert report.passed and report.label == "pallas-kernel", report.reason
     space = GROUPED_MATMUL.space(task, analyze_task(task, "tpu-v5e"), "tpu-v5e")
     assert all(b % 128 == 0 for b in space.space["block_k"] + space.space["block_n"])

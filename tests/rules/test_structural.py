@@ -47,11 +47,11 @@ def test_grouped_matmul_recognises_both_reference_forms_and_nothing_else() -> No
     assert isinstance(match_grouped(trace_program(load_task("8p_GEMM")).dce()), str)
 
 
-def test_grouped_and_routed_candidates_pass_the_evaluator(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+def test_grouped_and_routed_candidates_pass_the_evaluator(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     for task_id, rewrite, params in (("11p_Megablox_GMM", GROUPED_MATMUL, {"form": "pairs", "tile": 64}),
                                      ("10p_Sparse_MoE", ROUTED_EXPERTS, {"tile": 32})):
         task = load_task(task_id)
-        report = quick_evaluator.evaluate(task, rewrite.render(task, params, ("cpu",)))
+        report = declared_size_evaluator.evaluate(task, rewrite.render(task, params, ("cpu",)))
         assert report.passed, (task_id, report.reason)
         assert report.label == "jax"
 
@@ -81,14 +81,14 @@ def test_blocked_attention_plans_only_visible_spans() -> None:
 
 
 @pytest.mark.parametrize("task_id", ["4p_Sparse_Attention", "5p_Flex_Attention", "2p_GQA_Attention", "15p_RetNet_Retention"])
-def test_blocked_attention_is_correct_with_masks_biases_and_gqa(task_id: str, quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+def test_blocked_attention_is_correct_with_masks_biases_and_gqa(task_id: str, declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task(task_id)
     plan = match_attention(trace_program(task).dce())
     assert not isinstance(plan, str), plan
     assert plan.mask.mean() < 0.6  # causal or sparser: at least 40% of the scores are skipped
     source = BLOCKED_ATTENTION.render(task, {"block_q": 128}, ("cpu",))
     assert static_checks.scan(source)[0] == []
-    report = quick_evaluator.evaluate(task, source)
+    report = declared_size_evaluator.evaluate(task, source)
     assert report.passed, report.reason
 
 
@@ -132,7 +132,7 @@ def test_paged_decode_recognises_paged_attention_and_nothing_else() -> None:
         assert isinstance(match_paged(trace_program(load_task(other)).dce()), str), other
 
 
-def test_paged_decode_candidate_passes_the_evaluator(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+def test_paged_decode_candidate_passes_the_evaluator(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("6p_Paged_Attention")
-    report = quick_evaluator.evaluate(task, PAGED_DECODE.render(task, {"chunk_pages": 8}, ("cpu", "full")))
+    report = declared_size_evaluator.evaluate(task, PAGED_DECODE.render(task, {"chunk_pages": 8}, ("cpu", "full")))
     assert report.passed and report.label == "jax", report.reason

@@ -1,0 +1,106 @@
+"""The evaluator's unseen size: a kernel fixed to the shapes it was traced at is incorrect, with the size named."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from jaxbench.task import SUITE_DIR, FreeSize, TaskError, _draw_value, list_tasks, load_task
+
+SMALL_RMSNORM = """\
+id: small_rmsnorm
+name: small_rmsnorm
+category: normalization
+description: RMSNorm over the last axis at a size small enough for a test.
+dtype: float32
+tolerance: {atol: 1.0e-5, rtol: 1.0e-5}
+sizes:
+  cpu: {batch: 2, seq: 64, hidden: 128}
+  full: {batch: 4, seq: 128, hidden: 256}
+free: {batch: {}, seq: {multiple_of: 16}}
+"""
+
+GENERIC = """\
+import jax
+import jax.numpy as jnp
+
+
+def kernel(x, weight, *, eps):
+    mean_square = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    return x * jax.lax.rsqrt(mean_square + eps) * weight
+"""
+
+TRACED_SHAPES = """\
+import jax
+import jax.numpy as jnp
+
+
+def kernel(x, weight, *, eps):
+    mean_square = jnp.mean(jnp.square(x), axis=-1).reshape(2, 64, 1)
+    return x * jax.lax.rsqrt(mean_square + eps) * weight
+"""
+
+# Right shape everywhere, right values only at the size it was written for.
+TRACED_VALUES = """\
+import jax
+import jax.numpy as jnp
+
+
+def kernel(x, weight, *, eps):
+    mean_square = jnp.sum(jnp.square(x), axis=-1, keepdims=True) / (2 * 64 * 128) * (x.shape[0] * x.shape[1])
+    return x * jax.lax.rsqrt(mean_square + eps) * weight
+"""
+
+
+@pytest.fixture()
+def small_task(tmp_path: Path):
+    folder = tmp_path / "small_rmsnorm"
+    folder.mkdir()
+    shutil.copy(SUITE_DIR / "12p_RMSNorm" / "reference.py", folder / "reference.py")
+    (folder / "task.yaml").write_text(SMALL_RMSNORM)
+    return load_task(folder)
+
+
+def test_a_shape_generic_kernel_passes_the_unseen_size(quick_evaluator, small_task):
+    report = quick_evaluator.evaluate(small_task, GENERIC)
+    assert report.status == "ok", report.reason
+    check = report.check("correct_unseen_size")
+    assert check is not None and check.passed and "unseen size batch=" in check.detail
+
+
+@pytest.mark.parametrize("source", [TRACED_SHAPES, TRACED_VALUES], ids=["shapes", "values"])
+def test_a_kernel_fixed_to_its_traced_size_is_incorrect_with_the_size_named(quick_evaluator, small_task, source):
+    report = quick_evaluator.evaluate(small_task, source)
+    assert report.check("correct_inputs_seed_0").passed  # right at the declared size
+    assert report.status == "incorrect"
+    assert report.reason.startswith("unseen size batch=") and "seq=" in report.reason
+    assert not report.check("correct_unseen_size").passed
+
+
+def test_drawn_values_leave_the_base_stay_on_the_grid_and_within_bounds():
+    rng = random.Random(0)
+    for current, free in [(1, FreeSize()), (512, FreeSize()), (1024, FreeSize(multiple_of=128)),
+                          (12, FreeSize(max=12)), (196, FreeSize(multiple_of=4, min=32))]:
+        for _ in range(20):
+            value = _draw_value(current, free, rng)
+            assert value != current and value % free.multiple_of == 0 and value >= free.min
+            assert free.max is None or value <= free.max
+            assert value <= max(current, free.min) + 2 * free.multiple_of
+    assert all(_draw_value(512, FreeSize(), rng) % 8 for _ in range(20))  # blocks tuned at 512 do not tile it
+
+
+def test_a_free_size_that_is_not_a_size_parameter_is_refused(tmp_path):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    shutil.copy(SUITE_DIR / "12p_RMSNorm" / "reference.py", folder / "reference.py")
+    (folder / "task.yaml").write_text(SMALL_RMSNORM.replace("seq: {multiple_of: 16}", "tokens: {}"))
+    with pytest.raises(TaskError, match="free size 'tokens' is not a parameter"):
+        load_task(folder)
+
+
+def test_every_suite_task_declares_free_sizes():
+    undeclared = [task.id for task in list_tasks() if not task.spec.free]
+    assert undeclared == []
