@@ -203,6 +203,7 @@ def _register_commands() -> None:
     from maxkernel.commands.analyze import analyze_command
     from maxkernel.commands.chat import chat_command
     from maxkernel.commands.daemon import cancel_command, daemon_command, jobs_command, submit_command
+    from maxkernel.commands.fleet import fleet_command
     from maxkernel.commands.optimize import optimize_command
     from maxkernel.commands.report import report_command
     from maxkernel.commands.search import search_command
@@ -216,6 +217,7 @@ def _register_commands() -> None:
     app.command("jobs")(jobs_command)
     app.command("cancel")(cancel_command)
     app.command("report")(report_command)
+    app.command("fleet")(fleet_command)
 
 
 _register_commands()

@@ -33,6 +33,7 @@ class Settings(BaseModel):
     eval_timing_rounds: int = 10
     default_target: str = "cpu"
     log_level: str = "info"
+    token: str = ""  # required by servers bound beyond loopback (the gRPC host), presented by their clients
 
     @property
     def data_path(self) -> Path:

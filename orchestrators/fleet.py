@@ -131,11 +131,14 @@ def start_postgres(root: Path) -> tuple[Proc, str]:
     folder = root / "pg"
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o755)
-    if user:
+    if user:  # the server runs as ``postgres`` (initdb refuses root): it must reach its folder
+        root.chmod(root.stat().st_mode | 0o055)
         shutil.chown(folder, user, user)
     if not (folder / "data").exists():
-        subprocess.run([str(bin_dir / "initdb"), "-D", str(folder / "data"), "-U", "postgres", "--auth=trust",
-                        "--no-sync"], check=True, capture_output=True, user=user, timeout=120)
+        made = subprocess.run([str(bin_dir / "initdb"), "-D", str(folder / "data"), "-U", "postgres", "--auth=trust",
+                               "--no-sync"], capture_output=True, text=True, user=user, timeout=120)
+        if made.returncode != 0:
+            raise FleetError(f"initdb failed in {folder}: {(made.stderr or made.stdout).strip().splitlines()[-1:]}")
     port = free_port()
     (root / "logs").mkdir(parents=True, exist_ok=True)
     if user:
@@ -233,7 +236,7 @@ def read(root: Path) -> FleetState | None:
     return state if any(alive(p.pid) for p in state.procs) else None
 
 
-def stop_procs(procs: list[Proc], wait_s: float = 60.0) -> None:
+def stop_procs(procs: list[Proc], wait_s: float = 20.0) -> None:
     """SIGTERM each process group, newest first, then SIGKILL what is left after ``wait_s``."""
     for proc in reversed(procs):
         if alive(proc.pid):
