@@ -23,6 +23,7 @@ from autogen_ext.runtimes.grpc._worker_runtime_host_servicer import (
     GrpcWorkerAgentRuntimeHostServicer,
     get_client_id_or_abort,
 )
+from autogen_ext.runtimes.grpc._utils import subscription_from_proto
 from autogen_ext.runtimes.grpc.protos import agent_worker_pb2, cloudevent_pb2
 
 from maxkernel.runtime import TESTER
@@ -64,6 +65,7 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         self.parked: dict[str, list[Delivery]] = {}
         self.redelivered = 0
         self.answered_from_report = 0
+        self.wanted: dict[str, list[Any]] = {}  # client -> the subscriptions it asked for
         self._turn = itertools.count()
 
     # -- registration ---------------------------------------------------------------------------
@@ -79,9 +81,33 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         log.info("host.registered", agent_type=request.type, client=client_id, workers=len(pool))
         return agent_worker_pb2.RegisterAgentTypeResponse()
 
+    async def AddSubscription(self, request: agent_worker_pb2.AddSubscriptionRequest,  # type: ignore[override]
+                              context: Any) -> agent_worker_pb2.AddSubscriptionResponse:
+        """Workers of one role ask for the same subscriptions: the first one is kept, the others noted
+        (and put in its place should its worker go)."""
+        client_id = await get_client_id_or_abort(context)
+        subscription = subscription_from_proto(request.subscription)
+        self.wanted.setdefault(client_id, []).append(subscription)
+        if any(s == subscription for s in self._subscription_manager.subscriptions):
+            return agent_worker_pb2.AddSubscriptionResponse()
+        return await super().AddSubscription(request, context)
+
+    async def _resubscribe(self) -> None:
+        """Subscriptions that went with a dead worker, taken over by a live one that asked for them."""
+        for client_id, subscriptions in self.wanted.items():
+            if client_id not in self._data_connections:
+                continue
+            for subscription in subscriptions:
+                if any(s == subscription for s in self._subscription_manager.subscriptions):
+                    continue
+                await self._subscription_manager.add_subscription(subscription)
+                self._client_id_to_subscription_id_mapping.setdefault(client_id, set()).add(subscription.id)
+
     async def _on_client_disconnect(self, client_id: str) -> None:
         log.info("host.disconnected", client=client_id)
         await super()._on_client_disconnect(client_id)
+        self.wanted.pop(client_id, None)
+        await self._resubscribe()
         async with self._agent_type_to_client_id_lock:
             for agent_type, pool in self.pools.items():
                 if client_id in pool:

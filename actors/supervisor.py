@@ -39,7 +39,8 @@ class Supervisor:
 
     def _start(self, slot: int) -> None:
         proc = subprocess.Popen([sys.executable, "-m", "actors.worker", *self.worker_args], cwd=str(ROOT),
-                                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+                                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+                                preexec_fn=_die_with_parent)
         self.procs[slot] = proc
         self._say(f"started {slot} {proc.pid}")
         threading.Thread(target=self._relay, args=(slot, proc), daemon=True).start()
@@ -82,6 +83,14 @@ class Supervisor:
                     _kill_group(proc.pid, signal.SIGKILL)
                     proc.wait()
         return 0
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the supervisor dies, even by SIGKILL (Linux), so no worker is orphaned."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _kill_group(pid: int, sig: int) -> None:

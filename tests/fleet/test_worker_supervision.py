@@ -1,5 +1,6 @@
-"""A tester worker killed in the middle of an evaluation: its supervisor starts another, the host gives
-the evaluation to it, and the session finishes with every candidate judged once in the record."""
+"""Tester workers (two on one host, the load spread over them) killed in the middle of an evaluation:
+their supervisor starts others, the host gives the evaluation to one of them, and the session finishes
+with every candidate judged once in the record."""
 
 from __future__ import annotations
 
@@ -74,16 +75,16 @@ def test_a_worker_killed_mid_evaluation_is_replaced_and_the_evaluation_rerun_onc
         host = _spawn(["actors.host", address], tmp_path / "host.log")
         procs.append(host)
         Lines(host, tmp_path / "host.log").wait_for("host listening", 60)
-        testers = _spawn(["actors.worker", "--supervise", "--count", "1", "--host", address, "--roles", "tester",
+        testers = _spawn(["actors.worker", "--supervise", "--count", "2", "--host", address, "--roles", "tester",
                           "--config", str(config_file)], tmp_path / "testers.log")
         rest = _spawn(["actors.worker", "--host", address, "--roles",
                        "planner,coder,debugger,profiler,tuner,librarian,recorder", "--config", str(config_file)],
                       tmp_path / "rest.log")
         procs += [testers, rest]
         supervised = Lines(testers, tmp_path / "testers.log")
-        supervised.wait_for("ready 0 tester")
+        supervised.wait_for("ready ", count=2)
         Lines(rest, tmp_path / "rest.log").wait_for("ready ")
-        first_pid = int(supervised.wait_for("started 0 ")[0].split()[2])
+        first = {line.split()[1]: int(line.split()[2]) for line in supervised.wait_for("started ", count=2)}
 
         async def scenario() -> object:
             session = asyncio.create_task(run_remote_session(
@@ -94,13 +95,14 @@ def test_a_worker_killed_mid_evaluation_is_replaced_and_the_evaluation_rerun_onc
                     assert time.monotonic() < deadline and not session.done(), "no draft was sent to the tester"
                     await asyncio.sleep(0.05)
                 judged = [e for e in store.events() if e.payload.get("sender") == "tester"]
-            assert judged == []  # killed mid-evaluation, before any verdict
-            os.killpg(first_pid, signal.SIGKILL)
+            assert judged == []  # both testers killed mid-evaluation, before any verdict
+            for pid in first.values():
+                os.killpg(pid, signal.SIGKILL)
             return await session
 
         finished = asyncio.run(scenario())
-        started = supervised.wait_for("started 0 ", count=2)
-        assert int(started[1].split()[2]) != first_pid  # the supervisor replaced the killed worker
+        started = supervised.wait_for("started ", count=4)
+        assert not {int(line.split()[2]) for line in started[2:]} & set(first.values())  # both replaced
         assert finished.status == "scored", finished.reason
         deadline = time.monotonic() + 30
         with Store.open(store_url) as store:
