@@ -4,9 +4,9 @@ the Chroma server, restarting each; then the same number of jobs without kills, 
     python benchmarks/fleet_chaos.py --jobs 20 --kills 30 --json chaos.json
 
 Loopback only (``orchestrators.fleet``), bounded in count (``--jobs``, ``--kills``) and time
-(``--deadline``). It reports ``lost`` (jobs not done by the end), ``duplicated`` (evaluations of one
-job recorded more than once for the same kernel source, across the sessions of its attempts: an
-evaluation cut off by a kill and run again counts once) and ``throughput_ratio`` (jobs per minute with
+(``--deadline``). It reports ``lost`` (jobs not done by the end), ``duplicated`` (kernels a job judged
+again in a later attempt although an earlier attempt had recorded their verdict: an evaluation cut off
+by a kill and run again counts once) and ``throughput_ratio`` (jobs per minute with
 kills over without).
 """
 
@@ -66,7 +66,8 @@ def _wait_done(store_url: str, ids: list[str], deadline: float, tick: Any = None
 
 
 def _audit(store_url: str, ids: list[str]) -> dict[str, Any]:
-    """Jobs not done, and evaluations recorded twice for one kernel source within one job."""
+    """Jobs not done, and kernels a job judged again in a later attempt although an earlier attempt had
+    recorded their verdict (the engine's own confirmation runs inside one session are not repeats)."""
     import sqlalchemy as sa
 
     from memory import Store
@@ -78,17 +79,15 @@ def _audit(store_url: str, ids: list[str]) -> dict[str, Any]:
         jobs = [queue.get(i) for i in ids]
         duplicated = 0
         for job in jobs:
-            seen: Counter[str] = Counter()
+            earlier: set[str] = set()
             for session_id in job.sessions:
-                events = [e for e in store.events(session_id=session_id) if e.message_type in ("EvalReport", "FixRequest")]
-                candidates = {e.candidate_id for e in events if e.candidate_id}
+                events = [e for e in store.events(session_id=session_id)
+                          if e.message_type in ("EvalReport", "FixRequest") and e.candidate_id]
                 with store.engine.connect() as conn:
-                    shas = dict(conn.execute(sa.select(CandidateRow.id, CandidateRow.code_sha)
-                                             .where(CandidateRow.id.in_(candidates))).all()) if candidates else {}
-                for e in events:
-                    timing = (e.payload.get("report") or {}).get("kernel_ms") is not None
-                    seen[f"{shas.get(e.candidate_id, e.candidate_id)}:{e.message_type}:{timing}"] += 1
-            duplicated += sum(n - 1 for n in seen.values() if n > 1)
+                    shas = set(conn.execute(sa.select(CandidateRow.code_sha).where(
+                        CandidateRow.id.in_({e.candidate_id for e in events}))).scalars()) if events else set()
+                duplicated += len(shas & earlier)
+                earlier |= shas
         statuses = Counter(j.status for j in jobs)
     return {"lost": sum(1 for j in jobs if j.status != "done"), "duplicated": duplicated, "statuses": dict(statuses),
             "attempts": sum(j.attempts for j in jobs)}
@@ -141,6 +140,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         start = time.monotonic()
         calm_end = _wait_done(state.store_url, calm_ids, start + (hard_end - start) / 2)
         calm_rate = args.jobs / max(calm_end - start, 1e-9) * 60
+        calm_complete = _audit(state.store_url, calm_ids)["lost"] == 0  # else its rate is a lower bound
         killer = Killer(state, args.seed, args.kills, args.every, lease_s)
         chaos_ids = _submit(state.store_url, args.jobs, args.seed + 1, args.evals, args.job_seconds)
         start = time.monotonic()
@@ -154,6 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "lost": chaos["lost"] + calm["lost"], "duplicated": chaos["duplicated"] + calm["duplicated"],
             "jobs_per_min_without_kills": round(calm_rate, 3), "jobs_per_min_with_kills": round(chaos_rate, 3),
             "throughput_ratio": round(chaos_rate / calm_rate, 3) if calm_rate else None,
+            "calm_phase_complete": calm_complete,
             "without_kills": calm, "with_kills": chaos, "folder": str(root)}
 
 
