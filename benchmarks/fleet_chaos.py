@@ -148,8 +148,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         chaos_rate = args.jobs / max(chaos_end - start, 1e-9) * 60
         calm, chaos = _audit(state.store_url, calm_ids), _audit(state.store_url, chaos_ids)
     finally:
-        fleet.stop_procs(state.procs)
-        (root / fleet.STATE).unlink(missing_ok=True)
+        try:
+            fleet.down(root)
+        except fleet.FleetError:  # every process already gone
+            pass
     return {"jobs": args.jobs, "kills": sum(killer.done.values()), "kills_by_kind": dict(killer.done),
             "lost": chaos["lost"] + calm["lost"], "duplicated": chaos["duplicated"] + calm["duplicated"],
             "jobs_per_min_without_kills": round(calm_rate, 3), "jobs_per_min_with_kills": round(chaos_rate, 3),

@@ -1,6 +1,7 @@
 """A local fleet on loopback, for trying many daemons and workers on one machine.
 
-One folder holds everything: a PostgreSQL cluster (the system's binaries), a Chroma server, the gRPC host,
+One folder holds everything (the PostgreSQL cluster goes to a folder of its own in /tmp when run as root,
+since the server then runs as ``postgres``): a PostgreSQL cluster (the system's binaries), a Chroma server, the gRPC host,
 N daemons (each with its own data folder, all on the one store and Chroma server) and a supervisor that
 keeps M tester workers alive. ``fleet.json`` in that folder lists every process, so ``status`` and
 ``down`` work from any shell; every server binds 127.0.0.1.
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -128,12 +130,13 @@ def _port_open(port: int) -> bool:
 def start_postgres(root: Path) -> tuple[Proc, str]:
     bin_dir = postgres_bin()
     user = "postgres" if os.geteuid() == 0 else None
-    folder = root / "pg"
-    folder.mkdir(parents=True, exist_ok=True)
-    folder.chmod(0o755)
-    if user:  # the server runs as ``postgres`` (initdb refuses root): it must reach its folder
-        root.chmod(root.stat().st_mode | 0o055)
+    if user:  # the server runs as ``postgres`` (initdb refuses root), which may not reach root's folders
+        folder = Path(tempfile.mkdtemp(prefix="maxkernel-fleet-pg-"))
+        folder.chmod(0o755)
         shutil.chown(folder, user, user)
+    else:
+        folder = root / "pg"
+        folder.mkdir(parents=True, exist_ok=True)
     if not (folder / "data").exists():
         made = subprocess.run([str(bin_dir / "initdb"), "-D", str(folder / "data"), "-U", "postgres", "--auth=trust",
                                "--no-sync"], capture_output=True, text=True, user=user, timeout=120)
@@ -145,7 +148,8 @@ def start_postgres(root: Path) -> tuple[Proc, str]:
         shutil.chown(root / "logs", user, user)
     proc = _spawn("postgres", [str(bin_dir / "postgres"), "-D", str(folder / "data"), "-p", str(port),
                                "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={folder}",
-                               "-c", "fsync=off", "-c", "max_connections=200"], root, user=user, port=port)
+                               "-c", "fsync=off", "-c", "max_connections=200"], root, user=user, port=port,
+                  data_dir=str(folder))
     _wait(lambda: _pg_ready(port), "PostgreSQL", proc)
     return proc, f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
 
@@ -258,6 +262,9 @@ def down(root: Path) -> list[Proc]:
     if state is None:
         raise FleetError(f"no fleet is running in {root}")
     stop_procs(state.procs)
+    for proc in state.procs:  # a cluster kept outside the fleet's folder goes with it
+        if proc.name == "postgres" and proc.data_dir and Path(proc.data_dir).name.startswith("maxkernel-fleet-pg-"):
+            shutil.rmtree(proc.data_dir, ignore_errors=True)
     (root / STATE).unlink(missing_ok=True)
     return state.procs
 
@@ -271,7 +278,7 @@ def status(root: Path) -> list[dict[str, Any]]:
     for proc in state.procs:
         row: dict[str, Any] = {"name": proc.name, "pid": proc.pid, "alive": alive(proc.pid), "port": proc.port,
                                "doing": ""}
-        if proc.data_dir and row["alive"]:
+        if proc.name.startswith("daemon-") and proc.data_dir and row["alive"]:
             row["doing"] = _daemon_doing(Path(proc.data_dir))
         elif proc.name == "chroma":
             row["doing"] = state.chroma_url
