@@ -93,9 +93,12 @@ class Services:
             return self._memory
 
     def ledger(self, session_id: str, budget: Budget) -> Ledger:
+        """The session's ledger, booking to the store's so that its budget binds every process."""
+        store = self.store if session_id not in self._ledgers else None
         with self._lock:
             if session_id not in self._ledgers:
-                self._ledgers[session_id] = Ledger(max_tokens=budget.max_tokens, max_cost_usd=budget.max_cost_usd)
+                self._ledgers[session_id] = Ledger(max_tokens=budget.max_tokens, max_cost_usd=budget.max_cost_usd,
+                                                   shared=store, scope=session_id)
             return self._ledgers[session_id]
 
     def client(self, session_id: str, role: str, budget: Budget) -> "ChatCompletionClient":

@@ -3,6 +3,8 @@
     python -m actors.worker --host 127.0.0.1:50051 --roles tester --config actors.json
 
 It prints ``ready <roles>`` on stdout once its actors are registered, and stops on SIGTERM or SIGINT.
+With ``--supervise [--count N]`` it instead keeps N such workers running, starting again any that dies
+(``actors.supervisor``).
 """
 
 from __future__ import annotations
@@ -35,11 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", required=True, help="address of the gRPC host, e.g. 127.0.0.1:50051")
     parser.add_argument("--roles", required=True, help="comma-separated roles, e.g. tester or planner,coder")
     parser.add_argument("--config", type=Path, help="ActorConfig as a YAML or JSON file")
+    parser.add_argument("--supervise", action="store_true", help="keep --count workers alive, restarting any that dies")
+    parser.add_argument("--count", type=int, default=1, help="workers to keep alive under --supervise")
     args = parser.parse_args(argv)
-    config = ActorConfig.from_file(args.config) if args.config else ActorConfig()
+    if args.count < 1:
+        parser.error("--count must be at least 1")
     from maxkernel.logging import configure
 
-    configure("warning")
+    configure("info" if args.supervise else "warning")
+    if args.supervise:
+        from actors.supervisor import Supervisor
+
+        worker_args = ["--host", args.host, "--roles", args.roles, *(["--config", str(args.config)] if args.config else [])]
+        return Supervisor(worker_args, args.count).run()
+    config = ActorConfig.from_file(args.config) if args.config else ActorConfig()
     try:
         asyncio.run(serve(args.host, [r.strip() for r in args.roles.split(",") if r.strip()], config))
     except KeyboardInterrupt:

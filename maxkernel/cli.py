@@ -251,6 +251,7 @@ def _register_commands() -> None:
     from maxkernel.commands.daemon import cancel_command, daemon_command, jobs_command, submit_command
     from maxkernel.commands.extract import extract_command
     from maxkernel.commands.model import optimize_model_command
+    from maxkernel.commands.fleet import fleet_command
     from maxkernel.commands.optimize import optimize_command
     from maxkernel.commands.report import report_command
     from maxkernel.commands.search import search_command
@@ -266,6 +267,7 @@ def _register_commands() -> None:
     app.command("report")(report_command)
     app.command("extract")(extract_command)
     app.command("optimize-model")(optimize_model_command)
+    app.command("fleet")(fleet_command)
 
 
 _register_commands()

@@ -46,6 +46,7 @@ class Settings(BaseModel):
     eval_timing_rounds: int = Field(10, ge=1)
     default_target: str = "cpu"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    token: str = ""  # required by servers bound beyond loopback (the gRPC host), presented by their clients
 
     @property
     def data_path(self) -> Path:

@@ -62,11 +62,18 @@ def start_host(address: str) -> Any:
     return host
 
 
-async def connect_worker(address: str) -> Any:
-    """A started gRPC worker runtime connected to the host at ``address``, with every serializer added."""
+async def connect_worker(address: str, token: str | None = None) -> Any:
+    """A started gRPC worker runtime connected to the host at ``address``, with every serializer added;
+    it presents ``token`` (by default the settings' token) to a host that requires one."""
     from autogen_ext.runtimes.grpc import GrpcWorkerAgentRuntime
 
-    worker = GrpcWorkerAgentRuntime(host_address=address)
+    from maxkernel.auth import channel_options
+
+    if token is None:
+        from maxkernel.config import load_settings
+
+        token = load_settings().token
+    worker = GrpcWorkerAgentRuntime(host_address=address, extra_grpc_config=channel_options(token) or None)
     add_serializers(worker)
     await worker.start()
     return worker

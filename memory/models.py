@@ -164,3 +164,12 @@ class MemoryStats(BaseModel):
     embedding: str
     kernel_vectors: int
     note_vectors: int
+
+
+class Spend(BaseModel):
+    """What the fleet has booked to one ledger scope (a session, or a budget shared by many)."""
+
+    scope: str
+    calls: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0

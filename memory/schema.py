@@ -183,3 +183,75 @@ class NoteRow(Base):
     category: Mapped[str | None] = mapped_column(String(40))
     text: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
+# -- the orchestrators' bookkeeping and the fleet's ledger ---------------------------------------------
+# They live in this metadata so that one Alembic history creates every table of the store.
+
+
+class JobRow(Base):
+    """A daemon job. ``owner`` and ``lease_until`` say which daemon runs it and until when that claim
+    holds without renewal: a job whose lease ran out belongs to whichever daemon claims it next."""
+
+    __tablename__ = "orch_jobs"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(200))
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    budget: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    brain: Mapped[str] = mapped_column(String(64), default="rules")
+    target: Mapped[str] = mapped_column(String(64), default="cpu")
+    status: Mapped[str] = mapped_column(String(32), index=True)
+    session_id: Mapped[str | None] = mapped_column(String(64))
+    sessions: Mapped[list[str]] = mapped_column(JsonType, default=list)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    owner: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class SearchRow(Base):
+    """A resumable search over a graph of candidates."""
+
+    __tablename__ = "orch_searches"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(200))
+    algorithm: Mapped[str] = mapped_column(String(32))
+    config: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    status: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class ExpansionRow(Base):
+    """One expansion of a search: the session that grew a node of its graph."""
+
+    __tablename__ = "orch_expansions"
+    search_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    n: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round: Mapped[int] = mapped_column(Integer)
+    session_id: Mapped[str] = mapped_column(String(64), unique=True)
+    parent_id: Mapped[str | None] = mapped_column(String(64))
+    strategy: Mapped[str] = mapped_column(String(200))
+    params: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    edge: Mapped[str] = mapped_column(String(300))
+    lane: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class LedgerRow(Base):
+    """Tokens and cost of one model call, booked by whichever process made it: the sum over the table
+    is what a budget shared by the whole fleet is checked against."""
+
+    __tablename__ = "ledger"
+    seq: Mapped[int] = mapped_column(SeqType, primary_key=True, autoincrement=True)
+    scope: Mapped[str] = mapped_column(String(200), index=True)
+    process: Mapped[str] = mapped_column(String(200), default="")
+    model: Mapped[str] = mapped_column(String(200), default="")
+    tokens_in: Mapped[int] = mapped_column(Integer, default=0)
+    tokens_out: Mapped[int] = mapped_column(Integer, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -1,4 +1,4 @@
-"""The SQL store: tasks, sessions, candidates, evaluations, the event log, kernels and notes.
+"""The SQL store: tasks, sessions, candidates, evaluations, the event log, kernels, notes and the ledger.
 
 One SQLite file by default (WAL mode), PostgreSQL by URL when several machines share it; the same
 code and schema serve both. Opening a store applies the pending Alembic migrations. Every driver
@@ -34,6 +34,7 @@ from memory.models import (
     NoteRecord,
     Outcome,
     SessionInfo,
+    Spend,
     StoreStats,
     TaskInfo,
 )
@@ -42,6 +43,7 @@ from memory.schema import (
     EvaluationRow,
     EventRow,
     KernelRow,
+    LedgerRow,
     NoteRow,
     SessionRow,
     TaskRow,
@@ -51,6 +53,13 @@ from memory.schema import (
 )
 
 log = structlog.get_logger(__name__)
+
+
+def _spend(session: Session, scope: str) -> Spend:
+    calls, tokens, cost = session.execute(
+        sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(LedgerRow.tokens_in + LedgerRow.tokens_out), 0),
+                  sa.func.coalesce(sa.func.sum(LedgerRow.cost_usd), 0.0)).where(LedgerRow.scope == scope)).one()
+    return Spend(scope=scope, calls=int(calls), tokens=int(tokens), cost_usd=float(cost))
 
 
 def code_sha(code: str) -> str:
@@ -511,6 +520,21 @@ class Store:
     def append_events(self, events: Sequence[EventIn]) -> list[int]:
         with self.write("appending events") as tx:
             return tx.append_events(events)
+
+    def book(self, scope: str, *, tokens_in: int, tokens_out: int, cost_usd: float, model: str = "",
+             process: str = "") -> Spend:
+        """Book one model call to the shared ledger and return the scope's total, this call included
+        (in one transaction, so concurrent bookers each see a total that counts every earlier call)."""
+        with self.write("booking to the ledger") as tx:
+            tx.session.add(LedgerRow(scope=scope, process=process, model=model, tokens_in=tokens_in,
+                                     tokens_out=tokens_out, cost_usd=cost_usd))
+            tx.session.flush()
+            return _spend(tx.session, scope)
+
+    def spent(self, scope: str) -> Spend:
+        """What every process has booked to ``scope``."""
+        with self.read("reading the ledger") as s:
+            return _spend(s, scope)
 
     # -- reads ----------------------------------------------------------------------------------
 

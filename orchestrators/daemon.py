@@ -2,7 +2,8 @@
 
 Each job is one Auto run on the shared evaluator, store and memory; its best kernel and note go into
 memory when it ends, so later jobs start from it. Jobs live in the store (``orchestrators.jobs``): a
-daemon that starts queues again whatever a dead one left running, and a job run again carries on from
+daemon claims jobs under a lease it renews (``orchestrators.claims``), so many daemons share one queue and a
+dead one's jobs are taken over when their leases end; a job run again carries on from
 what its earlier sessions evaluated (``AutoRun.restore``); SIGTERM stops it gracefully (running
 jobs are cancelled and queued again, the HTTP API closes, the state file goes). ``python -m
 orchestrators.daemon`` is the process ``maxkernel daemon start`` spawns.
@@ -29,6 +30,7 @@ from maxkernel.config import Settings, load_settings
 from maxkernel.messages import new_id
 from orchestrators.auto import messages_of, run_auto
 from orchestrators.httpapi import ApiServer
+from orchestrators.claims import DEFAULT_LEASE_S, Claimer
 from orchestrators.jobs import JobInfo, JobQueue
 
 log = structlog.get_logger("orchestrators.daemon")
@@ -66,8 +68,10 @@ def read_state(settings: Settings) -> DaemonState | None:
 
 
 class Daemon:
-    def __init__(self, settings: Settings, *, concurrency: int = 2, port: int = 0, poll_s: float = 0.5) -> None:
+    def __init__(self, settings: Settings, *, concurrency: int = 2, port: int = 0, poll_s: float = 0.5,
+                 lease_s: float = DEFAULT_LEASE_S) -> None:
         self.settings, self.concurrency, self.port, self.poll_s = settings, concurrency, port, poll_s
+        self.lease_s, self._renewed_at = lease_s, 0.0
         self.running: dict[str, asyncio.Task[None]] = {}
         self.peak_running = 0
         self.finished = 0
@@ -113,11 +117,11 @@ class Daemon:
             raise
         except Exception as exc:  # a bad task or brain fails the job, never the daemon
             log.warning("daemon.job_failed", job=job.id, error=f"{type(exc).__name__}: {exc}")
-            await asyncio.to_thread(self.queue.finish, job.id, "failed", None, f"{type(exc).__name__}: {exc}")
+            await asyncio.to_thread(self.claims.finish, job.id, "failed", None, f"{type(exc).__name__}: {exc}")
             return
         summary = result.model_dump(mode="json")
         status = "done" if result.status in ("scored", "failed", "budget") else "failed"
-        await asyncio.to_thread(self.queue.finish, job.id, status, summary,
+        await asyncio.to_thread(self.claims.finish, job.id, status, summary,
                                 None if status == "done" else result.stop_reason)
         self.finished += 1
         log.info("daemon.job_finished", job=job.id, status=result.status, reason=result.stop_reason)
@@ -131,7 +135,7 @@ class Daemon:
 
     async def _fill(self) -> None:
         while len(self.running) < self.concurrency and not self._stop.is_set():
-            job = await asyncio.to_thread(self.queue.claim)
+            job = await asyncio.to_thread(self.claims.claim)
             if job is None:
                 return
             task = asyncio.create_task(self.run_job(job), name=f"job-{job.id}")
@@ -145,8 +149,22 @@ class Daemon:
             task = self.running[job_id]
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            await asyncio.to_thread(self.queue.finish, job_id, "cancelled", None, "cancelled by request")
+            await asyncio.to_thread(self.claims.finish, job_id, "cancelled", None, "cancelled by request")
             log.info("daemon.job_cancelled", job=job_id)
+
+    async def _keep_leases(self) -> None:
+        """Renew the leases of the running jobs (at most every third of a lease); a job another daemon
+        took over meanwhile (this one stalled past its lease) is stopped here without writing to it."""
+        now = time.monotonic()
+        if now - self._renewed_at < self.lease_s / 3:
+            return
+        self._renewed_at = now
+        lost = await asyncio.to_thread(self.claims.renew, set(self.running))
+        for job_id in lost & set(self.running):
+            task = self.running[job_id]
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            log.warning("daemon.lease_lost", job=job_id, owner=self.claims.owner)
 
     # -- lifetime ---------------------------------------------------------------------------------
 
@@ -156,9 +174,8 @@ class Daemon:
     async def serve(self) -> None:
         services = self.services("rules")
         self.queue = JobQueue(services.store.engine)
-        recovered = await asyncio.to_thread(self.queue.recover)
-        if recovered:
-            log.info("daemon.recovered", jobs=recovered)
+        self.claims = Claimer(self.queue, lease_s=self.lease_s)
+        await asyncio.to_thread(self.claims.expire_dead_here)
         api = ApiServer(self.queue, self.status, self.port)
         api.start()
         state = DaemonState(pid=os.getpid(), port=api.port, concurrency=self.concurrency, started_at=self.started_at)
@@ -170,6 +187,7 @@ class Daemon:
         log.info("daemon.started", pid=state.pid, port=state.port, concurrency=self.concurrency)
         try:
             while not self._stop.is_set():
+                await self._keep_leases()
                 await self._cancel_wanted()
                 await self._fill()
                 try:
@@ -186,7 +204,7 @@ class Daemon:
             task.cancel()
         await asyncio.gather(*(t for _, t in interrupted), return_exceptions=True)
         for job_id, _task in interrupted:
-            await asyncio.to_thread(self.queue.requeue, job_id)
+            await asyncio.to_thread(self.claims.release, job_id)
         api.stop()
         for brain in sorted(self._services, key=lambda b: b == "rules"):  # the owner of the shared parts last
             await self._services[brain].aclose()
@@ -203,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--poll", type=float, default=0.5)
+    parser.add_argument("--lease", type=float, default=DEFAULT_LEASE_S)
     args = parser.parse_args(argv)
     from maxkernel.logging import configure
 
@@ -211,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     if read_state(settings) is not None:
         print(f"error: a daemon is already running for {settings.data_path}", file=sys.stderr)
         return 2
-    asyncio.run(Daemon(settings, concurrency=args.concurrency, port=args.port, poll_s=args.poll).serve())
+    asyncio.run(Daemon(settings, concurrency=args.concurrency, port=args.port, poll_s=args.poll,
+                       lease_s=args.lease).serve())
     return 0
 
 

@@ -1,7 +1,8 @@
 """The daemon's job queue, kept in the store's database so that it outlives any one daemon process.
 
-Anything may submit (the CLI, the HTTP API, another machine sharing the store); one daemon claims jobs
-in priority order. A job left ``running`` by a daemon that died is queued again when a daemon starts.
+Anything may submit (the CLI, the HTTP API, another machine sharing the store); daemons claim jobs in
+priority order under leases (``orchestrators.claims``), so a job left ``running`` by a daemon that died
+is taken over by another once its lease runs out.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class JobInfo(BaseModel):
     result: dict[str, Any] | None = None
     error: str | None = None
     attempts: int = 0
+    owner: str | None = None
+    lease_until: datetime | None = None
     created_at: datetime
     updated_at: datetime
 
@@ -128,45 +131,11 @@ class JobQueue:
         with self.engine.connect() as conn:
             return [_info(r) for r in conn.execute(query)]
 
-    def claim(self) -> JobInfo | None:
-        """Mark the next queued job (highest priority, oldest first) running, and return it."""
-        with self.writer.begin() as conn:
-            row = conn.execute(sa.select(jobs.c.id, jobs.c.attempts).where(jobs.c.status == "queued")
-                               .order_by(jobs.c.priority.desc(), jobs.c.created_at).limit(1)).first()
-            if row is None:
-                return None
-            conn.execute(jobs.update().where(jobs.c.id == row.id).values(
-                status="running", attempts=row.attempts + 1, updated_at=utcnow()))
-        return self.get(row.id)
-
     def started(self, job_id: str, session_id: str) -> None:
         with self.writer.begin() as conn:
             sessions = conn.execute(sa.select(jobs.c.sessions).where(jobs.c.id == job_id)).scalar_one() or []
             conn.execute(jobs.update().where(jobs.c.id == job_id).values(
                 session_id=session_id, sessions=[*sessions, session_id], updated_at=utcnow()))
-
-    def finish(self, job_id: str, status: JobStatus, result: dict[str, Any] | None = None,
-               error: str | None = None) -> None:
-        with self.writer.begin() as conn:
-            conn.execute(jobs.update().where(jobs.c.id == job_id).values(
-                status=status, result=result, error=error, updated_at=utcnow()))
-
-    def requeue(self, job_id: str) -> None:
-        """A job interrupted by a shutdown goes back to the queue (a cancel asked meanwhile wins)."""
-        with self.writer.begin() as conn:
-            conn.execute(jobs.update().where(jobs.c.id == job_id, jobs.c.status == "running")
-                         .values(status="queued", updated_at=utcnow()))
-            conn.execute(jobs.update().where(jobs.c.id == job_id, jobs.c.status == "cancelling")
-                         .values(status="cancelled", updated_at=utcnow()))
-
-    def recover(self) -> list[str]:
-        """Jobs a dead daemon left running: queue them again (cancelling ones are cancelled)."""
-        with self.writer.begin() as conn:
-            ids = conn.execute(sa.select(jobs.c.id).where(jobs.c.status == "running")).scalars().all()
-            conn.execute(jobs.update().where(jobs.c.status == "running").values(status="queued", updated_at=utcnow()))
-            conn.execute(jobs.update().where(jobs.c.status == "cancelling")
-                         .values(status="cancelled", updated_at=utcnow()))
-        return list(ids)
 
     def cancel(self, job_id: str) -> JobInfo:
         """Cancel a queued job now, or ask a running one to stop; a job that already ended is refused."""

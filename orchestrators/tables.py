@@ -1,8 +1,8 @@
 """The orchestrators' own tables (jobs, searches, expansions), in the store's database.
 
-``memory.Store`` has no table for daemon jobs or search bookkeeping, and its Alembic history belongs to
-the memory package, so these live beside it as plain SQLAlchemy Core tables created if missing. They
-only *point at* the store's sessions and candidates; the event log stays the record of what happened.
+They are declared with the store's schema (``memory.schema``), so the store's Alembic history creates
+them; here they are the Core tables the orchestrators query. They only *point at* the store's sessions
+and candidates; the event log stays the record of what happened.
 """
 
 from __future__ import annotations
@@ -12,69 +12,27 @@ from typing import Any
 
 import sqlalchemy as sa
 
-metadata = sa.MetaData()
+from memory.schema import ExpansionRow, JobRow, SearchRow
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-jobs = sa.Table(
-    "orch_jobs", metadata,
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("task_id", sa.String(200), nullable=False),
-    sa.Column("priority", sa.Integer, nullable=False, default=0),
-    sa.Column("budget", sa.JSON, nullable=False),
-    sa.Column("brain", sa.String(64), nullable=False, default="rules"),
-    sa.Column("target", sa.String(64), nullable=False, default="cpu"),
-    sa.Column("status", sa.String(32), nullable=False, index=True),
-    sa.Column("session_id", sa.String(64)),
-    sa.Column("sessions", sa.JSON, nullable=False, default=list),
-    sa.Column("result", sa.JSON),
-    sa.Column("error", sa.Text),
-    sa.Column("attempts", sa.Integer, nullable=False, default=0),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, default=utcnow),
-    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, default=utcnow, onupdate=utcnow),
-)
-
-searches = sa.Table(
-    "orch_searches", metadata,
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("task_id", sa.String(200), nullable=False),
-    sa.Column("algorithm", sa.String(32), nullable=False),
-    sa.Column("config", sa.JSON, nullable=False),
-    sa.Column("status", sa.String(32), nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, default=utcnow),
-    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, default=utcnow, onupdate=utcnow),
-)
-
-expansions = sa.Table(
-    "orch_expansions", metadata,
-    sa.Column("search_id", sa.String(64), primary_key=True),
-    sa.Column("n", sa.Integer, primary_key=True),
-    sa.Column("round", sa.Integer, nullable=False),
-    sa.Column("session_id", sa.String(64), nullable=False, unique=True),
-    sa.Column("parent_id", sa.String(64)),
-    sa.Column("strategy", sa.String(200), nullable=False),
-    sa.Column("params", sa.JSON, nullable=False),
-    sa.Column("edge", sa.String(300), nullable=False),
-    sa.Column("lane", sa.Integer, nullable=False, default=0),
-    sa.Column("status", sa.String(32), nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, default=utcnow),
-)
+jobs: sa.Table = JobRow.__table__  # type: ignore[assignment]
+searches: sa.Table = SearchRow.__table__  # type: ignore[assignment]
+expansions: sa.Table = ExpansionRow.__table__  # type: ignore[assignment]
 
 _ready: set[int] = set()
 
 
 def ensure(engine: sa.Engine) -> None:
-    """Create the tables that are missing (idempotent; safe from several processes)."""
+    """Bring the store to the schema these tables need (idempotent; one migration however many callers)."""
     if id(engine) in _ready:
         return
-    try:
-        metadata.create_all(engine, checkfirst=True)
-    except sa.exc.OperationalError as exc:  # another process created them between check and create
-        if "already exists" not in str(exc):
-            raise
+    from memory.migrate import upgrade
+
+    upgrade(engine, engine.url.render_as_string(hide_password=True))
     _ready.add(id(engine))
 
 

@@ -1,9 +1,14 @@
-"""Token and money accounting per actor and session, and the budget gate in front of every model call."""
+"""Token and money accounting per actor and session, and the budget gate in front of every model call.
+
+The ledger that counts is the store's: every process books its calls there, so a budget holds across
+the fleet however many workers a session's actors run on."""
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, Sequence
+from typing import Any, AsyncGenerator, Protocol, Sequence
 
 from autogen_core.models import ChatCompletionClient, CreateResult, LLMMessage
 
@@ -23,9 +28,25 @@ class UsageRecord:
     session_cost_usd: float
 
 
+class SharedBook(Protocol):
+    """The store's ledger (``memory.Store``): every process books there, budgets are checked there."""
+
+    def book(self, scope: str, *, tokens_in: int, tokens_out: int, cost_usd: float, model: str = "",
+             process: str = "") -> Any: ...
+
+    def spent(self, scope: str) -> Any: ...
+
+
+def process_name() -> str:
+    return f"{socket.gethostname()[:30]}:{os.getpid()}"
+
+
 @dataclass
 class Ledger:
-    """What one session has spent. ``pending`` holds records not yet published on the bus."""
+    """What one session has spent. ``pending`` holds records not yet published on the bus.
+
+    With ``shared`` (the store) every call is also booked there under ``scope``, and the budget is
+    checked against what all processes booked to that scope, so actors on many workers share it."""
 
     max_tokens: int | None = None
     max_cost_usd: float | None = None
@@ -33,13 +54,25 @@ class Ledger:
     cost_usd: float = 0.0
     by_actor: dict[str, dict[str, float]] = field(default_factory=dict)
     pending: list[UsageRecord] = field(default_factory=list)
+    shared: SharedBook | None = None
+    scope: str = ""
+
+    def _totals(self) -> tuple[int, float]:
+        """This scope's spending: the fleet's when shared, else this process's."""
+        if self.shared is None:
+            return self.tokens, self.cost_usd
+        spend = self.shared.spent(self.scope)
+        return max(self.tokens, spend.tokens), max(self.cost_usd, spend.cost_usd)
 
     def exhausted(self) -> str | None:
         """Why no further call may be made, or None."""
-        if self.max_tokens is not None and self.tokens >= self.max_tokens:
-            return f"token budget spent: {self.tokens} of {self.max_tokens} tokens"
-        if self.max_cost_usd is not None and self.cost_usd >= self.max_cost_usd:
-            return f"money budget spent: ${self.cost_usd:.4f} of ${self.max_cost_usd:.4f}"
+        if self.max_tokens is None and self.max_cost_usd is None:
+            return None
+        tokens, cost = self._totals()
+        if self.max_tokens is not None and tokens >= self.max_tokens:
+            return f"token budget spent: {tokens} of {self.max_tokens} tokens"
+        if self.max_cost_usd is not None and cost >= self.max_cost_usd:
+            return f"money budget spent: ${cost:.4f} of ${self.max_cost_usd:.4f}"
         return None
 
     def check(self) -> None:
@@ -55,6 +88,9 @@ class Ledger:
         mine["prompt_tokens"] += prompt
         mine["completion_tokens"] += completion
         mine["cost_usd"] += cost
+        if self.shared is not None:
+            self.shared.book(self.scope, tokens_in=prompt, tokens_out=completion, cost_usd=cost, model=model,
+                             process=f"{process_name()}/{actor}")
         record = UsageRecord(actor, model, prompt, completion, cost, self.tokens, self.cost_usd)
         self.pending.append(record)
         return record

@@ -20,6 +20,7 @@ from memory.errors import (
     StoreUnreachableError,
     VectorStoreError,
 )
+from memory.migrate import code_head
 from memory.store import Store
 
 
@@ -147,13 +148,13 @@ def test_a_schema_from_a_newer_version(store_url: str) -> None:
     _filled_store(store_url)
     engine = sa.create_engine(store_url)
     with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0002'"))
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0099'"))
     with pytest.raises(SchemaTooNewError) as info:
         Store.open(store_url)
     message = _one_line(info)
-    assert "revision 0002 is newer than this MaxKernel's 0001" in message and "upgrade MaxKernel" in message
+    assert f"revision 0099 is newer than this MaxKernel's {code_head()}" in message and "upgrade MaxKernel" in message
     with engine.begin() as conn:
-        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0002"
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0099"
         conn.execute(sa.text("UPDATE alembic_version SET version_num = 'a1b2c3'"))
     with pytest.raises(SchemaTooNewError, match="'a1b2c3' is unknown to this MaxKernel"):
         Store.open(store_url)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from memory.migrate import code_head
 from memory.store import Store
 
 WRITER = Path(__file__).with_name("memory_writer.py")
@@ -47,7 +48,7 @@ def test_two_processes_writing_at_once_lose_nothing(store_url: str, tmp_path: Pa
         assert stats.candidates == 2 * EVENTS // 10 and stats.notes == 2 * EVENTS // 10
         assert stats.tasks == 3  # task_a, task_b, shared_task: created once despite the race
         with store.engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all() == ["0001"]
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all() == [code_head()]
 
 
 def test_switching_to_wal_waits_for_a_lock_sqlite_reports_at_once(tmp_path: Path) -> None:

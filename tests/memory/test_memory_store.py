@@ -15,7 +15,8 @@ from memory.models import EventIn
 from memory.schema import Base
 from memory.store import Store
 
-TABLES = {"tasks", "sessions", "candidates", "evaluations", "events", "kernels", "notes", "alembic_version"}
+TABLES = {"tasks", "sessions", "candidates", "evaluations", "events", "kernels", "notes", "orch_jobs",
+          "orch_searches", "orch_expansions", "ledger", "alembic_version"}
 
 
 @pytest.fixture
@@ -25,10 +26,10 @@ def store(store_url: str):
 
 
 def test_open_applies_the_migrations(store: Store) -> None:
-    assert store.revision == code_head() == "0001"
+    assert store.revision == code_head() == "0002"
     assert TABLES <= set(sa.inspect(store.engine).get_table_names())
     with store.engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0001"
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0002"
 
 
 def test_migrations_build_exactly_the_model_schema(store: Store) -> None:
@@ -113,7 +114,7 @@ def test_reopening_keeps_everything(store_url: str) -> None:
     with Store.open(store_url) as s:
         stats = s.stats()
         assert (stats.tasks, stats.candidates, stats.events, stats.notes) == (1, 1, 5, 1)
-        assert stats.schema_revision == "0001"
+        assert stats.schema_revision == code_head()
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path) -> None:

@@ -1,0 +1,251 @@
+"""The gRPC host's router: several workers per role, the load spread over them, work of a dead one re-run.
+
+AutoGen's host lets one worker hold an agent type. Here any number may: each request or event for a
+balanced role (the tester) goes to the live worker of that role with the least work in flight. What a
+worker was given stays in flight until it answers (an RPC response, or the report it publishes for an
+event); when the worker's connection drops, its in-flight work goes to another worker of the role, or
+waits for one to register (a supervisor restarting the dead one). A worker that already published the
+report of a request before it died is not asked again: the host answers the caller with that report, so
+an evaluation is never judged twice in the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import structlog
+from autogen_core import TopicId
+from autogen_ext.runtimes.grpc import _constants
+from autogen_ext.runtimes.grpc._worker_runtime_host_servicer import (
+    GrpcWorkerAgentRuntimeHostServicer,
+    get_client_id_or_abort,
+)
+from autogen_ext.runtimes.grpc._utils import subscription_from_proto
+from autogen_ext.runtimes.grpc.protos import agent_worker_pb2, cloudevent_pb2
+
+from maxkernel.runtime import TESTER
+
+log = structlog.get_logger("actors.balancer")
+
+# What a worker publishes when it is done with a piece of work (the names the serializers give them).
+DONE_TYPES = frozenset({"EvalReport", "FixRequest", "SessionFinished"})
+
+
+@dataclass
+class Delivery:
+    """One piece of work given to a worker and not yet answered."""
+
+    kind: Literal["request", "event"]
+    agent_type: str
+    source: str
+    request: agent_worker_pb2.RpcRequest | None = None
+    event: cloudevent_pb2.CloudEvent | None = None
+    origin: str | None = None  # the client waiting for the response of a request
+    reported: cloudevent_pb2.CloudEvent | None = None  # the report the worker published before answering
+    tries: int = 0
+    future: asyncio.Future[Any] | None = field(default=None, repr=False)
+
+
+def _schema(event: cloudevent_pb2.CloudEvent) -> str:
+    value = event.attributes.get(_constants.DATA_SCHEMA_ATTR)
+    return value.ce_string.rsplit(".", 1)[-1] if value is not None else ""
+
+
+class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
+    """The host servicer with worker pools per agent type, least-loaded routing and redelivery."""
+
+    def __init__(self, balanced: frozenset[str] = frozenset({TESTER})) -> None:
+        super().__init__()
+        self.balanced = balanced
+        self.pools: dict[str, list[str]] = {}
+        self.inflight: dict[str, dict[str, Delivery]] = {}
+        self.parked: dict[str, list[Delivery]] = {}
+        self.redelivered = 0
+        self.answered_from_report = 0
+        self.wanted: dict[str, list[Any]] = {}  # client -> the subscriptions it asked for
+        self._turn = itertools.count()
+
+    # -- registration ---------------------------------------------------------------------------
+
+    async def RegisterAgent(self, request: agent_worker_pb2.RegisterAgentTypeRequest,  # type: ignore[override]
+                            context: Any) -> agent_worker_pb2.RegisterAgentTypeResponse:
+        client_id = await get_client_id_or_abort(context)
+        async with self._agent_type_to_client_id_lock:
+            pool = self.pools.setdefault(request.type, [])
+            if client_id not in pool:
+                pool.append(client_id)
+            self._agent_type_to_client_id.setdefault(request.type, client_id)
+        log.info("host.registered", agent_type=request.type, client=client_id, workers=len(pool))
+        return agent_worker_pb2.RegisterAgentTypeResponse()
+
+    async def AddSubscription(self, request: agent_worker_pb2.AddSubscriptionRequest,  # type: ignore[override]
+                              context: Any) -> agent_worker_pb2.AddSubscriptionResponse:
+        """Workers of one role ask for the same subscriptions: the first one is kept, the others noted
+        (and put in its place should its worker go)."""
+        client_id = await get_client_id_or_abort(context)
+        subscription = subscription_from_proto(request.subscription)
+        self.wanted.setdefault(client_id, []).append(subscription)
+        if any(s == subscription for s in self._subscription_manager.subscriptions):
+            return agent_worker_pb2.AddSubscriptionResponse()
+        return await super().AddSubscription(request, context)
+
+    async def _resubscribe(self) -> None:
+        """Subscriptions that went with a dead worker, taken over by a live one that asked for them."""
+        for client_id, subscriptions in self.wanted.items():
+            if client_id not in self._data_connections:
+                continue
+            for subscription in subscriptions:
+                if any(s == subscription for s in self._subscription_manager.subscriptions):
+                    continue
+                await self._subscription_manager.add_subscription(subscription)
+                self._client_id_to_subscription_id_mapping.setdefault(client_id, set()).add(subscription.id)
+
+    async def _on_client_disconnect(self, client_id: str) -> None:
+        log.info("host.disconnected", client=client_id)
+        await super()._on_client_disconnect(client_id)
+        self.wanted.pop(client_id, None)
+        await self._resubscribe()
+        async with self._agent_type_to_client_id_lock:
+            for agent_type, pool in self.pools.items():
+                if client_id in pool:
+                    pool.remove(client_id)
+                    if pool and agent_type not in self._agent_type_to_client_id:
+                        self._agent_type_to_client_id[agent_type] = pool[0]
+        lost = list(self.inflight.pop(client_id, {}).values())
+        if lost:
+            log.warning("host.worker_lost", client=client_id, in_flight=len(lost))
+        for delivery in lost:
+            if delivery.kind == "request" and delivery.reported is not None:
+                await self._answer_from_report(delivery)
+                continue
+            self.redelivered += 1
+            log.info("host.redelivered", kind=delivery.kind, agent_type=delivery.agent_type, source=delivery.source)
+            await self._dispatch(delivery)
+
+    def live(self, agent_type: str) -> list[str]:
+        return [c for c in self.pools.get(agent_type, []) if c in self._data_connections]
+
+    def _pick(self, agent_type: str) -> str | None:
+        """The live worker of ``agent_type`` with the least work in flight (ties taken in turn)."""
+        pool = self.live(agent_type)
+        if not pool:
+            return None
+        start = next(self._turn) % len(pool)
+        turn = pool[start:] + pool[:start]
+        return min(turn, key=lambda c: len(self.inflight.get(c, {})))
+
+    # -- delivery -------------------------------------------------------------------------------
+
+    async def _dispatch(self, delivery: Delivery) -> None:
+        target = self._pick(delivery.agent_type)
+        if target is None:  # no worker of that role now: wait for one to register
+            self.parked.setdefault(delivery.agent_type, []).append(delivery)
+            log.info("host.parked", agent_type=delivery.agent_type, source=delivery.source)
+            task = asyncio.create_task(self._when_served(delivery))
+            self._background_tasks.add(task)
+            task.add_done_callback(self._background_tasks.discard)
+            return
+        delivery.tries += 1
+        connection = self._data_connections[target]
+        if delivery.kind == "event":
+            assert delivery.event is not None
+            self.inflight.setdefault(target, {})[f"event:{delivery.event.id}"] = delivery
+            await connection.send(agent_worker_pb2.Message(cloudEvent=delivery.event))
+            return
+        assert delivery.request is not None
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        delivery.future = future
+        self._pending_responses.setdefault(target, {})[delivery.request.request_id] = future
+        self.inflight.setdefault(target, {})[f"request:{delivery.request.request_id}"] = delivery
+        await connection.send(agent_worker_pb2.Message(request=delivery.request))
+        task = asyncio.create_task(self._relay(delivery, target, future))
+        self._background_tasks.add(task)
+        task.add_done_callback(self._background_tasks.discard)
+
+    async def _when_served(self, delivery: Delivery, poll_s: float = 0.1) -> None:
+        """Dispatch a parked delivery once a worker of its role is registered and connected."""
+        while not self.live(delivery.agent_type):
+            await asyncio.sleep(poll_s)
+        waiting = self.parked.get(delivery.agent_type, [])
+        if delivery in waiting:
+            waiting.remove(delivery)
+        await self._dispatch(delivery)
+
+    async def _relay(self, delivery: Delivery, target: str, future: asyncio.Future[Any]) -> None:
+        """Pass a response back to the caller; a cancelled wait means the worker died (redelivered)."""
+        try:
+            response = await future
+        except asyncio.CancelledError:
+            return
+        assert delivery.request is not None
+        self.inflight.get(target, {}).pop(f"request:{delivery.request.request_id}", None)
+        await self._send_to(delivery.origin, agent_worker_pb2.Message(response=response))
+
+    async def _answer_from_report(self, delivery: Delivery) -> None:
+        assert delivery.request is not None and delivery.reported is not None
+        report = delivery.reported
+        self.answered_from_report += 1
+        log.info("host.answered_from_report", source=delivery.source, request=delivery.request.request_id)
+        content = report.attributes.get(_constants.DATA_CONTENT_TYPE_ATTR)
+        response = agent_worker_pb2.RpcResponse(
+            request_id=delivery.request.request_id,
+            payload=agent_worker_pb2.Payload(
+                data_type=report.attributes[_constants.DATA_SCHEMA_ATTR].ce_string,
+                data_content_type=content.ce_string if content is not None else "application/json",
+                data=report.binary_data))
+        await self._send_to(delivery.origin, agent_worker_pb2.Message(response=response))
+
+    async def _send_to(self, client_id: str | None, message: agent_worker_pb2.Message) -> None:
+        connection = self._data_connections.get(client_id or "")
+        if connection is None:
+            log.warning("host.caller_gone", client=client_id)
+            return
+        await connection.send(message)
+
+    # -- the base servicer's entry points -------------------------------------------------------
+
+    async def _receive_message(self, client_id: str, message: agent_worker_pb2.Message) -> None:
+        if message.WhichOneof("message") == "cloudEvent":
+            self._note_done(client_id, message.cloudEvent)
+        await super()._receive_message(client_id, message)
+
+    def _note_done(self, client_id: str, event: cloudevent_pb2.CloudEvent) -> None:
+        """A worker's published report ends its oldest event on that session, and is kept with its
+        oldest request on that session (the answer to give should the worker die before responding)."""
+        if _schema(event) not in DONE_TYPES:
+            return
+        mine = self.inflight.get(client_id, {})
+        for key, delivery in list(mine.items()):
+            if delivery.source != event.source:
+                continue
+            if delivery.kind == "event":
+                del mine[key]
+                return
+            if delivery.reported is None:
+                delivery.reported = event
+                return
+
+    async def _process_request(self, request: agent_worker_pb2.RpcRequest, client_id: str) -> None:
+        agent_type = request.target.type
+        if agent_type not in self.pools:
+            await super()._process_request(request, client_id)
+            return
+        await self._dispatch(Delivery(kind="request", agent_type=agent_type, source=request.target.key,
+                                      request=request, origin=client_id))
+
+    async def _process_event(self, event: cloudevent_pb2.CloudEvent) -> None:
+        recipients = await self._subscription_manager.get_subscribed_recipients(
+            TopicId(type=event.type, source=event.source))
+        clients: set[str] = set()
+        for agent_type in sorted({r.type for r in recipients}):
+            if agent_type in self.balanced:
+                await self._dispatch(Delivery(kind="event", agent_type=agent_type, source=event.source, event=event))
+                continue
+            for client in self.live(agent_type) or [c for c in [self._agent_type_to_client_id.get(agent_type)] if c]:
+                clients.add(client)
+                break
+        for client in clients:
+            await self._send_to(client, agent_worker_pb2.Message(cloudEvent=event))

@@ -1,0 +1,303 @@
+"""A local fleet on loopback, for trying many daemons and workers on one machine.
+
+One folder holds everything (the PostgreSQL cluster goes to a folder of its own in /tmp when run as root,
+since the server then runs as ``postgres``): a PostgreSQL cluster (the system's binaries), a Chroma server, the gRPC host,
+N daemons (each with its own data folder, all on the one store and Chroma server) and a supervisor that
+keeps M tester workers alive. ``fleet.json`` in that folder lists every process, so ``status`` and
+``down`` work from any shell; every server binds 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import structlog
+from pydantic import BaseModel
+
+log = structlog.get_logger("orchestrators.fleet")
+
+ROOT = Path(__file__).resolve().parent.parent
+STATE = "fleet.json"
+
+
+class FleetError(RuntimeError):
+    """The fleet could not be started or found (one line, for the user)."""
+
+
+class Proc(BaseModel):
+    name: str
+    pid: int
+    log: str
+    port: int | None = None
+    data_dir: str | None = None
+
+
+class FleetState(BaseModel):
+    root: str
+    store_url: str
+    chroma_url: str
+    host: str
+    procs: list[Proc]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def postgres_bin() -> Path:
+    """The folder of the system's ``initdb`` and ``postgres``, newest version first."""
+    for folder in sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: p.parent.name, reverse=True):
+        if (folder / "initdb").exists() and (folder / "postgres").exists():
+            return folder
+    initdb = shutil.which("initdb")
+    if initdb:
+        return Path(initdb).resolve().parent
+    raise FleetError("no PostgreSQL binaries found (install Debian's postgresql package)")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a child of this process that exited is a zombie until reaped
+        return os.waitpid(pid, os.WNOHANG)[0] != pid
+    except ChildProcessError:
+        return True
+
+
+def _spawn(name: str, args: list[str], root: Path, env: dict[str, str] | None = None, user: str | None = None,
+           **extra: Any) -> Proc:
+    log_path = root / "logs" / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(ROOT),
+                                env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, start_new_session=True,
+                                user=user)
+    return Proc(name=name, pid=proc.pid, log=str(log_path), **extra)
+
+
+def _wait(ready: Any, what: str, proc: Proc, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        if not alive(proc.pid):
+            tail = Path(proc.log).read_text(errors="replace")[-1500:]
+            raise FleetError(f"{what} exited while starting; see {proc.log}: {tail.splitlines()[-1:] or ''}")
+        time.sleep(0.2)
+    raise FleetError(f"{what} did not become ready within {timeout_s:.0f} s; see {proc.log}")
+
+
+def _pg_ready(port: int) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres", connect_timeout=2):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start_postgres(root: Path) -> tuple[Proc, str]:
+    bin_dir = postgres_bin()
+    user = "postgres" if os.geteuid() == 0 else None
+    if user:  # the server runs as ``postgres`` (initdb refuses root), which may not reach root's folders
+        folder = Path(tempfile.mkdtemp(prefix="maxkernel-fleet-pg-"))
+        folder.chmod(0o755)
+        shutil.chown(folder, user, user)
+    else:
+        folder = root / "pg"
+        folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "data").exists():
+        made = subprocess.run([str(bin_dir / "initdb"), "-D", str(folder / "data"), "-U", "postgres", "--auth=trust",
+                               "--no-sync"], capture_output=True, text=True, user=user, timeout=120)
+        if made.returncode != 0:
+            raise FleetError(f"initdb failed in {folder}: {(made.stderr or made.stdout).strip().splitlines()[-1:]}")
+    port = free_port()
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    if user:
+        shutil.chown(root / "logs", user, user)
+    proc = _spawn("postgres", [str(bin_dir / "postgres"), "-D", str(folder / "data"), "-p", str(port),
+                               "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={folder}",
+                               "-c", "fsync=off", "-c", "max_connections=200"], root, user=user, port=port,
+                  data_dir=str(folder))
+    _wait(lambda: _pg_ready(port), "PostgreSQL", proc)
+    return proc, f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+
+
+def chroma_executable() -> str:
+    beside = Path(sys.executable).parent / "chroma"
+    return str(beside) if beside.exists() else (shutil.which("chroma") or "chroma")
+
+
+def start_chroma(root: Path, port: int | None = None) -> Proc:
+    port = port or free_port()
+    proc = _spawn("chroma", [chroma_executable(), "run", "--host", "127.0.0.1", "--port", str(port),
+                             "--path", str(root / "chroma")], root, port=port)
+    _wait(lambda: _http_ok(f"http://127.0.0.1:{port}/api/v2/heartbeat"), "the Chroma server", proc)
+    return proc
+
+
+def start_host(root: Path) -> Proc:
+    port = free_port()
+    proc = _spawn("host", [sys.executable, "-m", "actors.host", f"127.0.0.1:{port}"], root, port=port)
+    _wait(lambda: _port_open(port), "the gRPC host", proc)
+    return proc
+
+
+def daemon_env(state: FleetState, data_dir: Path) -> dict[str, str]:
+    return {"MAXKERNEL_DATA_DIR": str(data_dir), "MAXKERNEL_STORE_URL": state.store_url,
+            "MAXKERNEL_CHROMA_URL": state.chroma_url}
+
+
+def start_daemon(state: FleetState, index: int, *, concurrency: int = 1, lease_s: float = 10.0,
+                 extra_env: dict[str, str] | None = None) -> Proc:
+    root = Path(state.root)
+    data_dir = root / f"daemon-{index}"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "daemon.json").unlink(missing_ok=True)
+    return _spawn(f"daemon-{index}", [sys.executable, "-m", "orchestrators.daemon", "--concurrency", str(concurrency),
+                                      "--lease", str(lease_s)], root,
+                  env={**daemon_env(state, data_dir), **(extra_env or {})}, data_dir=str(data_dir))
+
+
+def start_testers(state: FleetState, count: int) -> Proc:
+    root = Path(state.root)
+    return _spawn("testers", [sys.executable, "-m", "actors.worker", "--supervise", "--count", str(count), "--host",
+                              state.host, "--roles", "tester"], root,
+                  env={"MAXKERNEL_STORE_URL": state.store_url, "MAXKERNEL_CHROMA_URL": state.chroma_url})
+
+
+def up(root: Path, *, daemons: int = 2, testers: int = 2, concurrency: int = 1) -> FleetState:
+    """Start a fleet in ``root`` (refused when one runs there already)."""
+    if read(root) is not None:
+        raise FleetError(f"a fleet is already running in {root} (maxkernel fleet down first)")
+    root.mkdir(parents=True, exist_ok=True)
+    started: list[Proc] = []
+    try:
+        pg, store_url = start_postgres(root)
+        started.append(pg)
+        chroma = start_chroma(root)
+        started.append(chroma)
+        host = start_host(root)
+        started.append(host)
+        state = FleetState(root=str(root), store_url=store_url, chroma_url=f"http://127.0.0.1:{chroma.port}",
+                           host=f"127.0.0.1:{host.port}", procs=started)
+        from memory import Store
+
+        Store.open(store_url).close()  # migrate once, before the daemons race to
+        for i in range(daemons):
+            started.append(start_daemon(state, i, concurrency=concurrency))
+        if testers:
+            started.append(start_testers(state, testers))
+        state.procs = started
+        write(state)
+        return state
+    except BaseException:
+        stop_procs(started)
+        raise
+
+
+def write(state: FleetState) -> None:
+    (Path(state.root) / STATE).write_text(state.model_dump_json(indent=2))
+
+
+def read(root: Path) -> FleetState | None:
+    """The fleet running in ``root``, or None (a state file whose processes are all gone counts as none)."""
+    try:
+        state = FleetState.model_validate_json((root / STATE).read_text())
+    except (OSError, ValueError):
+        return None
+    return state if any(alive(p.pid) for p in state.procs) else None
+
+
+def stop_procs(procs: list[Proc], wait_s: float = 20.0) -> None:
+    """SIGTERM each process group, newest first, then SIGKILL what is left after ``wait_s``."""
+    for proc in reversed(procs):
+        if alive(proc.pid):
+            try:
+                os.killpg(proc.pid, signal.SIGINT if proc.name == "postgres" else signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+            deadline = time.monotonic() + wait_s
+            while alive(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def down(root: Path) -> list[Proc]:
+    state = read(root)
+    if state is None:
+        raise FleetError(f"no fleet is running in {root}")
+    stop_procs(state.procs)
+    for proc in state.procs:  # a cluster kept outside the fleet's folder goes with it
+        if proc.name == "postgres" and proc.data_dir and Path(proc.data_dir).name.startswith("maxkernel-fleet-pg-"):
+            shutil.rmtree(proc.data_dir, ignore_errors=True)
+    (root / STATE).unlink(missing_ok=True)
+    return state.procs
+
+
+def status(root: Path) -> list[dict[str, Any]]:
+    """Every process of the fleet: alive or not, and for a daemon the jobs it is running."""
+    state = read(root)
+    if state is None:
+        raise FleetError(f"no fleet is running in {root}")
+    rows: list[dict[str, Any]] = []
+    for proc in state.procs:
+        row: dict[str, Any] = {"name": proc.name, "pid": proc.pid, "alive": alive(proc.pid), "port": proc.port,
+                               "doing": ""}
+        if proc.name.startswith("daemon-") and proc.data_dir and row["alive"]:
+            row["doing"] = _daemon_doing(Path(proc.data_dir))
+        elif proc.name == "chroma":
+            row["doing"] = state.chroma_url
+        elif proc.name == "postgres":
+            row["doing"] = state.store_url
+        elif proc.name == "host":
+            row["doing"] = state.host
+        rows.append(row)
+    return rows
+
+
+def _daemon_doing(data_dir: Path) -> str:
+    import json
+
+    try:
+        port = json.loads((data_dir / "daemon.json").read_text())["port"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=3) as response:
+            info = json.loads(response.read())
+    except (OSError, ValueError, KeyError):
+        return "starting"
+    running = info.get("running") or []
+    return f"running {', '.join(j[:8] for j in running)}" if running else f"idle ({info.get('finished', 0)} finished)"

@@ -1,0 +1,46 @@
+"""``maxkernel fleet up|status|down`` on loopback: every process listed and alive, then all gone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from maxkernel.cli import app
+from orchestrators import fleet
+
+
+def test_fleet_up_status_down(tmp_path: Path) -> None:
+    runner = CliRunner()
+    root = tmp_path / "fleet"
+    try:
+        up = runner.invoke(app, ["fleet", "up", "--dir", str(root), "--daemons", "1", "--testers", "1"])
+        assert up.exit_code == 0, up.output
+        state = fleet.read(root)
+        assert state is not None and state.store_url in up.output
+        assert [p.name for p in state.procs] == ["postgres", "chroma", "host", "daemon-0", "testers"]
+        assert state.host.startswith("127.0.0.1:")
+        assert state.chroma_url.startswith("http://127.0.0.1:")
+
+        again = runner.invoke(app, ["fleet", "up", "--dir", str(root)])
+        assert again.exit_code == 2 and "already running" in again.output
+
+        rows = fleet.status(root)
+        assert [r["name"] for r in rows] == [p.name for p in state.procs] and all(r["alive"] for r in rows)
+        shown = runner.invoke(app, ["fleet", "status", "--dir", str(root)])
+        assert shown.exit_code == 0 and "daemon-0" in shown.output and "testers" in shown.output
+
+        down = runner.invoke(app, ["fleet", "down", "--dir", str(root)])
+        assert down.exit_code == 0 and "stopped 5 processes" in down.output
+        assert not any(fleet.alive(p.pid) for p in state.procs)
+        gone = runner.invoke(app, ["fleet", "status", "--dir", str(root)])
+        assert gone.exit_code == 2 and "no fleet is running" in gone.output
+    finally:
+        left = fleet.read(root)
+        if left is not None:
+            fleet.stop_procs(left.procs)
+
+
+def test_an_unknown_fleet_action_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["fleet", "sideways", "--dir", str(tmp_path)])
+    assert result.exit_code == 2 and "unknown fleet action 'sideways'" in result.output
