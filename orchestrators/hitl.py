@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from actors import policy
 from actors.config import ActorConfig
 from actors.services import Services
-from jaxbench.report import EvalReport as JudgeReport
+from jaxbench.report import EvalReport as JudgeReport, format_speedup
 from maxkernel.messages import (
     Budget,
     BusMessage,
@@ -283,7 +283,7 @@ class Chat:
         if not isinstance(out, CandidateScored):
             self.write(f"tuning ended: {getattr(out, 'reason', '')}")
             return
-        self.write(f"tuned: {out.report.speedup}x ({out.report.status})")
+        self.write(f"tuned: {format_speedup(out.report.speedup, out.report.interval)} ({out.report.status})")
         await self.decide("tune", out, self.diff(out.source), None)
 
     async def do_accept(self, _arg: str) -> None:
@@ -302,21 +302,21 @@ class Chat:
         self.state.accepted = kernel.id
         await self.log_decision("approve", f"accepted kernel {kernel.id}")
         await asyncio.to_thread(self.services.store.set_session_status, self.session_id, "accepted")
-        self.write(f"accepted: {report.speedup}x ({how}), remembered as {kernel.id}")
+        self.write(f"accepted: {policy.describe(report.speedup, report.interval)} ({how}), remembered as {kernel.id}")
 
     async def confirm(self, draft: KernelDraft, report: JudgeReport) -> tuple[JudgeReport | None, str]:
         """Measure the kernel again before it is accepted (``actors.policy``): the confirmed report, or None
         when a re-run fails."""
         if not policy.needs_confirmation(report):
             return report, f"{report.basis}, deterministic"
-        runs, reports = [float(report.speedup or 0.0)], [report]
+        runs, reports = [policy.lower(report)], [report]
         while policy.confirm_more(runs, 1.0):
             out = await ask_tester(self.services, draft.model_copy(update={"produced_by": policy.CONFIRM}), True)
             assert isinstance(out, EvalReport)
             if not out.report.passed:
                 self.write(f"not accepted: a re-run failed: {out.report.status}: {out.report.reason[:300]}")
                 return None, ""
-            runs.append(policy.reading(out.report) or 0.0)
+            runs.append(policy.lower(out.report))
             reports.append(out.report)
         value = policy.confirmed(runs)
         return reports[runs.index(value)], f"confirmed, {policy.confirmation_label(runs)}"
@@ -431,7 +431,7 @@ def _edited_plan(plan: Plan, text: str) -> Plan:
 
 
 def report_text(report: JudgeReport) -> str:
-    speed = f"{report.speedup}x ({report.basis})" if report.speedup is not None else "-"
+    speed = f"{format_speedup(report.speedup, report.interval)} ({report.basis})" if report.speedup is not None else "-"
     return f"status {report.status}, correct {report.correct}, speedup {speed}" + (f"\nreason: {report.reason[:800]}" if report.reason else "")
 
 

@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from jaxbench.report import format_speedup
+
 
 def optimize_command(
     task: str = typer.Argument(..., help="suite id or task folder"),
@@ -89,7 +91,7 @@ class _Progress:
         if kind == "iteration":
             self.progress.update(self.bar, description=f"{self.task_id}: {data['strategy']}")
         elif kind == "trial":
-            speed = f"{data['speedup']:.2f}x" if data.get("speedup") else data["status"]
+            speed = format_speedup(data["speedup"], data.get("speedup_ci")) if data.get("speedup") else data["status"]
             params = data["params"] or ""
             self.progress.console.print(f"  {data['role']:8} {data['strategy']} {params}: {speed}", highlight=False,
                                         markup=False)
@@ -110,18 +112,14 @@ def _print(result: Any, kernel_path: Path | None) -> None:
         table.add_column(col, overflow="fold")
     for row in result.trials:
         table.add_row(escape(row.strategy), row.role, escape(str(row.params or "")), row.status,
-                      f"{row.speedup:.2f}x" if row.speedup else "-", row.label or "-")
+                      format_speedup(row.speedup, row.speedup_ci), row.label or "-")
     console.print(table)
     report = result.best_report
-    basis = f" ({report.basis})" if report is not None and report.basis else ""
-    if result.beat_reference and result.confirmed_speedup is not None:
-        speed = f"{result.confirmed_speedup:.2f}x{basis} confirmed"
-        verdict = "[green]faster than the reference[/]"
-    else:
-        speed = "1.00x"
-        verdict = "[yellow]no candidate beat the reference[/]"
+    basis = f" ({report.basis}, {result.confirmation})" if report is not None and report.basis else ""
+    colour = "green" if result.claim == "faster" else "yellow"
     params = {k: v for k, v in result.best_params.items() if k not in ("rewrites", "source")}
-    console.print(f"best: {escape(result.best_strategy or '-')} {escape(str(params or ''))} — {speed} — {verdict}")
+    console.print(f"best: {escape(result.best_strategy or '-')} {escape(str(params or ''))} — "
+                  f"[{colour}]{escape(result.verdict)}[/]" + (escape(basis) if result.beat_reference else ""))
     if result.note:
         console.print(result.note, highlight=False, markup=False)
     console.print(f"session {result.session_id}: {result.status} ({result.stop_reason}); {result.evaluations} "
