@@ -57,3 +57,12 @@ def test_ranking_and_confirmation_go_by_the_lower_end() -> None:
     assert policy.to_confirm([lucky, steady], policy.lower, 1.0) == [steady]
     failed = EvalReport(task="t", status="incorrect", speedup=3.0, speedup_ci=(2.9, 3.1))
     assert policy.lower(failed) == 0.0  # a failed candidate never ranks
+
+
+def test_the_tuner_keeps_a_steady_trial_over_a_lucky_one() -> None:
+    from maxkernel.tuning.database import Database, Trial
+
+    db = Database()
+    db.add(Trial(strategy="s", params={"block": 8}, report=_report(1.9, (0.8, 2.6)), seconds=0.1))
+    db.add(Trial(strategy="s", params={"block": 16}, report=_report(1.3, (1.25, 1.36)), seconds=0.1))
+    assert db.best("s").params == {"block": 16}

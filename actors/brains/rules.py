@@ -109,7 +109,7 @@ def _outcome(task: Any, ref: StrategyRef, result: Any, profile: ProfileReport) -
                         kernel_ms=t.report.kernel_ms) for t in result.trials]
     best_report = result.best_report
     base = profile.report
-    if best_report is not None and best_report.passed and (best_report.speedup or 0) > (base.speedup or 0):
+    if best_report is not None and best_report.passed and best_report.low > base.low:
         return TuneOutcome(best_source=result.best_source, best_report=best_report,
                            best_params=dict(result.best_params or {}), trials=trials)
     return TuneOutcome(best_source=profile.draft.source, best_report=base, best_params=dict(ref.params), trials=trials)
