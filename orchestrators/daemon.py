@@ -159,7 +159,9 @@ class Daemon:
         recovered = await asyncio.to_thread(self.queue.recover)
         if recovered:
             log.info("daemon.recovered", jobs=recovered)
-        api = ApiServer(self.queue, self.status, self.port)
+        from orchestrators.dashboard import Dashboard
+
+        api = ApiServer(self.queue, self.status, self.port, pages=Dashboard(self.queue, services.store))
         api.start()
         state = DaemonState(pid=os.getpid(), port=api.port, concurrency=self.concurrency, started_at=self.started_at)
         path = state_path(self.settings)
