@@ -279,6 +279,7 @@ class AutoRun:
         self.history[REFERENCE] = Attempt(
             strategy=REFERENCE, step=-1, evaluations=len(self.baseline_runs),
             status="ok" if baseline.passed else baseline.status, speedup=baseline.speedup,
+            speedup_ci=baseline.interval,
             reason="" if baseline.passed else baseline.reason)
 
     async def conclude(self, reason: str = "") -> None:
@@ -496,7 +497,9 @@ def summary_note(run: AutoRun) -> tuple[str, str]:
     """The note remembered at the end: what worked and what failed on this task (and its outcome)."""
     worked = [a.line() for a in run.history.values() if a.status == "ok"]
     failed = [a.line() for a in run.history.values() if a.status != "ok"]
-    head = f"Auto on {run.task.id} ({run.target}): {run.note}" if run.note else f"Auto on {run.task.id} ({run.target})"
+    # The figures are the event log's (the same messages the report reads): evaluations, intervals.
+    head = f"Auto on {run.task.id} ({run.target}), {run.evaluations} evaluations"
+    head += f": {run.note}" if run.note else ""
     text = head + ". Worked: " + ("; ".join(worked) or "nothing") + ". Failed: " + ("; ".join(failed) or "nothing") + "."
     outcome = "worked" if run.winner is not None else "failed" if not run.scored else "info"
     return text[:2000], outcome
