@@ -19,7 +19,26 @@ class CheckResult(BaseModel):
     detail: str = ""
 
 
-class EvalReport(BaseModel):
+class SpeedupInterval:
+    """``interval`` and ``low`` for anything with ``speedup``, ``speedup_ci`` and ``passed`` (a report, a
+    search node)."""
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The speedup's interval: the measured one, else the point (modelled, or a report without one)."""
+        speedup, ci = getattr(self, "speedup"), getattr(self, "speedup_ci")
+        if speedup is None:
+            return None
+        return tuple(ci) if ci else (speedup, speedup)  # type: ignore[return-value]
+
+    @property
+    def low(self) -> float:
+        """The interval's lower end (0.0 when it failed or has none): what ranking goes by, so luck never wins."""
+        interval = self.interval if getattr(self, "passed") else None
+        return interval[0] if interval else 0.0
+
+
+class EvalReport(SpeedupInterval, BaseModel):
     task: str
     target: str = "cpu"
     size: str = "cpu"
@@ -51,19 +70,6 @@ class EvalReport(BaseModel):
     def passed(self) -> bool:
         """Fit to be remembered: evaluated ok and correct."""
         return self.status == "ok" and self.correct
-
-    @property
-    def interval(self) -> tuple[float, float] | None:
-        """The speedup's interval: the measured one, else the point (modelled, or a report without one)."""
-        if self.speedup is None:
-            return None
-        return self.speedup_ci or (self.speedup, self.speedup)
-
-    @property
-    def low(self) -> float:
-        """The interval's lower end (0.0 without a speedup): what ranking goes by, so luck never wins."""
-        interval = self.interval if self.passed else None
-        return interval[0] if interval else 0.0
 
     def check(self, name: str) -> CheckResult | None:
         return next((c for c in self.checks if c.name == name), None)

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, Field
 
 from actors import policy
+from jaxbench.report import SpeedupInterval
 from memory import Store
 from orchestrators.tables import ensure, expansions, searches
 
@@ -26,7 +27,7 @@ CONFIRM_SESSION = "confirm"
 _NS = uuid.UUID("6f1d1c52-58a4-4c8f-9a53-2f0b0d7c1e11")
 
 
-class Node(BaseModel):
+class Node(SpeedupInterval, BaseModel):
     candidate_id: str
     session_id: str
     expansion: int | None = None
@@ -47,18 +48,6 @@ class Node(BaseModel):
     produced_by: str = ""
     basis: str | None = None
     confirm_runs: list[float] = Field(default_factory=list, description="lower ends of the re-measurements")
-
-    @property
-    def interval(self) -> tuple[float, float] | None:
-        if self.speedup is None:
-            return None
-        return self.speedup_ci or (self.speedup, self.speedup)
-
-    @property
-    def low(self) -> float:
-        """What a node ranks by: its interval's lower end (0.0 when it failed)."""
-        interval = self.interval if self.passed else None
-        return interval[0] if interval else 0.0
 
     @property
     def confirmed(self) -> float | None:
