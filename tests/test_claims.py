@@ -66,3 +66,13 @@ def test_the_tuner_keeps_a_steady_trial_over_a_lucky_one() -> None:
     db.add(Trial(strategy="s", params={"block": 8}, report=_report(1.9, (0.8, 2.6)), seconds=0.1))
     db.add(Trial(strategy="s", params={"block": 16}, report=_report(1.3, (1.25, 1.36)), seconds=0.1))
     assert db.best("s").params == {"block": 16}
+
+
+def test_the_profiler_says_at_par_for_a_reading_inside_the_noise() -> None:
+    from actors.profile_facts import ProfileFacts, rules_diagnosis
+
+    noisy = ProfileFacts(basis="measured", ref_ms=1.0, kernel_ms=0.9976, speedup=1.0024, speedup_ci=(0.97, 1.04))
+    diagnosis, _ = rules_diagnosis(noisy, "cpu")
+    assert "at par with the reference (0.97–1.04x)" in diagnosis and "faster" not in diagnosis
+    clear = ProfileFacts(basis="measured", ref_ms=2.0, kernel_ms=1.0, speedup=2.0, speedup_ci=(1.8, 2.2))
+    assert "2.00x (1.80–2.20x), faster than the reference" in rules_diagnosis(clear, "cpu")[0]
