@@ -76,3 +76,12 @@ def test_the_profiler_says_at_par_for_a_reading_inside_the_noise() -> None:
     assert "at par with the reference (0.97–1.04x)" in diagnosis and "faster" not in diagnosis
     clear = ProfileFacts(basis="measured", ref_ms=2.0, kernel_ms=1.0, speedup=2.0, speedup_ci=(1.8, 2.2))
     assert "2.00x (1.80–2.20x), faster than the reference" in rules_diagnosis(clear, "cpu")[0]
+
+
+def test_a_recalled_kernel_ranks_by_its_remembered_lower_end() -> None:
+    from maxkernel.messages import RecalledKernel
+
+    lucky = RecalledKernel(id="a", task_id="t", score=1.0, speedup=1.9, speedup_ci=(0.8, 2.6), code="")
+    steady = RecalledKernel(id="b", task_id="t", score=1.0, speedup=1.3, speedup_ci=(1.25, 1.36), code="")
+    assert max([lucky, steady], key=lambda k: k.low).id == "b"
+    assert RecalledKernel(id="c", task_id="t", score=1.0, speedup=1.1, code="").low == 1.1  # modelled: the point

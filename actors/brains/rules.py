@@ -10,7 +10,7 @@ from actors.brains.base import Brain, Diagnosis, PlanOutcome, TuneOutcome
 from actors.policy import tune_window
 from actors.priors import prioritize, tuning_priors
 from actors.profile_facts import gather, rules_diagnosis
-from jaxbench.report import EvalReport as JudgeReport
+from jaxbench.report import EvalReport as JudgeReport, format_speedup
 from maxkernel.messages import Budget, EvalReport, FixRequest, OptimizeRequest, Plan, ProfileReport, Recall, StrategyRef, TuneTrial
 
 RECALLED = "recalled"
@@ -39,9 +39,10 @@ class RulesBrain(Brain):
         # it costs one evaluation. Similarity scores mix in the code, so the task id decides, not the score.
         same = [k for k in recall.kernels if k.task_id == task.id]
         if same:
-            best = max(same, key=lambda k: k.speedup or 0.0)
+            best = max(same, key=lambda k: k.low)  # by the lower end: a lucky reading is not the one recalled
             strategies.insert(0, StrategyRef(name=f"recall:{best.id}", kind=RECALLED, params={"source": best.code},
-                                             rationale=f"verified before for this task ({best.speedup}x)"))
+                                             rationale=f"verified before for this task "
+                                                       f"({format_speedup(best.speedup, best.speedup_ci)})"))
         # Strategies that won on the nearest measured tasks go first, those that failed there last.
         strategies, remembered = await asyncio.to_thread(prioritize, self.services.memory, task, request.target,
                                                          strategies)
