@@ -35,7 +35,8 @@ class Librarian(Actor):
         memory = self.services.memory
         task = self.services.task(message.task_id)
         kernels = [RecalledKernel(id=h.kernel.id, task_id=h.kernel.task_id, score=h.score, strategy=h.kernel.strategy,
-                                  speedup=h.kernel.speedup, code=h.kernel.code)
+                                  speedup=h.kernel.speedup, speedup_ci=h.kernel.report.interval,
+                                  code=h.kernel.code)
                    for h in memory.recall_kernels(task, k=message.k, target=message.target)]
         notes = [RecalledNote(id=h.note.id, score=h.score, outcome=h.note.outcome, text=h.note.text)
                  for h in memory.recall_notes(task, k=message.k, target=message.target)]

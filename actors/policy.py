@@ -4,16 +4,20 @@ strategies, which order they are worked in, how long a tuner may search, and whe
 Auto, search, chat and daemon jobs all ask these functions; none of them keeps a rule of its own.
 
 - **The bar.** The judge times the reference in its own process and a candidate in a worker; the
-  reference itself run as a candidate shows how far that alone moves the ratio. A winner must beat both
-  1.0 and that reading. One noisy high reading would hide real wins behind an inflated bar, so a reading
-  above ``SUSPECT_BIAS`` is measured twice more and the median of the three counts.
+  reference itself run as a candidate shows how far that alone moves the ratio. Every measured speedup
+  carries a bootstrap interval over its timing rounds. A winner's interval must lie wholly above 1.0 and
+  above the upper end of that reading's interval; otherwise it is "at par". One noisy high reading would
+  hide real wins behind an inflated bar, so a reading above ``SUSPECT_BIAS`` is measured twice more and
+  the median of the three counts.
+- **Ranking.** Candidates are ranked by the lower end of their interval, so a noisy lucky reading never
+  wins over a steady one.
 - **Shares.** Each strategy still to be worked on gets an equal share of the time (and evaluations)
   left; what one leaves unused flows to the next. A tuner stops starting trials when the next one (as
   long as the strategy's own draft took to judge) would not end inside the strategy's share.
 - **Order.** On ``tpu-*`` targets the Pallas strategies go first and plain-JAX ones after: building and
   checking a plain-JAX trial there can take a minute, and it must never starve the Pallas kernels.
 - **Confirmation.** The top candidates above the bar are measured again before one is named the winner:
-  the lower of two runs, or the median of three when the two disagree about clearing the bar. A modelled
+  of the runs' lower ends, the lower of two runs, or the median of three when the two disagree about clearing the bar. A modelled
   speedup (a TPU target without a TPU) is deterministic and needs no second run.
 """
 
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence, TypeVar
 
-from jaxbench.report import EvalReport as JudgeReport
+from jaxbench.report import EvalReport as JudgeReport, format_interval, format_speedup
 
 SUSPECT_BIAS = 1.05
 CONFIRM_TOP = 3
@@ -40,6 +44,36 @@ def reading(report: JudgeReport) -> float | None:
     return float(report.speedup)
 
 
+def lower(report: JudgeReport) -> float:
+    """What a candidate ranks by: the lower end of its speedup's interval (0.0 when it failed)."""
+    return report.low
+
+
+def claim(interval: Sequence[float] | None, bar: float = 1.0) -> str:
+    """``faster`` only when the whole interval clears ``bar`` (at least 1.0); ``slower`` when it lies wholly
+    below 1.0; else ``at par``."""
+    if not interval:
+        return "at par"
+    low, high = interval
+    if low > max(1.0, bar):
+        return "faster"
+    return "slower" if high < 1.0 else "at par"
+
+
+def describe(speedup: float | None, interval: Sequence[float] | None, bar: float = 1.0) -> str:
+    """One honest phrase for a speedup: ``1.21x (1.15–1.30x), faster than the reference`` or
+    ``at par with the reference (0.98–1.04x)``."""
+    if speedup is None:
+        return "no speedup measured"
+    span = (float(interval[0]), float(interval[1])) if interval else (speedup, speedup)
+    verdict = claim(span, bar)
+    if verdict == "faster":
+        return f"{format_speedup(speedup, span)}, faster than the reference"
+    if verdict == "slower":
+        return f"{format_speedup(speedup, span)}, slower than the reference"
+    return f"at par with the reference ({format_interval(span)})"
+
+
 def baseline_needs_more(first: JudgeReport) -> bool:
     """A measured reading of the reference above ``SUSPECT_BIAS`` is suspect: measure it twice more."""
     value = reading(first)
@@ -47,15 +81,16 @@ def baseline_needs_more(first: JudgeReport) -> bool:
 
 
 def baseline_bar(runs: Sequence[JudgeReport]) -> tuple[float, int]:
-    """The bar (at least 1.0) from the reference's runs as a candidate, and which run it comes from."""
+    """The bar (at least 1.0) from the reference's runs as a candidate, and which run it comes from: the
+    upper end of the interval of the run whose reading is the median (the only run, when one was enough)."""
     first = reading(runs[0])
     if first is None or runs[0].basis != "measured":
         return 1.0, 0
-    if len(runs) < 3:
-        return max(1.0, first), 0
-    values = sorted(((reading(r) or first), i) for i, r in enumerate(runs[:3]))
-    value, index = values[1]
-    return max(1.0, value), index
+    index = 0
+    if len(runs) >= 3:
+        index = sorted(((reading(r) or first), i) for i, r in enumerate(runs[:3]))[1][1]
+    interval = runs[index].interval or (first, first)
+    return max(1.0, interval[1]), index
 
 
 def needs_confirmation(report: JudgeReport) -> bool:
@@ -66,7 +101,7 @@ def confirm_more(runs: Sequence[float], bar: float) -> bool:
     """After the first re-run: a third run is due only when the two disagree about clearing ``bar``."""
     if len(runs) < 2:
         return True
-    return len(runs) == 2 and runs[0] >= bar > runs[1] > 0.0
+    return len(runs) == 2 and runs[0] > bar >= runs[1] > 0.0
 
 
 def confirmed(runs: Sequence[float]) -> float:
@@ -81,9 +116,10 @@ def confirmation_label(runs: Sequence[float]) -> str:
 
 
 def to_confirm(candidates: Sequence[S], speedup_of: Callable[[S], float], bar: float) -> list[S]:
-    """The best ``CONFIRM_TOP`` candidates whose first reading clears ``bar``, best first."""
+    """The best ``CONFIRM_TOP`` candidates whose first reading clears ``bar``, best first; callers rank by
+    the lower end of the interval (:func:`lower`)."""
     ranked = sorted(candidates, key=speedup_of, reverse=True)
-    return [c for c in ranked if speedup_of(c) >= bar][:CONFIRM_TOP]
+    return [c for c in ranked if speedup_of(c) > bar][:CONFIRM_TOP]
 
 
 def share(left: float | None, strategies_left: int) -> float | None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from actors.policy import describe
 from jaxbench.report import EvalReport as JudgeReport
 
 # Ridge point (FLOPs per byte) of a CPU core running XLA code: a few tens of GFLOP/s against ~10 GB/s.
@@ -23,6 +24,7 @@ class ProfileFacts(BaseModel):
     ref_ms: float | None = None
     kernel_ms: float | None = None
     speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
     cv: float | None = None
     ref_flops: float | None = None
     ref_bytes: float | None = None
@@ -48,7 +50,7 @@ class ProfileFacts(BaseModel):
 
 def gather(report: JudgeReport) -> ProfileFacts:
     facts = ProfileFacts(basis=report.basis, ref_ms=report.ref_ms, kernel_ms=report.kernel_ms, speedup=report.speedup,
-                         cv=report.cv, ref_flops=report.ref_flops, ref_bytes=report.ref_bytes, label=report.label)
+                         speedup_ci=report.interval, cv=report.cv, ref_flops=report.ref_flops, ref_bytes=report.ref_bytes, label=report.label)
     # The reference's cost analysis is reliable (no loops hidden in a pallas_call); it gives the work.
     if report.ref_flops and report.ref_bytes:
         facts.intensity = round(report.ref_flops / report.ref_bytes, 3)
@@ -76,9 +78,8 @@ def rules_diagnosis(facts: ProfileFacts, target: str) -> tuple[str, list[str]]:
     parts: list[str] = []
     tries: list[str] = []
     if facts.speedup is not None:
-        verdict = "faster than" if facts.speedup > 1.0 else "slower than"
         parts.append(f"{facts.basis or 'measured'} {facts.kernel_ms} ms vs reference {facts.ref_ms} ms "
-                     f"({facts.speedup}x, {verdict} the reference)")
+                     f"({describe(facts.speedup, facts.speedup_ci)})")
     if facts.intensity is not None:
         parts.append(f"arithmetic intensity {facts.intensity} FLOP/byte -> {facts.bound}-bound")
     if facts.achieved_gflops is not None:

@@ -26,9 +26,10 @@ from jaxbench.interpret import InterpretMode, default_mode
 from jaxbench.pool import WorkerFailure, WorkerHandle, WorkerPool
 from jaxbench.report import CheckResult, EvalReport
 from jaxbench.task import SUITE_DIR, Task, TaskError, load_task
-from jaxbench.timing import round_scale, stats
+from jaxbench.timing import round_scale, speedup_interval, stats
 
 SUSPICIOUS_SPEEDUP = 20.0
+NOISY_CV = 0.25  # timings spread wider than this get a flag: the interval says how much the figure can move
 
 
 @dataclass
@@ -372,6 +373,7 @@ class Evaluator:
         if speedup > SUSPICIOUS_SPEEDUP:
             ref_ms2, cand_ms2 = measure(cfg.timing_rounds, cfg.warmup_rounds + cfg.timing_rounds)
             r, c = stats(ref_ms + ref_ms2), stats(cand_ms + cand_ms2)
+            ref_ms, cand_ms = ref_ms + ref_ms2, cand_ms + cand_ms2
             speedup = r.median_ms / c.median_ms if c.median_ms > 0 else float("inf")
             flop_ratio = (report.ref_flops or 0) / max(report.kernel_flops or 0, 1.0)
             explained = flops_reliable and flop_ratio >= speedup / 4
@@ -384,6 +386,11 @@ class Evaluator:
         report.ref_ms, report.kernel_ms = round(r.median_ms, 4), round(c.median_ms, 4)
         report.cv, report.ref_cv = round(c.cv, 4), round(r.cv, 4)
         report.speedup = round(speedup, 4)
+        low, high = speedup_interval(ref_ms, cand_ms)
+        report.speedup_ci = (round(low, 4), round(high, 4))
+        if max(c.cv, r.cv) > NOISY_CV:
+            report.flags.append(f"noisy timing: cv {c.cv:.2f} (candidate), {r.cv:.2f} (reference); the speedup's "
+                                f"95% interval is {low:.2f}–{high:.2f}x")
         report.basis = "measured"
 
 

@@ -19,7 +19,26 @@ class CheckResult(BaseModel):
     detail: str = ""
 
 
-class EvalReport(BaseModel):
+class SpeedupInterval:
+    """``interval`` and ``low`` for anything with ``speedup``, ``speedup_ci`` and ``passed`` (a report, a
+    search node)."""
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The speedup's interval: the measured one, else the point (modelled, or a report without one)."""
+        speedup, ci = getattr(self, "speedup"), getattr(self, "speedup_ci")
+        if speedup is None:
+            return None
+        return tuple(ci) if ci else (speedup, speedup)  # type: ignore[return-value]
+
+    @property
+    def low(self) -> float:
+        """The interval's lower end (0.0 when it failed or has none): what ranking goes by, so luck never wins."""
+        interval = self.interval if getattr(self, "passed") else None
+        return interval[0] if interval else 0.0
+
+
+class EvalReport(SpeedupInterval, BaseModel):
     task: str
     target: str = "cpu"
     size: str = "cpu"
@@ -30,6 +49,9 @@ class EvalReport(BaseModel):
     ref_ms: float | None = None
     kernel_ms: float | None = None
     speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = Field(
+        default=None, description="95% bootstrap interval of a measured speedup over the timing rounds; a modelled "
+                                  "speedup is deterministic and its interval is the point itself")
     cv: float | None = Field(default=None, description="coefficient of variation of the kernel's timings")
     ref_cv: float | None = None
     basis: Basis | None = Field(default=None, description="whether ref_ms/kernel_ms were measured or modelled")
@@ -51,3 +73,20 @@ class EvalReport(BaseModel):
 
     def check(self, name: str) -> CheckResult | None:
         return next((c for c in self.checks if c.name == name), None)
+
+
+def format_interval(interval: tuple[float, float] | list[float] | None) -> str:
+    """``1.02–1.09x``: the same precision everywhere a speedup is shown."""
+    if not interval:
+        return "-"
+    low, high = interval
+    return f"{low:.2f}x" if round(low, 2) == round(high, 2) else f"{low:.2f}–{high:.2f}x"
+
+
+def format_speedup(speedup: float | None, interval: tuple[float, float] | list[float] | None = None) -> str:
+    """``1.05x (1.02–1.09x)``: a speedup with its interval where it has one."""
+    if speedup is None:
+        return "-"
+    if not interval or round(interval[0], 2) == round(interval[1], 2):
+        return f"{speedup:.2f}x"
+    return f"{speedup:.2f}x ({format_interval(interval)})"

@@ -40,3 +40,25 @@ def stats(samples: Sequence[float]) -> Stats:
     arr = np.asarray(samples, dtype=np.float64)
     mean = float(arr.mean())
     return Stats(float(np.median(arr)), float(arr.std() / mean) if mean > 0 else 0.0, [float(s) for s in arr])
+
+
+CI_LEVEL = 0.95
+CI_RESAMPLES = 2000
+
+
+def speedup_interval(ref_ms: Sequence[float], cand_ms: Sequence[float], level: float = CI_LEVEL,
+                     resamples: int = CI_RESAMPLES) -> tuple[float, float]:
+    """A bootstrap confidence interval of the speedup (ratio of medians) over the interleaved rounds.
+
+    Rounds are resampled in pairs: both sides of a round ran on the same inputs one after the other, so
+    what disturbed one side of a round likely disturbed the other. The generator's seed is fixed, so the
+    same timings always give the same interval.
+    """
+    ref, cand = np.asarray(ref_ms, dtype=np.float64), np.asarray(cand_ms, dtype=np.float64)
+    if ref.size == 0 or ref.size != cand.size:
+        raise ValueError(f"paired rounds needed: {ref.size} reference vs {cand.size} candidate timings")
+    picks = np.random.default_rng(0).integers(0, ref.size, size=(resamples, ref.size))
+    ratios = np.median(ref[picks], axis=1) / np.maximum(np.median(cand[picks], axis=1), 1e-12)
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(ratios, [tail, 1.0 - tail])
+    return float(low), float(high)

@@ -160,7 +160,13 @@ class RecalledKernel(BaseModel):
     score: float
     strategy: str = ""
     speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
     code: str
+
+    @property
+    def low(self) -> float:
+        """The lower end of its remembered interval: what recalled kernels rank by."""
+        return (self.speedup_ci or (self.speedup or 0.0,))[0]
 
 
 class RecalledNote(BaseModel):

@@ -298,6 +298,9 @@ class Memory:
 
     def _store_note(self, signature: TaskSignature | None, **fields: object) -> NoteRecord:
         with self.store.write("remembering a note") as tx:
+            same = tx.same_note(str(fields["text"]), fields.get("task_id"), fields.get("target"))  # type: ignore[arg-type]
+            if same is not None:  # a resumed run saying the same thing again adds nothing
+                return same
             if signature is not None:
                 self._save_signature(tx, signature)
             note = tx.add_note(**fields)  # type: ignore[arg-type]

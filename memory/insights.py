@@ -37,7 +37,8 @@ class Measurement(BaseModel):
     space: dict[str, list[Any]] = Field(default_factory=dict)
     status: str
     correct: bool = False
-    speedup: float | None = None
+    speedup: float | None = Field(None, description="the lower end of the speedup's interval (the point when it has "
+                                                      "none): memory ranks by what a reading surely reached")
     label: str = ""
     reason: str = ""
     tuned: bool = Field(False, description="a tuning trial rather than the plan's own draft")
@@ -104,7 +105,7 @@ def measurements_from_events(events: Iterable[Any]) -> list[Measurement]:
             out.append(_from_ref(ref, task_id=payload.get("task_id", ""), session_id=session,
                                  target=report.get("target") or plan.get("target", "cpu"),
                                  params=dict(ref.get("params") or {}), status=report.get("status", ""),
-                                 correct=bool(report.get("correct")), speedup=report.get("speedup"),
+                                 correct=bool(report.get("correct")), speedup=_lower_end(report),
                                  label=report.get("label") or "", reason=(report.get("reason") or "")[:300]))
         elif event.message_type == TUNED:
             name = payload.get("strategy", "")
@@ -115,6 +116,11 @@ def measurements_from_events(events: Iterable[Any]) -> list[Measurement]:
                                      params=dict(trial.get("params") or {}), status=trial.get("status", ""),
                                      correct=trial.get("status") == "ok", speedup=trial.get("speedup"), tuned=True))
     return out
+
+
+def _lower_end(report: dict[str, Any]) -> float | None:
+    interval = report.get("speedup_ci")
+    return float(interval[0]) if interval else report.get("speedup")
 
 
 def rank_tasks(query: np.ndarray, vectors: dict[str, np.ndarray], k: int) -> list[TaskMatch]:

@@ -329,6 +329,14 @@ class StoreTx:
                 self.session.execute(sa.insert(model), rows)
         return out
 
+    def same_note(self, text: str, task_id: str | None, target: str | None) -> NoteRecord | None:
+        """The note already holding ``text`` for this task and target, if any: a note is stored once."""
+        query = sa.select(NoteRow).where(NoteRow.text == text, NoteRow.task_id.is_(None) if task_id is None
+                                         else NoteRow.task_id == task_id,
+                                         NoteRow.target.is_(None) if target is None else NoteRow.target == target)
+        row = self.session.scalars(query.limit(1)).first()
+        return NoteRecord.model_validate(row) if row is not None else None
+
     def add_note(
         self,
         text: str,

@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from actors import policy
 from actors.config import ActorConfig
 from actors.services import Services
-from jaxbench.report import EvalReport as JudgeReport
+from jaxbench.report import EvalReport as JudgeReport, format_speedup
 from maxkernel.messages import (
     Budget,
     BusMessage,
@@ -102,6 +102,10 @@ class AutoResult(BaseModel):
     beat_reference: bool = Field(False, description="a candidate's confirmed speedup cleared the bar")
     speedup: float | None = Field(None, description="the returned kernel's first reading")
     confirmed_speedup: float | None = Field(None, description="the winner's speedup after re-measurement")
+    speedup_ci: tuple[float, float] | None = Field(None, description="the returned kernel's interval (the confirmed "
+                                                                     "run's for a winner)")
+    claim: str = Field("at par", description="faster | at par | slower: what the interval allows one to say")
+    verdict: str = Field("", description="the claim in words, with the speedup and its interval")
     confirmation: str = Field("", description="how the confirmed speedup was reached")
     baseline_speedup: float | None = Field(None, description="the reference itself judged as a candidate")
     bar: float = Field(1.0, description="what a winner had to clear: 1.0 and the baseline reading")
@@ -275,40 +279,59 @@ class AutoRun:
         self.history[REFERENCE] = Attempt(
             strategy=REFERENCE, step=-1, evaluations=len(self.baseline_runs),
             status="ok" if baseline.passed else baseline.status, speedup=baseline.speedup,
+            speedup_ci=baseline.interval,
             reason="" if baseline.passed else baseline.reason)
 
-    async def conclude(self) -> None:
-        """Re-measure the top candidates; the best whose confirmed speedup clears the bar wins."""
+    async def conclude(self, reason: str = "") -> None:
+        """Re-measure the top candidates; the best whose confirmed lower end clears the bar wins. ``reason``:
+        why the run stopped, said when nothing was tried."""
         kernels = [c for c in self.scored if c.report.passed and c.report.label != "reference-equivalent"]
-        for candidate in policy.to_confirm(kernels, lambda c: c.report.speedup or 0.0, self.bar):
-            first = float(candidate.report.speedup or 0.0)
+        for candidate in policy.to_confirm(kernels, lambda c: policy.lower(c.report), self.bar):
+            first = policy.lower(candidate.report)
             runs, reports = [first], [candidate.report]
             if self.budget.confirm and policy.needs_confirmation(candidate.report):
                 ref = self._ref(candidate.strategy)
                 while policy.confirm_more(runs, self.bar):
                     again = await self.judge(candidate.source, policy.CONFIRM, ref, candidate.candidate_id)
-                    runs.append(policy.reading(again) or 0.0)
+                    runs.append(policy.lower(again))
                     reports.append(again)
                     self.emit("confirm", {"strategy": candidate.strategy, "first": first, "again": runs[-1]})
                     if not again.passed:
                         break
             value = policy.confirmed(runs)
             log.info("auto.confirm", session=self.session_id, strategy=candidate.strategy, runs=runs, bar=self.bar)
-            if value >= self.bar:
-                self.winner = candidate.model_copy(update={"report": reports[runs.index(value)]})
-                self.confirmed_speedup = value
+            if value > self.bar:
+                chosen = reports[runs.index(value)]
+                self.winner = candidate.model_copy(update={"report": chosen})
+                self.confirmed_speedup = chosen.speedup
                 self.confirmation = policy.confirmation_label(runs)
                 if not policy.needs_confirmation(candidate.report):
                     self.confirmation = f"{candidate.report.basis}, deterministic"
                 base = self.baseline.speedup if self.baseline is not None else None
-                self.note = (f"{candidate.strategy} is {value:.2f}x the reference ({self.confirmation})"
-                             + (f"; the reference itself run as a candidate scored {base:.2f}x" if base else ""))
+                span = self.baseline.interval if self.baseline is not None else None
+                self.note = (f"{candidate.strategy} is {policy.describe(chosen.speedup, chosen.interval, self.bar)} "
+                             f"({self.confirmation})" + (f"; the reference itself run as a candidate scored "
+                                                         f"{format_speedup(base, span)}" if base else ""))
                 return
-        best = max(kernels, key=lambda c: c.report.speedup or 0.0, default=None)
+        best = max(kernels, key=lambda c: policy.lower(c.report), default=None)
+        if not kernels:
+            self.note = self.nothing_passed(reason)
+            return
         self.note = "nothing beat the reference: the best candidate is the reference itself"
         if best is not None:
-            self.note += f" (best tried: {best.strategy} at {best.report.speedup}x"
+            self.note += (f" (best tried: {best.strategy}, "
+                          f"{policy.describe(best.report.speedup, best.report.interval, self.bar)}")
             self.note += f"; the bar was {self.bar:.2f}x)"
+
+    def tried_nothing(self) -> bool:
+        """No strategy was worked on: only the reference (if that) was judged."""
+        return set(self.history) <= {REFERENCE}
+
+    def nothing_passed(self, reason: str) -> str:
+        """The note of a run without a single passing candidate: whether anything was tried, and why it ended."""
+        text = ("nothing beat the reference: tried nothing besides the reference itself" if self.tried_nothing()
+                else "nothing beat the reference: no candidate passed; the best candidate is the reference itself")
+        return text + (f" ({reason})" if reason else "")
 
     def params_of(self, candidate: CandidateScored) -> dict[str, Any]:
         """The parameters ``candidate`` was written at: the tuner's best, else its strategy's defaults."""
@@ -437,7 +460,7 @@ class AutoRun:
                 status, reason = finished.status, finished.reason
                 break
         if status != "error":
-            await self.conclude()
+            await self.conclude(reason or "")
         if self.returned() is not None and status not in ("budget", "error"):
             status = "scored"
         return status, reason or ""
@@ -474,7 +497,9 @@ def summary_note(run: AutoRun) -> tuple[str, str]:
     """The note remembered at the end: what worked and what failed on this task (and its outcome)."""
     worked = [a.line() for a in run.history.values() if a.status == "ok"]
     failed = [a.line() for a in run.history.values() if a.status != "ok"]
-    head = f"Auto on {run.task.id} ({run.target}): {run.note}" if run.note else f"Auto on {run.task.id} ({run.target})"
+    # The figures are the event log's (the same messages the report reads): evaluations, intervals.
+    head = f"Auto on {run.task.id} ({run.target}), {run.evaluations} evaluations"
+    head += f": {run.note}" if run.note else ""
     text = head + ". Worked: " + ("; ".join(worked) or "nothing") + ". Failed: " + ("; ".join(failed) or "nothing") + "."
     outcome = "worked" if run.winner is not None else "failed" if not run.scored else "info"
     return text[:2000], outcome
@@ -486,7 +511,7 @@ def remember(run: AutoRun) -> tuple[str | None, str | None]:
     memory = run.services.memory
     kernel_id = None
     kernels = [c for c in run.scored if c.report.label != "reference-equivalent"]
-    best = run.winner or max(kernels, key=lambda c: c.report.speedup or 0.0, default=None)
+    best = run.winner or max(kernels, key=lambda c: policy.lower(c.report), default=None)
     if best is not None:
         record = memory.remember_kernel(best.report, best.source, task=run.task, strategy=best.strategy,
                                         produced_by=best.produced_by, session_id=run.session_id,
@@ -550,6 +575,8 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
             interrupted = False
         except asyncio.TimeoutError:
             status, reason = ("scored" if run.best else "budget"), f"time budget of {budget.time_s} s spent"
+            if run.best is None:
+                run.note = run.nothing_passed(reason)
     finally:
         # Runs on cancellation too (a daemon job cancelled or shut down): the session says how it ended.
         await bus.close(idle=not interrupted)
@@ -566,6 +593,9 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
         best_candidate_id=run.winner.candidate_id if run.winner else None, beat_reference=run.winner is not None,
         speedup=_first_reading(run, report), confirmed_speedup=run.confirmed_speedup, confirmation=run.confirmation,
         baseline_speedup=baseline.speedup if baseline is not None else None, bar=run.bar, note=run.note,
+        speedup_ci=report.interval if report is not None else None,
+        claim=policy.claim(report.interval, run.bar) if run.winner is not None and report is not None else "at par",
+        verdict=_verdict(run, report),
         iterations=run.iterations, attempts=list(run.history.values()), trials=trial_rows(messages),
         evaluations=run.evaluations, first_correct_at=run.first_correct_at,
         best_at=evaluation_index(messages, _first_report(run, report)), tokens=ledger.tokens,
@@ -574,6 +604,14 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
     log.info("auto.finished", session=session_id, task=task.id, status=status, reason=reason,
              evaluations=result.evaluations, speedup=result.speedup, confirmed=result.confirmed_speedup)
     return result
+
+
+def _verdict(run: AutoRun, report: JudgeReport | None) -> str:
+    """What may be said of the returned kernel: faster only for a confirmed winner whose interval clears the
+    bar; otherwise the run's note (what was best and what the bar was, or that nothing was tried)."""
+    if run.winner is not None and report is not None:
+        return policy.describe(report.speedup, report.interval, run.bar)
+    return run.note or "nothing beat the reference"
 
 
 def _first_report(run: AutoRun, report: JudgeReport | None) -> JudgeReport | None:

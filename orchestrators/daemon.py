@@ -176,7 +176,9 @@ class Daemon:
         self.queue = JobQueue(services.store.engine)
         self.claims = Claimer(self.queue, lease_s=self.lease_s)
         await asyncio.to_thread(self.claims.expire_dead_here)
-        api = ApiServer(self.queue, self.status, self.port)
+        from orchestrators.dashboard import Dashboard
+
+        api = ApiServer(self.queue, self.status, self.port, pages=Dashboard(self.queue, services.store))
         api.start()
         state = DaemonState(pid=os.getpid(), port=api.port, concurrency=self.concurrency, started_at=self.started_at)
         path = state_path(self.settings)

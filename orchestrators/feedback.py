@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from jaxbench.report import EvalReport as JudgeReport, format_speedup
+
 from maxkernel.messages import (
     BusMessage,
     CandidateScored,
@@ -24,12 +26,27 @@ class Attempt(BaseModel):
     status: str = "untried"
     reason: str = ""
     speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = Field(None, description="the interval of the reading kept: the one "
+                                                                     "with the highest lower end")
     tuned_params: dict = Field(default_factory=dict)
+
+    @property
+    def low(self) -> float:
+        interval = self.speedup_ci or ((self.speedup, self.speedup) if self.speedup is not None else None)
+        return interval[0] if interval else 0.0
+
+    def keep(self, report: JudgeReport) -> bool:
+        """Keep ``report``'s reading when its lower end is the highest so far; True when it was kept."""
+        if not report.passed or (self.speedup is not None and report.low <= self.low):
+            return False
+        self.speedup, self.speedup_ci = report.speedup, report.interval
+        return True
 
     def line(self) -> str:
         if self.status == "ok":
             tuned = f" tuned to {self.tuned_params}" if self.tuned_params else ""
-            return f"{self.strategy}: correct, {self.speedup}x{tuned} ({self.evaluations} evaluations)"
+            speed = format_speedup(self.speedup, self.speedup_ci)
+            return f"{self.strategy}: correct, {speed}{tuned} ({self.evaluations} evaluations)"
         return f"{self.strategy}: {self.status} — {self.reason[:240]} ({self.evaluations} evaluations)"
 
 
@@ -50,9 +67,9 @@ def attempts(messages: list[BusMessage]) -> list[Attempt]:
             attempt = get(plan.current.name, plan.step)
             attempt.evaluations += 1
             report = message.report
-            if report.passed and (attempt.speedup is None or (report.speedup or 0) > attempt.speedup):
-                attempt.status, attempt.speedup, attempt.reason = "ok", report.speedup, ""
-            elif attempt.status != "ok":
+            if attempt.keep(report):
+                attempt.status, attempt.reason = "ok", ""
+            elif attempt.status != "ok" and not report.passed:
                 attempt.status, attempt.reason = report.status, report.reason
         elif isinstance(message, DraftAbandoned):
             attempt = get(message.plan.current.name, message.plan.step)
@@ -63,7 +80,7 @@ def attempts(messages: list[BusMessage]) -> list[Attempt]:
             attempt = out.get(message.strategy)
             if attempt is not None and message.best_report.passed:
                 attempt.tuned_params = message.best_params
-                attempt.speedup = max(attempt.speedup or 0.0, message.best_report.speedup or 0.0)
+                attempt.keep(message.best_report)
     return sorted(out.values(), key=lambda a: a.step)
 
 

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, Field
 
 from actors import policy
+from jaxbench.report import SpeedupInterval
 from memory import Store
 from orchestrators.tables import ensure, expansions, searches
 
@@ -26,7 +27,7 @@ CONFIRM_SESSION = "confirm"
 _NS = uuid.UUID("6f1d1c52-58a4-4c8f-9a53-2f0b0d7c1e11")
 
 
-class Node(BaseModel):
+class Node(SpeedupInterval, BaseModel):
     candidate_id: str
     session_id: str
     expansion: int | None = None
@@ -37,6 +38,7 @@ class Node(BaseModel):
     status: str
     passed: bool
     speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
     kernel_ms: float | None = None
     label: str | None = None
     reason: str = ""
@@ -45,18 +47,18 @@ class Node(BaseModel):
     seq: int = 0
     produced_by: str = ""
     basis: str | None = None
-    confirm_runs: list[float] = Field(default_factory=list, description="readings of the re-measurements")
+    confirm_runs: list[float] = Field(default_factory=list, description="lower ends of the re-measurements")
 
     @property
     def confirmed(self) -> float | None:
-        """The speedup after re-measurement (``actors.policy``); a modelled one stands as it is."""
+        """The lower end after re-measurement (``actors.policy``); a modelled one stands as it is."""
         if self.speedup is None or not self.passed:
             return None
         if self.basis is not None and self.basis != "measured":
-            return self.speedup
+            return self.low
         if not self.confirm_runs:
             return None
-        return policy.confirmed([self.speedup, *self.confirm_runs])
+        return policy.confirmed([self.low, *self.confirm_runs])
 
 
 class Expansion(BaseModel):
@@ -88,16 +90,16 @@ class SearchGraph(BaseModel):
         return [n for n in self.nodes if n.passed]
 
     def best(self) -> Node | None:
-        """The best node by confirmed speedup; by first reading only when no node has been confirmed."""
+        """The best node by confirmed lower end; by first reading's only when no node has been confirmed."""
         confirmed = [n for n in self.valid if n.confirmed is not None]
         if confirmed:
             return max(confirmed, key=lambda n: n.confirmed or 0.0)
-        return max(self.valid, key=lambda n: n.speedup or 0.0, default=None)
+        return max(self.valid, key=lambda n: n.low, default=None)
 
     def result_of(self, expansion: Expansion) -> Node | None:
         """An expansion's best valid node (its draft, or the debugger's fix of it)."""
         mine = [n for n in self.nodes if n.expansion == expansion.n and n.passed]
-        return max(mine, key=lambda n: n.speedup or 0.0, default=None)
+        return max(mine, key=lambda n: n.low, default=None)
 
 
 def session_for(search_id: str, n: int | str) -> str:
@@ -146,7 +148,8 @@ def load_graph(store: Store, search_id: str) -> SearchGraph:
         if event.message_type == "EvalReport" and event.candidate_id:
             report = event.payload["report"]
             passed = report["status"] == "ok" and bool(report["correct"])
-            confirm_runs.setdefault(event.candidate_id, []).append(float(report.get("speedup") or 0.0) if passed else 0.0)
+            low = (report.get("speedup_ci") or [report.get("speedup") or 0.0])[0]
+            confirm_runs.setdefault(event.candidate_id, []).append(float(low) if passed else 0.0)
     nodes: list[Node] = []
     for exp in exps:
         for event in store.events(session_id=exp.session_id):
@@ -160,7 +163,7 @@ def load_graph(store: Store, search_id: str) -> SearchGraph:
                 parent_id=own_parent or exp.parent_id or ROOT, edge="fix" if own_parent else exp.edge,
                 strategy=exp.strategy, params=shown(dict(strategy.get("params") or {})), status=report["status"],
                 passed=report["status"] == "ok" and bool(report["correct"]), speedup=report.get("speedup"),
-                kernel_ms=report.get("kernel_ms"), label=report.get("label"), reason=(report.get("reason") or "")[:300],
+                speedup_ci=report.get("speedup_ci"), kernel_ms=report.get("kernel_ms"), label=report.get("label"), reason=(report.get("reason") or "")[:300],
                 niche=niche(exp.strategy, exp.params), lane=exp.lane, seq=event.seq,
                 produced_by=draft.get("produced_by", ""), basis=report.get("basis"),
                 confirm_runs=confirm_runs.get(event.candidate_id or draft["candidate_id"], [])))

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from actors import policy
 from actors.config import ActorConfig
 from actors.services import Services
-from jaxbench.report import EvalReport as JudgeReport
+from jaxbench.report import EvalReport as JudgeReport, format_speedup
 from maxkernel.messages import (
     Budget,
     BusMessage,
@@ -75,6 +75,7 @@ class State(BaseModel):
     profile: ProfileReport | None = None
     accepted: str | None = None
     guidance: list[str] = Field(default_factory=list)
+    last_step: str = Field("", description="what the step that led to this state was (what undo takes back)")
 
 
 class Chat:
@@ -99,10 +100,11 @@ class Chat:
                    "type": type(message).__name__ if message else None}
         await record(self.services, HumanPrompt(**self.ids(), question=f"{kind}?", subject=subject))
 
-    async def log_decision(self, decision: str, text: str, edited: str | None = None) -> None:
+    async def log_decision(self, decision: str, text: str, edited: str | None = None, what: str = "") -> None:
+        """Record a decision; ``what`` (the step in words) goes into the history beside it."""
         await record(self.services, HumanDecision(**self.ids(), decision=decision, text=text,  # type: ignore[arg-type]
                                                   edited_source=edited))
-        self.history.append(f"{decision}: {text}")
+        self.history.append(history_line(decision, text, what))
 
     def restore(self) -> int:
         """Rebuild the state from the event log: replay every prompt and the decision that answered it."""
@@ -113,16 +115,19 @@ class Chat:
                 pending = event.payload["subject"]
             elif event.message_type == "HumanDecision":
                 d = event.payload
-                self.history.append(f"{d['decision']}: {d['text']}")
+                what = ""
                 if d["text"] == "undo":
-                    self._undo()
+                    what = f"took back {self._undo() or 'nothing'}"
                 elif d["text"].startswith("guidance:"):
                     self.state.guidance.append(d["text"][len("guidance:"):].strip())
                 elif d["text"].startswith("accepted"):
-                    self.state.accepted = d["text"].split()[-1]
+                    self._accepted(d["text"].split()[2])
+                    what = self.state.last_step
                 elif d["decision"] in ("approve", "edit") and pending and pending.get("message"):
                     edited_id = d["text"].split()[-1] if d["decision"] == "edit" else None
                     self._apply(pending["kind"], _message(pending), d.get("edited_source"), edited_id)
+                    what = self.state.last_step
+                self.history.append(history_line(d["decision"], d["text"], what))
                 pending = None
         return len(events)
 
@@ -131,11 +136,20 @@ class Chat:
     def _push(self) -> None:
         self.undo_stack.append(self.state.model_copy(deep=True))
 
-    def _undo(self) -> bool:
+    def _undo(self) -> str | None:
+        """Go back one approved step; what it was, or None when there is nothing to undo."""
         if not self.undo_stack:
-            return False
+            return None
+        undone = self.state.last_step or "a step"
         self.state = self.undo_stack.pop()
-        return True
+        return undone
+
+    def _accepted(self, kernel_id: str) -> None:
+        """Accepting is a step like the others: undo takes it back."""
+        self._push()
+        self.state.accepted = kernel_id
+        draft = self.state.draft
+        self.state.last_step = f"accept of {step_text('kernel', draft)} as kernel {kernel_id}" if draft else "accept"
 
     def _apply(self, kind: str, message: Any, edited: str | None, edited_id: str | None = None) -> None:
         self._push()
@@ -159,6 +173,7 @@ class Chat:
             self.state.draft = draft.model_copy(update={"source": message.source, "candidate_id": message.candidate_id,
                                                         "parent_id": draft.candidate_id, "produced_by": "tuner"})
             self.state.report = message.report
+        self.state.last_step = step_text(kind, message, edited is not None)
 
     # -- asking the person ----------------------------------------------------------------------
 
@@ -181,7 +196,7 @@ class Chat:
             answer = self.read(ASK).strip().lower()[:1]
             if answer == "a":
                 self._apply(kind, message, None)
-                await self.log_decision("approve", kind)
+                await self.log_decision("approve", kind, what=self.state.last_step)
                 return True
             if answer == "e" and editable is not None:
                 edited = self.edit(editable, suffix)
@@ -189,11 +204,11 @@ class Chat:
                     message = _edited_plan(message, edited)  # type: ignore[arg-type]
                     await self.log_prompt(kind, message)
                     self._apply(kind, message, None)
-                    await self.log_decision("edit", kind)
+                    await self.log_decision("edit", kind, what=self.state.last_step)
                 else:
                     edited_id = new_id()
                     self._apply(kind, message, edited, edited_id)
-                    await self.log_decision("edit", f"{kind} as {edited_id}", edited)
+                    await self.log_decision("edit", f"{kind} as {edited_id}", edited, what=self.state.last_step)
                 self.write(f"{kind} edited and taken")
                 return True
             if answer == "r":
@@ -243,7 +258,7 @@ class Chat:
         self.write(report_text(out.report))
         await self.log_prompt("report", out)
         self._apply("report", out, None)
-        await self.log_decision("approve", "report")
+        await self.log_decision("approve", "report", what=self.state.last_step)
 
     async def do_validate(self, arg: str) -> None:
         await self.do_test(arg, timing=False)
@@ -271,7 +286,7 @@ class Chat:
         self.write(f"bound: {out.bound}\n{out.diagnosis}\n" + "\n".join(f"try: {s}" for s in out.suggestions))
         await self.log_prompt("profile", out)
         self._apply("profile", out, None)
-        await self.log_decision("approve", "profile")
+        await self.log_decision("approve", "profile", what=self.state.last_step)
 
     async def do_tune(self, _arg: str) -> None:
         profile = self.state.profile
@@ -283,7 +298,11 @@ class Chat:
         if not isinstance(out, CandidateScored):
             self.write(f"tuning ended: {getattr(out, 'reason', '')}")
             return
-        self.write(f"tuned: {out.report.speedup}x ({out.report.status})")
+        draft = self.state.draft
+        if draft is not None and out.source.strip() == draft.source.strip():
+            self.write("tuning found nothing better than the current kernel: it stays as it is")
+            return
+        self.write(f"tuned: {format_speedup(out.report.speedup, out.report.interval)} ({out.report.status})")
         await self.decide("tune", out, self.diff(out.source), None)
 
     async def do_accept(self, _arg: str) -> None:
@@ -298,33 +317,34 @@ class Chat:
         kernel = await asyncio.to_thread(memory.remember_kernel, report, draft.source, task=self.task,
                                          strategy=draft.plan.current.name, produced_by=draft.produced_by,
                                          session_id=self.session_id, candidate_id=draft.candidate_id)
-        self._push()
-        self.state.accepted = kernel.id
-        await self.log_decision("approve", f"accepted kernel {kernel.id}")
+        self._accepted(kernel.id)
+        await self.log_decision("approve", f"accepted kernel {kernel.id} candidate {draft.candidate_id}",
+                                what=self.state.last_step)
         await asyncio.to_thread(self.services.store.set_session_status, self.session_id, "accepted")
-        self.write(f"accepted: {report.speedup}x ({how}), remembered as {kernel.id}")
+        self.write(f"accepted: {policy.describe(report.speedup, report.interval)} ({how}), remembered as {kernel.id}")
 
     async def confirm(self, draft: KernelDraft, report: JudgeReport) -> tuple[JudgeReport | None, str]:
         """Measure the kernel again before it is accepted (``actors.policy``): the confirmed report, or None
         when a re-run fails."""
         if not policy.needs_confirmation(report):
             return report, f"{report.basis}, deterministic"
-        runs, reports = [float(report.speedup or 0.0)], [report]
+        runs, reports = [policy.lower(report)], [report]
         while policy.confirm_more(runs, 1.0):
             out = await ask_tester(self.services, draft.model_copy(update={"produced_by": policy.CONFIRM}), True)
             assert isinstance(out, EvalReport)
             if not out.report.passed:
                 self.write(f"not accepted: a re-run failed: {out.report.status}: {out.report.reason[:300]}")
                 return None, ""
-            runs.append(policy.reading(out.report) or 0.0)
+            runs.append(policy.lower(out.report))
             reports.append(out.report)
         value = policy.confirmed(runs)
         return reports[runs.index(value)], f"confirmed, {policy.confirmation_label(runs)}"
 
     async def do_undo(self, _arg: str) -> None:
-        if self._undo():
-            await self.log_decision("redirect", "undo")
-            self.write("undone")
+        undone = self._undo()
+        if undone is not None:
+            await self.log_decision("redirect", "undo", what=f"took back {undone}")
+            self.write(f"undone: {undone}")
         else:
             self.write("nothing to undo")
 
@@ -393,6 +413,54 @@ class Chat:
                 await self.guidance(line)
 
 
+def step_text(kind: str, message: Any, edited: bool = False) -> str:
+    """One step in words, for the history and for what ``undo`` says it took back."""
+    if message is None:
+        return kind
+    if kind == "plan":
+        names = [s.name for s in message.strategies]
+        return f"plan of {len(names)}: {', '.join(names[:5])}" + (", ..." if len(names) > 5 else "")
+    if kind in ("kernel", "fix"):
+        how = " edited by hand" if edited else ""
+        return f"{kind} {message.plan.current.name} (candidate {message.candidate_id[:12]}){how}"
+    if kind == "report":
+        report = message.report
+        speed = format_speedup(report.speedup, report.interval) if report.speedup is not None else "no timing"
+        return f"test of {message.draft.plan.current.name}: {report.status}, {speed}"
+    if kind == "profile":
+        return f"profile: {message.bound}-bound"
+    if kind == "tune":
+        speed = format_speedup(message.report.speedup, message.report.interval)
+        return f"tune of {message.strategy or 'the kernel'}: {speed}"
+    return kind
+
+
+def accepted_candidate(events: list[Any]) -> str | None:
+    """The candidate a chat session's accepted kernel is, replaying its decisions as the chat does: every
+    approved step (and an acceptance) is one step on the undo stack, and ``undo`` takes the last one back."""
+    stack: list[str | None] = []
+    pending: dict[str, Any] | None = None
+    for event in events:
+        if event.message_type == "HumanPrompt":
+            pending = event.payload["subject"]
+        elif event.message_type == "HumanDecision":
+            decision, text = event.payload["decision"], event.payload["text"]
+            if text == "undo":
+                if stack:
+                    stack.pop()
+            elif text.startswith("accepted"):
+                words = text.split()
+                stack.append(words[4] if len(words) > 4 else None)
+            elif decision in ("approve", "edit") and not text.startswith("guidance:") and pending and pending.get("message"):
+                stack.append(None)
+            pending = None
+    return next((c for c in reversed(stack) if c), None)
+
+
+def history_line(decision: str, text: str, what: str) -> str:
+    return f"{decision}: {text}" + (f" — {what}" if what else "")
+
+
 def task_argument(task: Any) -> str:
     """How to name ``task`` on the command line again: its suite id, or its folder when it is not one."""
     from jaxbench.task import SUITE_DIR
@@ -431,7 +499,7 @@ def _edited_plan(plan: Plan, text: str) -> Plan:
 
 
 def report_text(report: JudgeReport) -> str:
-    speed = f"{report.speedup}x ({report.basis})" if report.speedup is not None else "-"
+    speed = f"{format_speedup(report.speedup, report.interval)} ({report.basis})" if report.speedup is not None else "-"
     return f"status {report.status}, correct {report.correct}, speedup {speed}" + (f"\nreason: {report.reason[:800]}" if report.reason else "")
 
 
@@ -442,6 +510,10 @@ async def run_chat(task_id: str, config: ActorConfig, *, resume: str | None = No
         task = services.task(task_id)
         if resume:
             info = services.store.get_session(resume)
+            if info.task_id and info.task_id != task.id:
+                from memory.errors import RecordNotFoundError
+
+                raise RecordNotFoundError(f"session {resume} is a session of {info.task_id}, not of {task.id}")
             chat = Chat(services, info.task_id or task.id, resume, info.target, read, write)
             seen = chat.restore()
             write(f"resumed session {resume}: {seen} events, {len(chat.history)} decisions")

@@ -22,7 +22,9 @@ log = structlog.get_logger("orchestrators.http")
 _JOB = re.compile(r"^/jobs/([^/?]{1,64})(/result|/cancel)?$")
 
 
-def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
+def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]],
+                 pages: Any = None) -> type[BaseHTTPRequestHandler]:
+    """``pages``: an ``orchestrators.dashboard.Dashboard`` answering ``/`` and ``/ui/...`` (None: JSON only)."""
     class Handler(BaseHTTPRequestHandler):
         server_version = "maxkernel-daemon"
 
@@ -41,7 +43,26 @@ def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]]) -> type[
             length = int(self.headers.get("Content-Length") or 0)
             return json.loads(self.rfile.read(length) or b"{}")
 
+        def _page(self, method: str) -> bool:
+            """Serve a dashboard page when the path is one; True when it was."""
+            if pages is None or not (self.path == "/" or self.path.startswith("/ui")):
+                return False
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "POST" else b""
+            page = pages.handle(method, self.path, body)
+            if page is None:
+                return False
+            self.send_response(page.status)
+            if page.location:
+                self.send_header("Location", page.location)
+            self.send_header("Content-Type", page.content_type)
+            self.send_header("Content-Length", str(len(page.body)))
+            self.end_headers()
+            self.wfile.write(page.body)
+            return True
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            if self._page("GET"):
+                return
             try:
                 if self.path == "/status":
                     return self._reply(200, status())
@@ -61,6 +82,8 @@ def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]]) -> type[
                 self._reply(404, {"error": str(exc)})
 
         def do_POST(self) -> None:  # noqa: N802
+            if self._page("POST"):
+                return
             try:
                 if self.path == "/jobs":
                     spec = check_spec(JobSpec.model_validate(self._body()))
@@ -84,8 +107,8 @@ def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]]) -> type[
 class ApiServer:
     """The HTTP server on 127.0.0.1 (port 0: the system picks one), served from a daemon thread."""
 
-    def __init__(self, queue: JobQueue, status: Callable[[], dict[str, Any]], port: int = 0) -> None:
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), make_handler(queue, status))
+    def __init__(self, queue: JobQueue, status: Callable[[], dict[str, Any]], port: int = 0, pages: Any = None) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), make_handler(queue, status, pages))
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="maxkernel-http", daemon=True)
 
     @property

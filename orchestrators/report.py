@@ -3,6 +3,9 @@
 One self-contained file: the best kernel and its judge's report, the candidate graph as a picture,
 speedup over the evaluations, and what each strategy contributed. Pictures are matplotlib PNGs embedded
 as base64, so the file can be mailed or archived alone.
+
+Which kernel is "best" is the one the work named: a chat session's accepted kernel (with undo taken into
+account), a search's confirmed best, else the candidate whose speedup interval has the highest lower end.
 """
 
 from __future__ import annotations
@@ -10,16 +13,17 @@ from __future__ import annotations
 import base64
 import html
 import io
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from pydantic import BaseModel
 
-from jaxbench.report import EvalReport
+from actors.policy import describe
+from jaxbench.report import EvalReport, format_speedup
 from memory import Store
 from memory.errors import RecordNotFoundError
+from orchestrators import report_graph
 from orchestrators.graph import EVALUATION_TYPES, ROOT, Node, load_graph, niche, shown
 from orchestrators.tables import ensure, jobs, searches
 
@@ -31,6 +35,9 @@ class ReportData(BaseModel):
     title: str
     facts: dict[str, Any]
     nodes: list[Node]
+    best_id: str | None = None
+    best_why: str = ""
+    recalled: list[str] = []
 
 
 class UnknownSubject(LookupError):
@@ -52,7 +59,8 @@ def session_nodes(store: Store, session_id: str) -> list[Node]:
         nodes.append(Node(candidate_id=event.candidate_id or draft["candidate_id"], session_id=session_id,
                           parent_id=parent, edge=edge, strategy=ref["name"], params=params,
                           status=report["status"], passed=report["status"] == "ok" and bool(report["correct"]),
-                          speedup=report.get("speedup"), kernel_ms=report.get("kernel_ms"), label=report.get("label"),
+                          speedup=report.get("speedup"), speedup_ci=report.get("speedup_ci"),
+                          kernel_ms=report.get("kernel_ms"), label=report.get("label"), basis=report.get("basis"),
                           reason=(report.get("reason") or "")[:300], niche=niche(ref["name"], params), seq=event.seq,
                           produced_by=draft.get("produced_by", "")))
     return nodes
@@ -68,8 +76,11 @@ def gather(store: Store, subject: str) -> ReportData:
         graph = load_graph(store, subject)
         facts = {"algorithm": graph.algorithm, "status": graph.status, "expansions": len(graph.expansions),
                  "evaluations": len(graph.nodes)} | {k: graph.config[k] for k in ("seed", "max_evaluations", "target")}
+        best = graph.best()
         return ReportData(kind="search", id=subject, task_id=graph.task_id, title=f"{graph.algorithm} search",
-                          facts=facts, nodes=graph.nodes)
+                          facts=facts, nodes=graph.nodes, best_id=best.candidate_id if best else None,
+                          best_why="the search's best by confirmed lower end" if best and best.confirmed is not None
+                          else "the highest lower end (not confirmed)")
     sessions = [subject]
     facts: dict[str, Any] = {}
     if job is not None:
@@ -82,12 +93,49 @@ def gather(store: Store, subject: str) -> ReportData:
     except RecordNotFoundError as exc:
         raise UnknownSubject(f"{subject!r} is no session, search or job in {store.where}") from exc
     info = infos[-1]
+    events = [e for s in sessions for e in store.events(session_id=s)]
     facts |= {"mode": info.mode, "brain": info.brain, "target": info.target, "status": info.status,
               "started": info.created_at.strftime("%Y-%m-%d %H:%M:%S UTC")}
+    if events:
+        facts["duration"] = f"{(events[-1].created_at - events[0].created_at).total_seconds():.1f} s"
     nodes = [n for s in sessions for n in session_nodes(store, s)]
     facts["evaluations"] = len(nodes)
+    best_id, why = named_best(info.mode, events, nodes)
     return ReportData(kind="job" if job is not None else "session", id=subject, task_id=info.task_id or "",
-                      title=f"{'daemon job' if job is not None else info.mode + ' session'}", facts=facts, nodes=nodes)
+                      title=f"{'daemon job' if job is not None else info.mode + ' session'}", facts=facts, nodes=nodes,
+                      best_id=best_id, best_why=why, recalled=recalled(events))
+
+
+def named_best(mode: str, events: list[Any], nodes: list[Node]) -> tuple[str | None, str]:
+    """The kernel the session named and why: a chat's accepted one, else the highest lower end."""
+    if mode == "hitl":
+        from orchestrators.hitl import accepted_candidate
+
+        accepted = accepted_candidate(events)
+        if accepted is not None and any(n.candidate_id == accepted for n in nodes):
+            return accepted, "accepted in the chat"
+    best = highest_low(nodes)
+    if best is None:
+        return None, ""
+    why = "not accepted: the highest lower end" if mode == "hitl" else "the highest lower end of its interval"
+    return best.candidate_id, why
+
+
+def highest_low(nodes: list[Node]) -> Node | None:
+    """The passing candidate with the highest lower end of its interval: a lucky reading never wins."""
+    return max((n for n in nodes if n.passed), key=lambda n: n.low, default=None)
+
+
+def recalled(events: list[Any]) -> list[str]:
+    """What memory handed the session: ``kernel <id> (<task>)`` and ``note <id>`` lines."""
+    out: list[str] = []
+    for event in events:
+        if event.message_type != "Recall":
+            continue
+        out += [f"kernel {k['id']} ({k['task_id']}, {k.get('strategy') or '-'}, score {k['score']:.2f})"
+                for k in event.payload.get("kernels") or []]
+        out += [f"note {n['id']} ({n['outcome']}): {n['text'][:120]}" for n in event.payload.get("notes") or []]
+    return list(dict.fromkeys(out))
 
 
 # -- pictures --------------------------------------------------------------------------------------
@@ -111,38 +159,9 @@ def _plt() -> Any:
     return plt
 
 
-def graph_png(nodes: list[Node]) -> str:
-    """Nodes in layers by depth from the root, edges labelled with the strategy applied."""
-    plt = _plt()
-    ids = {n.candidate_id for n in nodes}
-    depth: dict[str, int] = {ROOT: 0}
-    for node in sorted(nodes, key=lambda n: n.seq):
-        depth[node.candidate_id] = depth.get(node.parent_id if node.parent_id in ids else ROOT, 0) + 1
-    layers: dict[int, list[str]] = defaultdict(list)
-    for node in sorted(nodes, key=lambda n: n.seq):
-        layers[depth[node.candidate_id]].append(node.candidate_id)
-    pos = {ROOT: (0.0, 0.0)}
-    for d, members in layers.items():
-        for i, cid in enumerate(members):
-            pos[cid] = ((i - (len(members) - 1) / 2) * 1.6, -float(d))
-    width = max([len(m) for m in layers.values()] + [1])
-    fig, ax = plt.subplots(figsize=(min(18, 3 + 1.3 * width), 2 + 1.4 * len(layers)))
-    for node in nodes:
-        parent = node.parent_id if node.parent_id in pos else ROOT
-        (x0, y0), (x1, y1) = pos[parent], pos[node.candidate_id]
-        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops={"arrowstyle": "->", "color": "#999"})
-        ax.text((x0 + x1) / 2, (y0 + y1) / 2, node.edge[:28], fontsize=6, color="#555", ha="center")
-    ax.scatter([0], [0], s=300, c="#444")
-    ax.text(0.25, 0, "reference (root)", ha="left", va="center", fontsize=7)
-    for node in nodes:
-        x, y = pos[node.candidate_id]
-        color = "#2a9d4b" if node.passed else "#d1495b"
-        ax.scatter([x], [y], s=260, c=color, zorder=3)
-        label = f"{node.speedup:.2f}x" if node.passed and node.speedup else node.status
-        ax.text(x, y - 0.3, label, ha="center", fontsize=7)
-    ax.set_axis_off()
-    ax.set_title("candidates (green: correct, red: rejected); edges: strategy applied", pad=14)
-    return _png(fig)
+def graph_png(nodes: list[Node], best: str | None) -> str:
+    """The candidate graph (``orchestrators.report_graph``) as an embedded PNG."""
+    return _png(report_graph.figure(nodes, best))
 
 
 def speedup_png(nodes: list[Node]) -> str:
@@ -170,15 +189,16 @@ def speedup_png(nodes: list[Node]) -> str:
 
 
 def contributions(nodes: list[Node]) -> list[dict[str, Any]]:
-    """Per strategy: evaluations spent, how many were correct, best speedup, and whether it held the lead."""
-    best = max((n for n in nodes if n.passed), key=lambda n: n.speedup or 0.0, default=None)
+    """Per strategy: evaluations spent, how many were correct, the best lower end of a speedup interval, and
+    whether it held the lead."""
+    best = highest_low(nodes)
     rows: dict[str, dict[str, Any]] = {}
     for n in nodes:
         row = rows.setdefault(n.strategy, {"strategy": n.strategy, "evaluations": 0, "correct": 0, "best": None})
         row["evaluations"] += 1
         if n.passed:
             row["correct"] += 1
-            row["best"] = max(row["best"] or 0.0, n.speedup or 0.0)
+            row["best"] = max(row["best"] or 0.0, n.low)
     for row in rows.values():
         row["winner"] = best is not None and row["strategy"] == best.strategy
     return sorted(rows.values(), key=lambda r: -(r["best"] or 0.0))
@@ -190,7 +210,7 @@ def contributions_png(rows: list[dict[str, Any]]) -> str:
     names = [r["strategy"][:40] for r in rows]
     ax.barh(names, [r["best"] or 0.0 for r in rows], color=["#2a9d4b" if r["winner"] else "#8ab6d6" for r in rows])
     ax.axvline(1.0, ls="--", c="#999", lw=1)
-    ax.set_xlabel("best speedup")
+    ax.set_xlabel("best speedup (lower end of the 95% interval)")
     ax.invert_yaxis()
     return _png(fig)
 
@@ -205,8 +225,8 @@ def _table(rows: list[tuple[str, Any]]) -> str:
 
 def render(store: Store, subject: str) -> str:
     data = gather(store, subject)
-    best = max((n for n in data.nodes if n.passed), key=lambda n: n.speedup or 0.0, default=None)
-    parts = [f"<h1>{html.escape(data.title)} {html.escape(data.id[:12])} · {html.escape(data.task_id)}</h1>",
+    best = next((n for n in data.nodes if n.candidate_id == data.best_id), None)
+    parts = [f"<h1>{html.escape(data.title)} {html.escape(data.id)} · {html.escape(data.task_id)}</h1>",
              _table(list(data.facts.items()))]
     if best is None:
         parts.append("<h2>Best kernel</h2><p>No correct candidate.</p>")
@@ -214,14 +234,22 @@ def render(store: Store, subject: str) -> str:
         event = store.events(after=best.seq - 1, limit=1)[0]  # the evaluation itself: the draft and its report
         code = event.payload["draft"]["source"]
         report = EvalReport.model_validate(event.payload["report"])
-        facts = [("strategy", best.strategy), ("params", best.params), ("speedup", best.speedup),
+        facts = [("why this one", data.best_why), ("candidate", best.candidate_id), ("strategy", best.strategy),
+                 ("params", best.params), ("speedup", format_speedup(best.speedup, best.interval)),
+                 ("claim", describe(best.speedup, best.interval)),
                  ("kernel ms", best.kernel_ms), ("label", best.label), ("reference ms", report.ref_ms),
                  ("basis", report.basis), ("cv", report.cv), ("max abs err", report.max_abs_err),
                  ("checks", ", ".join(f"{c.name}:{'ok' if c.passed else 'FAIL'}" for c in report.checks))]
         parts += ["<h2>Best kernel</h2>", _table(facts), f"<pre>{html.escape(code)}</pre>"]
+    if data.recalled:
+        parts += ["<h2>Recalled from memory</h2><ul>" + "".join(f"<li>{html.escape(r)}</li>" for r in data.recalled)
+                  + "</ul>"]
     if data.nodes:
         rows = contributions(data.nodes)
-        parts += ["<h2>Search graph</h2>", f'<img alt="graph" src="data:image/png;base64,{graph_png(data.nodes)}">',
+        parts += ["<h2>Search graph</h2>",
+                  "<p>Each node: strategy · speedup interval · status; the best path is drawn thick (★ the best); "
+                  "dashed edges are fixes, dotted ones tuning steps.</p>",
+                  f'<img alt="graph" src="data:image/png;base64,{graph_png(data.nodes, data.best_id)}">',
                   "<h2>Speedup over time</h2>",
                   f'<img alt="speedup" src="data:image/png;base64,{speedup_png(data.nodes)}">',
                   "<h2>What each strategy contributed</h2>",

@@ -189,7 +189,7 @@ class Beam(Decider):
         # recalled kernel, a fully explored corner) would waste a slot.
         last = [n for n in graph.nodes if n.passed and n.expansion is not None
                 and graph.expansions[n.expansion].round == round_ - 1 and self.moves(n, tried)]
-        beam = sorted(last, key=lambda n: (-(n.speedup or 0.0), n.seq))[: self.config.width]
+        beam = sorted(last, key=lambda n: (-n.low, n.seq))[: self.config.width]
         out: list[Spec] = []
         for node in beam:
             moves = self.moves(node, tried | {params_key(s.strategy, s.params) for s in out})
@@ -208,7 +208,7 @@ class Parallel(Decider):
         for lane in range(self.config.lanes):
             taken = tried | {params_key(s.strategy, s.params) for s in out}
             mine = [n for n in graph.valid if n.lane == lane]
-            best = max(mine, key=lambda n: n.speedup or 0.0, default=None)
+            best = max(mine, key=lambda n: n.low, default=None)
             if round_ == 0 or best is None:
                 roots = self.roots()
                 order = roots[lane % len(roots):] + roots[: lane % len(roots)]
@@ -231,16 +231,16 @@ class Evolve(Decider):
         islands: list[dict[str, Node]] = [{} for _ in range(self.config.islands)]
         for node in sorted(graph.valid, key=lambda n: n.seq):
             archive = islands[node.lane % self.config.islands]
-            if node.niche not in archive or (node.speedup or 0) > (archive[node.niche].speedup or 0):
+            if node.niche not in archive or node.low > archive[node.niche].low:
                 archive[node.niche] = node
         every = max(1, self.config.migrate_every)
         for _ in range(round_ // every):  # the migrations that happened up to this round, replayed
-            bests = [max(a.values(), key=lambda n: n.speedup or 0.0, default=None) for a in islands]
+            bests = [max(a.values(), key=lambda n: n.low, default=None) for a in islands]
             for i, best in enumerate(bests):
                 if best is None:
                     continue
                 target = islands[(i + 1) % len(islands)]
-                if best.niche not in target or (best.speedup or 0) > (target[best.niche].speedup or 0):
+                if best.niche not in target or best.low > target[best.niche].low:
                     target[best.niche] = best
         return islands
 
@@ -255,7 +255,7 @@ class Evolve(Decider):
                 taken = tried | {params_key(s.strategy, s.params) for s in out}
                 # Parents that can still have a child; ties broken by id so that a seed fixes the choice.
                 live = sorted((n for n in archive.values() if self.mutations(n, taken) or self.switches(n, taken, island)),
-                              key=lambda n: (-(n.speedup or 0.0), n.niche, n.candidate_id))
+                              key=lambda n: (-n.low, n.niche, n.candidate_id))
                 if not live:
                     break
                 if rng.random() < self.config.explore:
@@ -288,9 +288,11 @@ class SearchResult(BaseModel):
     best_candidate_id: str | None = None
     best_strategy: str = ""
     best_params: dict[str, Any] = Field(default_factory=dict)
-    best_speedup: float | None = Field(None, description="the best node's confirmed speedup (its first reading "
-                                                           "when no node could be confirmed)")
-    confirmed: bool = Field(False, description="best_speedup is a confirmed figure")
+    best_speedup: float | None = Field(None, description="the best node's speedup (nodes rank by the lower end of "
+                                                           "their confirmed interval)")
+    best_speedup_ci: tuple[float, float] | None = Field(None, description="its interval over the timing rounds")
+    confirmed: bool = Field(False, description="the best node was re-measured (or is modelled, deterministic)")
+    claim: str = Field("at par", description="faster | at par | slower: what the confirmed interval allows")
     first_correct_at: int | None = None
     resumed: int = Field(0, description="expansions found interrupted and closed from their recorded evaluations")
 
@@ -437,13 +439,13 @@ class Search:
         """Re-measure the top nodes (``actors.policy``), so that the search names its best by confirmed
         speedup; runs a killed search recorded already are not repeated."""
         kernels = [n for n in graph.valid if n.label != "reference-equivalent" and n.basis == "measured"]
-        todo = policy.to_confirm(kernels, lambda n: n.speedup or 0.0, 1.0)
+        todo = policy.to_confirm(kernels, lambda n: n.low, 1.0)
         if not todo:
             return graph
         session_id = confirm_session(self.search_id)
         await asyncio.to_thread(self.ensure_session, session_id)
         for node in todo:
-            runs = [float(node.speedup or 0.0), *node.confirm_runs]
+            runs = [node.low, *node.confirm_runs]
             if not policy.confirm_more(runs, 1.0):
                 continue
             ref = next((s for s in plan.strategies if s.name == node.strategy), StrategyRef(name=node.strategy))
@@ -453,10 +455,17 @@ class Search:
                 reply = await self.bus.judge(session_id, self.task_id, source, ref, policy.CONFIRM,
                                              target=self.config.target, size=self.config.size,
                                              candidate_id=node.candidate_id)
-                runs.append(policy.reading(reply.report) or 0.0)
+                runs.append(policy.lower(reply.report))
                 self.emit("confirm", {"strategy": node.strategy, "params": shown(node.params), "runs": runs})
         await asyncio.to_thread(self.store.set_session_status, session_id, "done")
         return await asyncio.to_thread(load_graph, self.store, self.search_id)
+
+
+def claim_of(best: Node | None) -> str:
+    """``faster`` only for a node whose confirmed lower end (re-measured, or modelled) clears 1.0."""
+    if best is None or best.confirmed is None or best.interval is None:
+        return "at par"
+    return policy.claim((best.confirmed, best.interval[1]))
 
 
 def result_of(graph: SearchGraph, reason: str, resumed: int = 0) -> SearchResult:
@@ -468,8 +477,10 @@ def result_of(graph: SearchGraph, reason: str, resumed: int = 0) -> SearchResult
                         expansions=len(graph.expansions), nodes=len(graph.nodes),
                         best_candidate_id=best.candidate_id if best else None, best_strategy=best.strategy if best else "",
                         best_params=best.params if best else {},
-                        best_speedup=(best.confirmed or best.speedup) if best else None,
-                        confirmed=best is not None and best.confirmed is not None, first_correct_at=first,
+                        best_speedup=best.speedup if best else None,
+                        best_speedup_ci=best.interval if best else None,
+                        confirmed=best is not None and best.confirmed is not None, claim=claim_of(best),
+                        first_correct_at=first,
                         resumed=resumed)
 
 
@@ -513,7 +524,7 @@ def remember_best(services: Services, store: Store, search_id: str) -> str | Non
     kernels = [n for n in graph.valid if n.label != "reference-equivalent"]
     confirmed = [n for n in kernels if n.confirmed is not None]
     best = (max(confirmed, key=lambda n: n.confirmed or 0.0) if confirmed
-            else max(kernels, key=lambda n: n.speedup or 0.0, default=None))
+            else max(kernels, key=lambda n: n.low, default=None))
     task = services.task(graph.task_id)
     if best is None:
         return None
@@ -527,10 +538,11 @@ def remember_best(services: Services, store: Store, search_id: str) -> str | Non
     for node in graph.valid:
         per[node.strategy] = max(per.get(node.strategy, 0.0), node.speedup or 0.0)
     failed = sorted({n.strategy for n in graph.nodes if not n.passed} - set(per))
-    text = (f"{graph.algorithm} search on {graph.task_id}: best {best.strategy} {best.params} at {best.speedup}x. "
+    text = (f"{graph.algorithm} search on {graph.task_id}: best {best.strategy} {best.params}, "
+            f"{policy.describe(best.speedup, best.interval)}. "
             + "; ".join(f"{s}: up to {v}x" for s, v in sorted(per.items()))
             + (f". Never correct: {', '.join(failed)}" if failed else ""))
-    services.memory.remember_note(text[:2000], task=task, outcome="worked" if (best.speedup or 0) > 1 else "info",
+    services.memory.remember_note(text[:2000], task=task, outcome="worked" if claim_of(best) == "faster" else "info",
                                   target=evaluations[-1].report.target, session_id=best.session_id)
     return record.id
 

@@ -22,6 +22,7 @@ class TrialRow(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     status: str
     speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
     kernel_ms: float | None = None
     label: str | None = None
     basis: str | None = None
@@ -51,7 +52,7 @@ def trial_row(message: BusMessage) -> TrialRow | None:
     role = role_of(draft.produced_by)
     params = {k: v for k, v in draft.plan.current.params.items() if k not in ("source", "rewrites")}
     return TrialRow(strategy=draft.plan.current.name, role=role, params=params if role in ("draft", "fix") else {},
-                    status=report.status, speedup=report.speedup, kernel_ms=report.kernel_ms, label=report.label,
+                    status=report.status, speedup=report.speedup, speedup_ci=report.interval, kernel_ms=report.kernel_ms, label=report.label,
                     basis=report.basis, reason=report.reason[:200], seconds=report.duration_s)
 
 

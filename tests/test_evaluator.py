@@ -25,6 +25,9 @@ def test_example_kernels_are_ok_with_a_measured_speedup(evaluator, task_id, file
     assert report.basis == "measured"
     assert report.ref_ms > 0 and report.kernel_ms > 0
     assert report.speedup == pytest.approx(report.ref_ms / report.kernel_ms, rel=1e-3, abs=1e-4)
+    low, high = report.speedup_ci  # the interval over the timing rounds, beside the point in the JSON
+    assert 0 < low <= report.speedup <= high
+    assert report.model_dump(mode="json")["speedup_ci"] == [low, high]
     names = {c.name for c in report.checks}
     assert {"static", "correct_inputs_shifted", "deterministic", "inputs_unchanged", "input_dependence"} <= names
 

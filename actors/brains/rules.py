@@ -10,7 +10,7 @@ from actors.brains.base import Brain, Diagnosis, PlanOutcome, TuneOutcome
 from actors.policy import tune_window
 from actors.priors import prioritize, tuning_priors
 from actors.profile_facts import gather, rules_diagnosis
-from jaxbench.report import EvalReport as JudgeReport
+from jaxbench.report import EvalReport as JudgeReport, format_speedup
 from maxkernel.messages import Budget, EvalReport, FixRequest, OptimizeRequest, Plan, ProfileReport, Recall, StrategyRef, TuneTrial
 
 RECALLED = "recalled"
@@ -39,9 +39,10 @@ class RulesBrain(Brain):
         # it costs one evaluation. Similarity scores mix in the code, so the task id decides, not the score.
         same = [k for k in recall.kernels if k.task_id == task.id]
         if same:
-            best = max(same, key=lambda k: k.speedup or 0.0)
+            best = max(same, key=lambda k: k.low)  # by the lower end: a lucky reading is not the one recalled
             strategies.insert(0, StrategyRef(name=f"recall:{best.id}", kind=RECALLED, params={"source": best.code},
-                                             rationale=f"verified before for this task ({best.speedup}x)"))
+                                             rationale=f"verified before for this task "
+                                                       f"({format_speedup(best.speedup, best.speedup_ci)})"))
         # Strategies that won on the nearest measured tasks go first, those that failed there last.
         strategies, remembered = await asyncio.to_thread(prioritize, self.services.memory, task, request.target,
                                                          strategies)
@@ -109,7 +110,7 @@ def _outcome(task: Any, ref: StrategyRef, result: Any, profile: ProfileReport) -
                         kernel_ms=t.report.kernel_ms) for t in result.trials]
     best_report = result.best_report
     base = profile.report
-    if best_report is not None and best_report.passed and (best_report.speedup or 0) > (base.speedup or 0):
+    if best_report is not None and best_report.passed and best_report.low > base.low:
         return TuneOutcome(best_source=result.best_source, best_report=best_report,
                            best_params=dict(result.best_params or {}), trials=trials)
     return TuneOutcome(best_source=profile.draft.source, best_report=base, best_params=dict(ref.params), trials=trials)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-SPEEDUP_DECIMALS = 2
+from jaxbench.report import format_speedup
 
 
-def speedup_text(value: float | None) -> str:
-    """``1.37x``, or ``-`` when there is no measured or modelled speedup."""
-    return "-" if value is None or value == 0 else f"{value:.{SPEEDUP_DECIMALS}f}x"
+def speedup_text(value: float | None, interval: tuple[float, float] | list[float] | None = None) -> str:
+    """``1.37x`` (with its interval where there is one), or ``-`` when there is no speedup."""
+    return "-" if value == 0 else format_speedup(value, interval)

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from maxkernel.commands.formatting import speedup_text
+from jaxbench.report import format_speedup
 
 
 def optimize_command(
@@ -90,7 +90,7 @@ class _Progress:
         if kind == "iteration":
             self.progress.update(self.bar, description=f"{self.task_id}: {data['strategy']}")
         elif kind == "trial":
-            speed = speedup_text(data["speedup"]) if data.get("speedup") else data["status"]
+            speed = format_speedup(data["speedup"], data.get("speedup_ci")) if data.get("speedup") else data["status"]
             params = data["params"] or ""
             self.progress.console.print(f"  {data['role']:8} {data['strategy']} {params}: {speed}", highlight=False,
                                         markup=False)
@@ -111,18 +111,14 @@ def _print(result: Any, kernel_path: Path | None) -> None:
         table.add_column(col, overflow="fold")
     for row in result.trials:
         table.add_row(escape(row.strategy), row.role, escape(str(row.params or "")), row.status,
-                      speedup_text(row.speedup), row.label or "-")
+                      format_speedup(row.speedup, row.speedup_ci), row.label or "-")
     console.print(table)
     report = result.best_report
-    basis = f" ({report.basis})" if report is not None and report.basis else ""
-    if result.beat_reference and result.confirmed_speedup is not None:
-        speed = f"{speedup_text(result.confirmed_speedup)}{basis} confirmed"
-        verdict = "[green]faster than the reference[/]"
-    else:
-        speed = speedup_text(1.0)
-        verdict = "[yellow]no candidate beat the reference[/]"
+    basis = f" ({report.basis}, {result.confirmation})" if report is not None and report.basis else ""
+    colour = "green" if result.claim == "faster" else "yellow"
     params = {k: v for k, v in result.best_params.items() if k not in ("rewrites", "source")}
-    console.print(f"best: {escape(result.best_strategy or '-')} {escape(str(params or ''))} — {speed} — {verdict}")
+    console.print(f"best: {escape(result.best_strategy or '-')} {escape(str(params or ''))} — "
+                  f"[{colour}]{escape(result.verdict)}[/]" + (escape(basis) if result.beat_reference else ""))
     if result.note:
         console.print(result.note, highlight=False, markup=False)
     console.print(f"session {result.session_id}: {result.status} ({result.stop_reason}); {result.evaluations} "

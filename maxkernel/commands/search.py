@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from maxkernel.commands.formatting import speedup_text
+from jaxbench.report import format_speedup
 
 
 def search_command(
@@ -94,7 +94,8 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional
     for r in results:
         table.add_row(r.search_id[:12], escape(r.task_id), str(r.evaluations), escape(r.best_strategy),
                       escape(str(r.best_params or "")),
-                      (speedup_text(r.best_speedup) + (" confirmed" if r.confirmed else "")) if r.best_speedup else "-",
+                      (format_speedup(r.best_speedup, r.best_speedup_ci) + f" {r.claim}"
+                       + (" confirmed" if r.confirmed else "")) if r.best_speedup else "-",
                       str(r.first_correct_at or "-"))
     Console().print(table)
     if json_out:

@@ -19,10 +19,9 @@ class Trial(BaseModel):
 
     @property
     def score(self) -> float:
-        """Speedup when correct, else 0 (failed trials never win)."""
-        if self.report.status != "ok" or not self.report.correct:
-            return 0.0
-        return float(self.report.speedup or 0.0)
+        """The lower end of the speedup's interval when correct, else 0 (failed trials never win, and a noisy
+        lucky reading does not beat a steady one)."""
+        return self.report.low
 
 
 class Database(BaseModel):

@@ -118,6 +118,15 @@ def test_notes_are_recalled_by_task_structure(memory: Memory, task_dir) -> None:
         memory.remember_note("   ")
 
 
+def test_the_same_note_is_stored_once(memory: Memory, task_dir) -> None:
+    task = load_task(task_dir("t_gemm_relu"))
+    first = memory.remember_note("rowblock worked at 1.4x", task=task, outcome="worked", target="cpu")
+    again = memory.remember_note("rowblock worked at 1.4x", task=task, outcome="worked", target="cpu")  # a resume
+    assert again.id == first.id and len(memory.store.list_notes()) == 1 and memory.vectors.count(NOTES) == 1
+    other = memory.remember_note("rowblock worked at 1.4x", task=task, outcome="worked", target="tpu-v5e")
+    assert other.id != first.id and len(memory.store.list_notes()) == 2
+
+
 def test_free_text_search_finds_matmul_epilogues(memory: Memory, task_dir, make_report, make_code) -> None:
     _remember_all(memory, task_dir, make_report, make_code)
     memory.remember_note("GELU epilogue: compute erf in f32", pattern="matmul+gelu", outcome="worked")

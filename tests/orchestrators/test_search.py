@@ -48,7 +48,7 @@ def test_beam_is_seeded_and_keeps_invalid_nodes_out(orch_evaluator: object) -> N
         before = {params_key(e.strategy, e.params) for e in graph.expansions if e.round < exp.round}
         rivals = [n for n in graph.valid if graph.expansions[n.expansion].round == graph.expansions[parent.expansion].round
                   and decider.moves(n, before)]  # only nodes with a move left may enter the beam
-        assert parent.speedup == max(n.speedup for n in rivals)
+        assert parent.low == max(n.low for n in rivals)  # ranked by the lower end of the interval
         assert exp.strategy == parent.strategy and exp.params != parent.params
     keys = [params_key(e.strategy, e.params) for e in graph.expansions]
     assert len(keys) == len(set(keys))

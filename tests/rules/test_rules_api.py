@@ -80,6 +80,16 @@ def test_the_engine_returns_the_reference_and_says_so_when_nothing_beats_it(eval
     result = _engine(evaluator, str(folder), budget=AutoBudget(time_s=30))
     assert not result.beat_reference and result.best_strategy == "reference" and result.confirmed_speedup is None
     assert "nothing beat the reference" in result.note and result.status == "scored"
+    assert "tried nothing" in result.note and result.claim == "at par" and result.verdict == result.note
+    # The remembered note and the report read their figures from the same event log.
+    from maxkernel.config import load_settings
+    from memory import Store
+    from orchestrators.report import gather
+
+    with Store.open(load_settings().resolved_store_url) as store:
+        assert gather(store, result.session_id).facts["evaluations"] == result.evaluations
+        note = store.notes([result.remembered_note])[result.remembered_note].text
+    assert f", {result.evaluations} evaluations: " in note
     assert result.best_report is not None and result.best_report.label == "reference-equivalent"
     assert result.best_source is not None and "return reference(*args, **static)" in result.best_source
     assert {t.role for t in result.trials} == {"baseline"} and result.first_correct_at is None
