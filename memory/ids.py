@@ -28,6 +28,10 @@ def resolve_prefix(conn: Any, kinds: Sequence[tuple[str, Any]], prefix: str, whe
     kind_names = [name for name, _ in kinds]
     names = " or ".join(filter(None, [", ".join(kind_names[:-1]), kind_names[-1]]))
     if len(prefix) < MIN_PREFIX:
+        # a whole id is always accepted, however short; a prefix needs MIN_PREFIX characters
+        for name, column in kinds:
+            if conn.execute(sa.select(column).where(column == prefix)).first() is not None:
+                return name, prefix
         raise RecordNotFoundError(f"id {prefix!r} is too short: give at least {MIN_PREFIX} characters of a {names} id")
     found: list[tuple[str, str]] = []
     for name, column in kinds:
