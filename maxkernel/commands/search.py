@@ -90,7 +90,8 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional
     table = Table(title=f"{algo} search · seed {seed}")
     table.add_column("search", no_wrap=True, min_width=12)
     for col in ("task", "evaluations", "best strategy", "params", "speedup", "first correct at"):
-        table.add_column(col, overflow="fold")  # folded, never cut: strategies and params are copied
+        # folded, never cut: strategies and params are copied; a speedup's words stay whole
+        table.add_column(col, overflow="fold", min_width=10 if col == "speedup" else None)
     for r in results:
         table.add_row(r.search_id[:12], escape(r.task_id), str(r.evaluations), escape(r.best_strategy),
                       escape(str(r.best_params or "")),
