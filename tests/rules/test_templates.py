@@ -99,7 +99,7 @@ def test_flash_attention_block_sparse_mask_is_correct_across_blocks(quick_evalua
     assert result.ok, result.reason
 
 
-def test_flex_attention_bias_tiles_reproduce_the_dense_bias_and_the_kernel_is_correct(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+def test_flex_attention_bias_tiles_reproduce_the_dense_bias_and_the_kernel_is_correct(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     import types
 
     import numpy as np
@@ -120,7 +120,7 @@ def test_flex_attention_bias_tiles_reproduce_the_dense_bias_and_the_kernel_is_co
         for j in range(6):
             tile = tiles[:, min(max(i - j, -1), far) + 1]
             assert np.array_equal(tile, dense[:, i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]), (i, j)
-    report = quick_evaluator.evaluate(task, source)  # six by six blocks: every distance's tile is used
+    report = declared_size_evaluator.evaluate(task, source)  # six by six blocks: every distance's tile is used
     assert report.passed and report.label == "pallas-kernel", report.reason
     tpu = FLASH_ATTENTION.space(task, analyze_task(task, "tpu-v5e"), "tpu-v5e")
     result = validate_tpu(FLASH_ATTENTION.render(task, tpu.defaults, ("cpu", "full")), task, "v5e")
