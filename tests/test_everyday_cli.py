@@ -134,15 +134,19 @@ def test_jobs_show_why_a_job_failed_and_write_json_to_a_file(capsys, tmp_path: P
     monkeypatch.setenv("COLUMNS", "200")
     from maxkernel.config import load_settings
     from memory import Store
+    from orchestrators.claims import Claimer
     from orchestrators.jobs import JobQueue
 
     job_id = "cafe" + "2" * 28
     _insert_jobs(job_id)
     with Store.open(load_settings().resolved_store_url) as store:
-        JobQueue(store.engine).finish(job_id, "failed", error="TaskError: reference.py vanished")
+        claimer = Claimer(JobQueue(store.engine))
+        assert claimer.claim() is not None
+        claimer.finish(job_id, "failed", error="TaskError: reference.py vanished")
         done_id = "cafe" + "3" * 28
         _insert_jobs(done_id)
-        JobQueue(store.engine).finish(done_id, "done", result={"best_report": {"speedup": 1.23456},
+        assert claimer.claim() is not None
+        claimer.finish(done_id, "done", result={"best_report": {"speedup": 1.23456},
                                                                "best_strategy": "rowblock"})
     code, out, _ = cli(capsys, "jobs")
     assert code == 0 and "reference.py vanished" in out
