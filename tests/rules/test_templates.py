@@ -66,7 +66,7 @@ def test_matmul_template_refuses_what_it_cannot_fuse() -> None:
     assert "reduce_sum" in (MATMUL.applies(task, analyze_task(task)) or "")
 
 
-def test_flash_attention_gqa_causal_blocks_are_correct_and_lower(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+def test_flash_attention_gqa_causal_blocks_are_correct_and_lower(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     from maxkernel.templates.attention import FLASH_ATTENTION, analyse
 
     task = load_task("2p_GQA_Attention")
@@ -79,21 +79,21 @@ def test_flash_attention_gqa_causal_blocks_are_correct_and_lower(quick_evaluator
     assert "pl.BlockSpec((None, group, block_q, head_dim)" in source  # the q block holds the whole group
     assert '("parallel", "parallel", "arbitrary")' in source
     assert "Precision.HIGHEST" not in source and "jnp.inf" not in source  # bf16 operands, finite mask
-    report = quick_evaluator.evaluate(task, source)
+    report = declared_size_evaluator.evaluate(task, source)
     assert report.passed and report.label == "pallas-kernel", report.reason
     tpu = FLASH_ATTENTION.space(task, analyze_task(task, "tpu-v5e"), "tpu-v5e")
     result = validate_tpu(FLASH_ATTENTION.render(task, tpu.defaults, ("cpu", "full")), task, "v5e")
     assert result.ok, result.reason
 
 
-def test_flash_attention_block_sparse_mask_is_correct_across_blocks(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
+def test_flash_attention_block_sparse_mask_is_correct_across_blocks(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     from maxkernel.templates.attention import FLASH_ATTENTION
 
     task = load_task("4p_Sparse_Attention")  # kernel blocks of 128 span two of the task's 64-key blocks
     assert FLASH_ATTENTION.applies(task, analyze_task(task)) is None
     source = FLASH_ATTENTION.render(task, {"block_q": 128, "block_k": 256}, ("cpu", "full"))
     assert "def kernel(q, k, v, *, block_size, window_blocks, global_blocks):" in source
-    report = quick_evaluator.evaluate(task, source)
+    report = declared_size_evaluator.evaluate(task, source)
     assert report.passed and report.label == "pallas-kernel", report.reason
     result = validate_tpu(FLASH_ATTENTION.render(task, {"block_q": 512, "block_k": 512}, ("cpu", "full")), task, "v6e")
     assert result.ok, result.reason
