@@ -17,6 +17,7 @@ from maxkernel.templates.gpu_base import (
     GPU_BLOCKS,
     GPU_STAGES,
     GPU_WARPS,
+    TRITON_SMEM_PLAN,
     backend_import,
     compiler_params_text,
     gpu_target,
@@ -26,9 +27,6 @@ from maxkernel.templates.gpu_base import (
 if TYPE_CHECKING:
     from jaxbench.task import Task
     from maxkernel.analysis import TaskAnalysis
-
-TRITON_SMEM_PLAN = 160 * 1024  # below the smallest chip's per-block shared memory (A100: 163 KB)
-
 
 def _mask_kind(a: AttentionShape) -> str | None:
     if a.mask.all():

@@ -1,0 +1,61 @@
+"""Every GPU template on every suite task it matches: correct in interpret mode at ``cpu`` size, and lowering
+for gpu-h100 and gpu-a100 at ``full`` size (the lowering half needs the CUDA plugin)."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+from jaxbench.task import SUITE_DIR, load_task
+from maxkernel.analysis import analyze_task
+from maxkernel.rules.strategy import propose_strategies, render
+from maxkernel.targets.gpu_lowering import plugin_available, validate_gpu
+from maxkernel.templates.gpu import GPU_TEMPLATES
+
+MATCHED = {
+    "gpu_matmul_epilogue": ["19k_Matmul_Subtract_Multiply_ReLU", "20k_Gemm_Multiply_LeakyReLU", "27k_Matmul_Mish_Mish",
+                            "30k_Matmul_Scaling_ResidualAdd", "35k_Gemm_Scaling_Hardtanh_GELU",
+                            "37k_Matmul_Swish_Scaling", "41k_Gemm_Add_ReLU", "44k_Matmul_Divide_GELU",
+                            "47k_Matmul_Add_Swish_Tanh_GELU_Hardtanh", "8p_GEMM"],
+}
+CASES = [(name, task) for name, tasks in MATCHED.items() for task in tasks]
+
+
+@cache
+def _source(template: str, task_id: str) -> str:
+    """The template's default candidate for gpu-h100, as the rules brain proposes and renders it."""
+    task = load_task(task_id)
+    strategies = propose_strategies(task, analyze_task(task), "gpu-h100")
+    (found,) = [s for s in strategies if s.name == f"template:{template}"]
+    return render(task, found)
+
+
+@pytest.mark.parametrize("template", sorted(MATCHED))
+def test_gpu_template_matches_exactly_the_listed_suite_tasks(template: str) -> None:
+    (found,) = [t for t in GPU_TEMPLATES if t.name == template]
+    matched = []
+    for path in sorted(p for p in SUITE_DIR.iterdir() if (p / "task.yaml").exists()):
+        task = load_task(path.name)
+        if found.applies(task, analyze_task(task)) is None:
+            matched.append(task.id)
+    assert sorted(matched) == sorted(MATCHED[template])
+
+
+@pytest.mark.parametrize(("template", "task_id"), CASES)
+def test_gpu_template_is_correct_in_interpret_mode(template: str, task_id: str, declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
+    source = _source(template, task_id)
+    assert "CompilerParams(" in source and "interpret" not in source
+    report = declared_size_evaluator.evaluate(load_task(task_id), source)
+    assert report.status == "ok" and report.correct, report.reason
+    assert report.label == "pallas-kernel"
+
+
+@pytest.mark.skipif(not plugin_available(), reason='needs the CUDA plugin: pip install -e ".[gpu]"')
+@pytest.mark.parametrize(("template", "task_id"), CASES)
+def test_gpu_template_lowers_for_hopper_and_ampere(template: str, task_id: str) -> None:
+    source, task = _source(template, task_id), load_task(task_id)
+    for chip in ("h100", "a100"):
+        lowered = validate_gpu(source, task, chip)
+        assert lowered.ok, lowered.reason
+        assert lowered.backends == ["triton"] and lowered.smem_bytes and lowered.smem_bytes <= lowered.smem_budget_bytes
