@@ -18,6 +18,7 @@ MATCHED = {
                             "30k_Matmul_Scaling_ResidualAdd", "35k_Gemm_Scaling_Hardtanh_GELU",
                             "37k_Matmul_Swish_Scaling", "41k_Gemm_Add_ReLU", "44k_Matmul_Divide_GELU",
                             "47k_Matmul_Add_Swish_Tanh_GELU_Hardtanh", "8p_GEMM"],
+    "gpu_paged_decode": ["6p_Paged_Attention"],
 }
 CASES = [(name, task) for name, tasks in MATCHED.items() for task in tasks]
 
