@@ -194,7 +194,7 @@ def count_eqn(eqn: core.JaxprEqn, counts: OpCounts) -> None:
         counts.dma_bytes += _dma_bytes(eqn)
     elif name == "get" and eqn.outvars:
         aval = eqn.outvars[0].aval
-        counts.ref_load_bytes += _size(aval) * np.dtype(aval.dtype).itemsize
+        counts.ref_load_bytes += int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize  # a scalar: one element
     elif name == "addupdate":
         counts.vpu += _size(eqn.invars[1].aval)
     elif name in FREE:

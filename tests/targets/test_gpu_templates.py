@@ -19,6 +19,7 @@ MATCHED = {
                             "37k_Matmul_Swish_Scaling", "41k_Gemm_Add_ReLU", "44k_Matmul_Divide_GELU",
                             "47k_Matmul_Add_Swish_Tanh_GELU_Hardtanh", "8p_GEMM"],
     "gpu_paged_decode": ["6p_Paged_Attention"],
+    "gpu_grouped_matmul": ["11p_Megablox_GMM", "14p_Ragged_Dot"],
 }
 CASES = [(name, task) for name, tasks in MATCHED.items() for task in tasks]
 
