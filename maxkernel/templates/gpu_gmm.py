@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from maxkernel.analysis.program import arg_names
-from maxkernel.rewrites.emit import EmitError, dtype_expr
+from maxkernel.rewrites.emit import dtype_expr
 from maxkernel.templates.base import FIT_SOURCE, TemplateSpace
-from maxkernel.templates.gmm import GroupedShape, analyse
+from maxkernel.templates.gmm import GroupedShape, analyse, shape_for_sizes
 from maxkernel.templates.gpu_base import (
     GPU_STAGES,
     GPU_WARPS,
@@ -24,6 +24,8 @@ from maxkernel.templates.gpu_base import (
     backend_import,
     compiler_params_text,
     gpu_target,
+    refusal,
+    triton_backend,
 )
 
 if TYPE_CHECKING:
@@ -50,7 +52,7 @@ class GpuGroupedMatmulTemplate:
 
     def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
         shapes = [analyse(task, size) for size in ("cpu", "full")]
-        failed = next((s for s in shapes if isinstance(s, str)), None)
+        failed = refusal(shapes)
         if failed is not None:
             return failed
         if not any(_divides(b, *(s.m for s in shapes)) for b in TILE_BLOCKS):  # type: ignore[union-attr]
@@ -75,19 +77,10 @@ class GpuGroupedMatmulTemplate:
         return TemplateSpace(defaults=defaults, space=space)
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
-        backend = str(params.get("backend", "triton"))
-        if backend != "triton":
-            raise EmitError("the GPU grouped matmul template emits Triton bodies only")
-        shapes = [analyse(task, size) for size in sizes]
-        failed = next((s for s in shapes if isinstance(s, str)), None)
-        if failed is not None:
-            raise EmitError(failed)
-        found = [s for s in shapes if not isinstance(s, str)]
-        if len({(s.dtype, s.out_dtype, tuple(s.names.items())) for s in found}) != 1:
-            raise EmitError("argument roles or dtypes that change with size")
+        backend = triton_backend(params, "grouped matmul")
         compiler = compiler_params_text(backend, int(params["num_warps"]), int(params["num_stages"]))
-        return render_source(task, found[0], int(params["block_m"]), int(params["block_n"]), int(params["block_k"]),
-                             backend, compiler)
+        return render_source(task, shape_for_sizes(task, sizes), int(params["block_m"]), int(params["block_n"]),
+                             int(params["block_k"]), backend, compiler)
 
 
 def render_source(task: "Task", a: GroupedShape, bm: int, bn: int, bk: int, backend: str, compiler: str) -> str:

@@ -25,6 +25,8 @@ from maxkernel.templates.gpu_base import (
     compiler_params_text,
     gpu_target,
     power_of_two,
+    refusal,
+    triton_backend,
 )
 from maxkernel.templates.matmul import MATMUL, MatmulShape, _precision, block_epilogue, match
 
@@ -74,11 +76,7 @@ class GpuMatmulTemplate:
         reason = MATMUL.applies(task, analysis)
         if reason is not None:
             return reason
-        for size in ("cpu", "full"):
-            found = _shape(task, size)
-            if isinstance(found, str):
-                return found
-        return None
+        return refusal(_shape(task, size) for size in ("cpu", "full"))
 
     def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
         s = _shape(task, "full" if gpu_target(target) else "cpu")
@@ -96,9 +94,7 @@ class GpuMatmulTemplate:
         return TemplateSpace(defaults=defaults, space=space)
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
-        backend = str(params.get("backend", "triton"))
-        if backend != "triton":
-            raise EmitError("the GPU matmul template emits Triton bodies only")
+        backend = triton_backend(params, "matmul")
         compiler = compiler_params_text(backend, int(params["num_warps"]), int(params["num_stages"]))
         names = arg_names(task)
         parts = [f'"""{task.id}: {self.description}.\n\nblock_m={params["block_m"]}, block_n={params["block_n"]}, '

@@ -25,6 +25,8 @@ from maxkernel.templates.gpu_base import (
     backend_import,
     compiler_params_text,
     power_of_two,
+    refusal,
+    triton_backend,
 )
 
 if TYPE_CHECKING:
@@ -56,11 +58,7 @@ class GpuPagedDecodeTemplate:
                    "by block up to the sequence's length, tensor-core scores, online softmax")
 
     def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
-        for size in ("cpu", "full"):
-            found = _shape(task, size)
-            if isinstance(found, str):
-                return found
-        return None
+        return refusal(_shape(task, size) for size in ("cpu", "full"))
 
     def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
         found = _shape(task, "full")
@@ -80,11 +78,9 @@ class GpuPagedDecodeTemplate:
                                                        "backend": ["triton"]})
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
-        backend = str(params.get("backend", "triton"))
-        if backend != "triton":
-            raise EmitError("the GPU paged decode template emits Triton bodies only")
+        backend = triton_backend(params, "paged decode")
         found = [_shape(task, s) for s in sizes]
-        failed = next((f for f in found if isinstance(f, str)), None)
+        failed = refusal(found)
         if failed is not None:
             raise EmitError(failed)
         roles = found[0][0]  # type: ignore[index]

@@ -14,7 +14,7 @@ from maxkernel.targets.gpu_lowering import plugin_available, validate_gpu
 from maxkernel.templates.gpu import GPU_TEMPLATES
 
 MATCHED = {
-    "gpu_rowblock": ["12p_RMSNorm", "21k_Gemm_Divide_Sum_Scaling"],
+    "gpu_rowblock": ["12p_RMSNorm"],
     "gpu_flash_attention": ["1p_Flash_Attention", "2p_GQA_Attention"],
     "gpu_matmul_epilogue": ["19k_Matmul_Subtract_Multiply_ReLU", "20k_Gemm_Multiply_LeakyReLU", "27k_Matmul_Mish_Mish",
                             "30k_Matmul_Scaling_ResidualAdd", "35k_Gemm_Scaling_Hardtanh_GELU",
