@@ -33,6 +33,7 @@ class Var:
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
+    origin: tuple[str, int] | None = None  # the reference line that computed it, when known
 
     @property
     def size(self) -> int:
@@ -178,8 +179,8 @@ class ProgramBuilder:
         self.nodes: list[Node] = []
         self.counter = itertools.count()
 
-    def var(self, aval: Any) -> Var:
-        return Var(f"v{next(self.counter)}", tuple(int(d) for d in aval.shape), _dtype(aval.dtype))
+    def var(self, aval: Any, origin: tuple[str, int] | None = None) -> Var:
+        return Var(f"v{next(self.counter)}", tuple(int(d) for d in aval.shape), _dtype(aval.dtype), origin)
 
     def build(self, closed: core.ClosedJaxpr, names: list[str]) -> Program:
         jaxpr = closed.jaxpr
@@ -204,8 +205,9 @@ class ProgramBuilder:
                 results = self._inline(body.jaxpr, sub_env)
                 env.update(zip(eqn.outvars, results))
                 continue
-            outs = [self.var(v.aval) for v in eqn.outvars]
-            self.nodes.append(Node(eqn.primitive, ins, outs, dict(eqn.params), source_line(eqn)))
+            where = source_line(eqn)
+            outs = [self.var(v.aval, where) for v in eqn.outvars]
+            self.nodes.append(Node(eqn.primitive, ins, outs, dict(eqn.params), where))
             env.update(zip(eqn.outvars, outs))
         return [self._operand(env, a) for a in jaxpr.outvars]
 

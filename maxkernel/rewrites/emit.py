@@ -104,7 +104,7 @@ def dim_name(program: Program, name: str, axis: int, size: int, size_names: bool
 class Emitter:
     """Writes the nodes of one program as assignment lines."""
 
-    def __init__(self, program: Program, size_names: bool = True) -> None:
+    def __init__(self, program: Program, size_names: bool = True, rename_inputs: bool = False) -> None:
         self.program = program
         self.dims = input_dims(program)
         shapes = {v.name: tuple(int(d) for d in v.shape) for v in program.inputs}
@@ -118,7 +118,7 @@ class Emitter:
                         local = f"{name}_dim{axis}"
                     self.hoisted[(name, axis)] = local
         self.used: set[tuple[str, int]] = set()
-        self.name = Namer(program, fixed=self.hoisted.values())
+        self.name = Namer(program, fixed=self.hoisted.values(), rename_inputs=rename_inputs)
 
     def shape(self, dims: Any) -> str:
         """A shape tuple whose dimensions are read from the inputs where one of theirs matches."""
@@ -185,7 +185,8 @@ class Emitter:
                 lines.append(f"{indent}{target}{',' if len(node.outs) == 1 else ''} = {self.line(node)}")
         lines.extend(f"{indent}# {note}" for note in self.program.notes if note not in stated)
         self.returns()  # the outputs' shapes may read dimensions too
-        hoists = [f"{indent}{local} = {name}.shape[{axis}]" for (name, axis), local in self.hoisted.items()
+        shown = {v.name: self.name(v) for v in self.program.inputs}
+        hoists = [f"{indent}{local} = {shown[name]}.shape[{axis}]" for (name, axis), local in self.hoisted.items()
                   if (name, axis) in self.used]
         return hoists + lines
 
@@ -227,8 +228,8 @@ class Emitter:
 def emit_function(program: Program, name: str, doc: str | None = None, size_names: bool = True) -> str:
     """``def name(inputs...):`` computing the program's outputs (``size_names``: input dimensions held
     in locals named after the task's size parameters where their values tell them apart)."""
-    em = Emitter(program, size_names)
-    params = ", ".join(v.name for v in program.inputs)
+    em = Emitter(program, size_names, rename_inputs=True)
+    params = ", ".join(em.name(v) for v in program.inputs)
     lines = [f"def {name}({params}):"]
     if doc:
         lines.append(f'    """{doc}"""')

@@ -44,6 +44,7 @@ REDUCED = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduc
 SHORT_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int32": "i32",
                 "int8": "i8", "int64": "i64", "uint32": "u32", "bool": "mask"}
 LONGEST_DERIVED = 20
+MACHINE_NAME = re.compile(r"^[vt]\d+$")  # what the program builder and rewrites call a value
 
 
 @functools.lru_cache(maxsize=128)
@@ -92,13 +93,22 @@ def clean(name: str) -> str:
 class Namer:
     """Display names for one program's values, decided once in program order."""
 
-    def __init__(self, program: Program, fixed: Iterable[str] = ()) -> None:
+    def __init__(self, program: Program, fixed: Iterable[str] = (), rename_inputs: bool = False) -> None:
         self.program = program
         self.names: dict[int, str] = {id(v): v.name for v in program.inputs}
         self.fixed = set(fixed)  # names that stay bound for the whole function (the hoisted dimensions)
         self._holder: dict[str, Var] = {v.name: v for v in program.inputs}
         self._last = self._last_reads()
+        if rename_inputs:  # a function's parameters that are another program's values: their reference names
+            self._name_inputs()
         self._assign()
+
+    def _name_inputs(self) -> None:
+        taken: set[str] = {v.name for v in self.program.inputs if not MACHINE_NAME.match(v.name)}
+        for var in self.program.inputs:
+            if MACHINE_NAME.match(var.name):
+                del self._holder[var.name]
+                self._take(var, assigned_name(var.origin) or "value", -1, taken)
 
     def __call__(self, var: Var) -> str:
         return self.names.get(id(var), var.name)
