@@ -4,6 +4,7 @@ test in a fresh virtual environment, without MaxKernel or JaxBench."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import venv
 from pathlib import Path
 
@@ -77,3 +78,27 @@ def test_export_of_a_task_memory_has_no_kernel_of_is_one_line(capsys: pytest.Cap
     assert code == 2 and len(lines) == 1 and "no verified kernel" in lines[0] and "maxkernel optimize 12p_RMSNorm" in lines[0]
     code, _, err = _cli(capsys, "export", "zzzz9999", "--out", str(tmp_path))
     assert code == 2 and "not a task" in err
+
+
+def test_an_exported_pallas_kernel_runs_interpreted_on_a_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             quick_evaluator: object) -> None:
+    """A Pallas kernel (the fused-tail template on 41k) leaves with its test; on a CPU it runs interpreted."""
+    from jaxbench.task import load_task
+    from maxkernel.templates import FUSED_TAIL
+    from memory import Memory
+
+    task = load_task("41k_Gemm_Add_ReLU")
+    source = FUSED_TAIL.render(task, {}, ("cpu",))
+    report = quick_evaluator.evaluate(task, source)  # type: ignore[attr-defined]
+    assert report.passed and report.label == "pallas-kernel" and report.check("correct_unseen_size").passed
+    with Memory.open() as memory:
+        memory.remember_kernel(report, source, strategy="template:fused_tail")
+    code, out, err = _cli(capsys, "export", task.id, "--out", str(tmp_path))
+    assert code == 0, err
+    module = (tmp_path / "gemm_add_relu" / "gemm_add_relu.py").read_text()
+    assert "def gemm_add_relu(x, weight, bias):" in module and "force_tpu_interpret_mode" in module
+    assert "passed the evaluator at unseen size" in module
+    ran = subprocess.run([sys.executable, "-m", "gemm_add_relu.test_gemm_add_relu"], cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "HOME": str(tmp_path)},
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0 and "matches the reference at 3 sizes" in ran.stdout, ran.stderr[-2000:]

@@ -119,6 +119,7 @@ class Emitter:
                     self.hoisted[(name, axis)] = local
         self.used: set[tuple[str, int]] = set()
         self.name = Namer(program, fixed=self.hoisted.values(), rename_inputs=rename_inputs)
+        self.producers = program.producers()
 
     def shape(self, dims: Any) -> str:
         """A shape tuple whose dimensions are read from the inputs where one of theirs matches."""
@@ -144,6 +145,9 @@ class Emitter:
             if node.prim in ("div", "rem") and not np.issubdtype(node.out.dtype, np.floating):
                 a, b = node.ins  # integer division truncates in lax; Python's // and % floor
                 return f"jax.lax.{node.prim}({self.operand(a)}, {self.operand(b)})"
+            count = self.counted(node)
+            if count is not None:  # a mean: divided by how many it summed, at whatever size it runs
+                return f"{self.operand(node.ins[0])} / {count}"
             if node.prim == "rem":
                 return f"jax.lax.rem({self.operand(node.ins[0])}, {self.operand(node.ins[1])})"
             if node.prim in ("lt_to", "le_to") and all(np.issubdtype(np.dtype(op.dtype), np.integer) for op in node.ins):
@@ -164,6 +168,31 @@ class Emitter:
                 return f"{REDUCTIONS[node.prim]}({self.operand(node.ins[0])}, axis={axes})"
             raise EmitError(f"no source spelling for primitive {node.prim!r}")
         return emit(self, node)
+
+    def counted(self, node: Node) -> str | None:
+        """For ``sum / n`` where ``n`` is the number of elements the sum reduced (how ``jnp.mean`` and
+        ``jnp.var`` divide), those extents as the input dimensions they are (``hidden``, ``batch * seq``);
+        None for any other division, or when an extent is no input's dimension."""
+        if node.prim != "div" or len(node.ins) != 2:
+            return None
+        a, b = node.ins
+        if not isinstance(b, Const) or b.shape or not isinstance(a, Var):
+            return None
+        if not np.issubdtype(np.dtype(b.dtype), np.floating):
+            return None
+        producers = self.producers
+        source = producers.get(a)
+        while source is not None and source.prim in ("broadcast_in_dim", "reshape", "convert_element_type",
+                                                     "expand_dims", "squeeze"):
+            source = producers.get(source.ins[0]) if isinstance(source.ins[0], Var) else None
+        if source is None or source.prim != "reduce_sum" or not isinstance(source.ins[0], Var):
+            return None
+        sizes = [int(source.ins[0].shape[axis]) for axis in source.params["axes"]]
+        sizes = [size for size in sizes if size > 1]
+        if not sizes or float(np.prod(sizes)) != float(b.value) or any(size not in self.dims for size in sizes):
+            return None
+        parts = [self.dim(size) for size in sizes]
+        return parts[0] if len(parts) == 1 else "(" + " * ".join(parts) + ")"
 
     def body(self, indent: str = "    ") -> list[str]:
         """The assignments, after the input dimensions they read; each rewrite is stated in a comment at
