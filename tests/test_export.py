@@ -44,7 +44,7 @@ def test_an_exported_kernel_passes_its_own_test_in_a_fresh_venv(tmp_path: Path, 
     assert "Bias-free matmul x @ W^T" in module  # and its docstring
     assert "TUNED = {" in module and "('cpu', 'any')" in module  # the tuned table of its strategy
     assert "free sizes batch" in module and "passed the evaluator at unseen size batch=" in module
-    assert "forward only" in out.lower()
+    assert "Dtypes: float32. Chips: cpu. Forward only" in module and "21k_Gemm_Divide_Sum_Scaling" in out
 
     python = _fresh_python(tmp_path / "venv")
     script = ("import sys, importlib; t = importlib.import_module('gemm_divide_sum_scaling.test_gemm_divide_sum_scaling');"

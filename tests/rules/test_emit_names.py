@@ -22,6 +22,7 @@ MACHINE_NAMES = re.compile(r"\b(t1\d{4}|v\d+)\b")
 
 REFERENCE = '''
 import jax
+import jax.numpy as jnp
 
 
 def reference(x, w):
@@ -91,4 +92,16 @@ def test_input_dimensions_are_read_once_into_named_locals() -> None:
     got = jax.jit(functools.partial(_load(source).kernel, **static))(*args)
     want = jax.jit(functools.partial(task.reference, **static))(*args)
     assert got.shape == want.shape == (5, 1)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+def test_a_mean_divides_by_the_dimensions_it_summed_not_by_the_traced_count() -> None:
+    # 31k's batch-norm statistics average over the batch: a traced `/ 1024.0` would be wrong at another batch.
+    task = load_task("31k_Gemm_BatchNorm_GELU_ReLU")
+    source = render_rewrite(task, ["cheaper_activations"])
+    assert "/ 1024.0" not in source and re.search(r"mean = \w+ / x_dim0", source), source
+    small = task.with_size("small", {**task.size("cpu"), "batch": 40})
+    args, static = small.get_inputs(jax.random.key(5), "small")
+    got = jax.jit(functools.partial(_load(source).kernel, **static))(*args)
+    want = jax.jit(functools.partial(task.reference, **static))(*args)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
