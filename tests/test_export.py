@@ -102,3 +102,15 @@ def test_an_exported_pallas_kernel_runs_interpreted_on_a_cpu(tmp_path: Path, cap
                          env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "HOME": str(tmp_path)},
                          capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0 and "matches the reference at 3 sizes" in ran.stdout, ran.stderr[-2000:]
+
+
+def test_export_names_a_corrupt_store_in_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "corrupt"
+    data.mkdir()
+    (data / "maxkernel.db").write_bytes(b"not a database" * 300)
+    monkeypatch.setenv("MAXKERNEL_DATA_DIR", str(data))
+    code, _, err = _cli(capsys, "export", TASK, "--out", str(tmp_path / "out"))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "corrupt" in lines[0] and str(data / "maxkernel.db") in lines[0]
+    assert not (tmp_path / "out").exists()
