@@ -141,7 +141,6 @@ class Namer:
         taken_here.add(name)
 
     def _assign(self) -> None:
-        lines = {id(out): node.source for node in self.program.nodes for out in node.outs}
         readers: dict[int, list[Node]] = {}
         for node in self.program.nodes:
             for op in node.ins:
