@@ -33,11 +33,15 @@ SUSPICIOUS_SPEEDUP = 20.0
 NOISY_CV = 0.25  # timings spread wider than this get a flag: the interval says how much the figure can move
 
 
+class EvalSettingError(TaskError):
+    """An evaluator setting from the environment that means nothing (a user error: one line)."""
+
+
 def unseen_by_default() -> bool:
     """``JAXBENCH_UNSEEN_SIZE``: 1 checks every candidate at an unseen size unless its config says no."""
     value = os.environ.get("JAXBENCH_UNSEEN_SIZE", "0").strip().lower()
     if value not in ("0", "1", "false", "true", "off", "on"):
-        raise ValueError(f"JAXBENCH_UNSEEN_SIZE={value!r}: expected 1 or 0")
+        raise EvalSettingError(f"JAXBENCH_UNSEEN_SIZE={value!r}: expected 1 or 0")
     return value in ("1", "true", "on")
 
 

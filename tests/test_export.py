@@ -114,3 +114,16 @@ def test_export_names_a_corrupt_store_in_one_line(capsys: pytest.CaptureFixture[
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "corrupt" in lines[0] and str(data / "maxkernel.db") in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_the_unseen_size_check_is_switched_on_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What an export says of unseen sizes comes from this check; JAXBENCH_UNSEEN_SIZE turns it on."""
+    from jaxbench.evaluate import EvalConfig, EvalSettingError
+
+    monkeypatch.delenv("JAXBENCH_UNSEEN_SIZE", raising=False)
+    assert EvalConfig().unseen_size is False
+    monkeypatch.setenv("JAXBENCH_UNSEEN_SIZE", "1")
+    assert EvalConfig().unseen_size is True and EvalConfig(unseen_size=False).unseen_size is False
+    monkeypatch.setenv("JAXBENCH_UNSEEN_SIZE", "maybe")
+    with pytest.raises(EvalSettingError, match="JAXBENCH_UNSEEN_SIZE='maybe': expected 1 or 0"):
+        EvalConfig()
