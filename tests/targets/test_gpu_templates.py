@@ -23,7 +23,9 @@ MATCHED = {
     "gpu_paged_decode": ["6p_Paged_Attention"],
     "gpu_grouped_matmul": ["11p_Megablox_GMM", "14p_Ragged_Dot"],
 }
-CASES = [(name, task) for name, tasks in MATCHED.items() for task in tasks]
+# The first task of each template runs in every test run; the others are the sweep (`--sweep`, run by CI).
+CASES = [pytest.param(name, task, marks=() if i == 0 else pytest.mark.sweep)
+         for name, tasks in MATCHED.items() for i, task in enumerate(tasks)]
 # Where the cpu size would take the interpreter thousands of grid steps: 12p's GPU row blocks hold one row
 # (32 KiB at full size), so its cpu size runs 4096 of them; 64 rows of the cpu size's width run the same body.
 INTERPRET_SIZES = {"12p_RMSNorm": {"batch": 1, "seq": 64, "hidden": 2048}}
