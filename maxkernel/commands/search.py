@@ -14,13 +14,17 @@ from rich.table import Table
 
 from jaxbench.report import format_speedup
 
+DEFAULT_EVALS = 30
+
 
 def search_command(
     tasks: List[str] = typer.Argument(None, help="suite ids or task folders (several: batch mode)"),
     algo: str = typer.Option("beam", help="parallel | beam | evolve"),
     seed: int = typer.Option(0, help="seed of every random choice (same seed, same search)"),
-    evals: int = typer.Option(30, help="evaluations per task"),
-    budget: Optional[float] = typer.Option(None, help="seconds per task (default: no limit but the evaluations)"),
+    evals: Optional[int] = typer.Option(None, help=f"evaluations per task (default {DEFAULT_EVALS}; with --resume: "
+                                                   "the search's new limit, default the stored one)"),
+    budget: Optional[float] = typer.Option(None, help="seconds per task (default: no limit but the evaluations; "
+                                                      "with --resume: the resumed run's)"),
     global_evals: Optional[int] = typer.Option(None, help="batch mode: evaluations for all tasks together"),
     suite: bool = typer.Option(False, help="search every task of the suite"),
     width: int = typer.Option(2, help="beam width"),
@@ -41,7 +45,7 @@ def search_command(
                      brain, transcript, target, resume, json_out)
 
 
-def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional[float], global_evals: Optional[int],
+def _search(tasks: list[str], algo: str, seed: int, evals: Optional[int], budget: Optional[float], global_evals: Optional[int],
             suite: bool,
             width: int, branching: int, depth: int, lanes: int, islands: int, brain: str,
             transcript: Optional[Path], target: str, resume: Optional[str], json_out: Optional[Path]) -> None:
@@ -49,7 +53,7 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional
     from jaxbench.task import list_tasks, load_task
     from maxkernel.cli import UserError
     from maxkernel.commands.checks import check_limits, check_store, check_target, check_writable, resolve_resume
-    from orchestrators.search import DECIDERS, SearchConfig, run_search, run_suite
+    from orchestrators.search import DECIDERS, SearchConfig, SearchLimits, run_search, run_suite
 
     if algo not in DECIDERS:
         raise UserError(f"--algo {algo}: choose parallel, beam or evolve")
@@ -79,11 +83,13 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional
     check_keys(config_actor)
     check_store()
     config = SearchConfig(algorithm=algo, seed=seed, target=target,  # type: ignore[arg-type]
-                          max_evaluations=evals, time_s=budget, width=width, branching=branching, depth=depth, lanes=lanes, islands=islands)
+                          max_evaluations=evals or DEFAULT_EVALS, time_s=budget, width=width, branching=branching, depth=depth, lanes=lanes, islands=islands)
     err = Console(stderr=True)
     with _progress(err) as (progress, on_event):
         if len(loaded) == 1:
-            results = [asyncio.run(run_search(loaded[0], config, config_actor, search_id=resume, on_event=on_event))]
+            limits = SearchLimits(max_evaluations=evals, time_s=budget)  # a resume runs on to the limits given
+            results = [asyncio.run(run_search(loaded[0], config, config_actor, search_id=resume, limits=limits,
+                                              on_event=on_event))]
         else:
             results = asyncio.run(run_suite(loaded, config, config_actor, global_evaluations=global_evals,
                                             on_event=on_event)).results
