@@ -25,7 +25,8 @@ def _chat(task: str, lines: list[str], resume: str | None = None) -> tuple[str, 
 
 
 def test_the_report_shows_the_kernel_accepted_after_two_undos(fast_env: dict[str, str]) -> None:
-    from orchestrators.report import gather, render, session_nodes
+    from orchestrators.report import gather, render
+    from orchestrators.report_data import session_nodes
 
     lines = ["plan", "a", "implement 1", "a", "test", "implement 2", "a", "test", "undo", "undo", "accept",
              "history", "quit"]
