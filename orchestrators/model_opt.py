@@ -28,6 +28,7 @@ class RegionRow(BaseModel):
     kind: str
     share: float
     budget_s: float
+    evals: int | None = Field(None, description="the region's share of the evaluations (None: no limit)")
     before_ms: float | None = None
     after_ms: float | None = None
     speedup: float | None = None
@@ -65,10 +66,11 @@ def _shapes(task: Task) -> dict[str, list[tuple[int, ...]]]:
     return {size: [tuple(a.shape) for a in input_shapes(task, size)] for size in ("cpu", "full")}
 
 
-def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, target: str = "cpu", brain: str = "rules",
-                   seed: int = 0, data_dir: str | None = None,
+def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, evals: int | None = None,
+                   target: str = "cpu", brain: str = "rules", seed: int = 0, data_dir: str | None = None,
                    on_region: Callable[[RegionRow], None] | None = None) -> ModelResult:
-    """Optimize a whole layer; writes ``out/regions/...`` and, when correct, ``out/<layer>_<target>.py``."""
+    """Optimize a whole layer; writes ``out/regions/...`` and, when correct, ``out/<layer>_<target>.py``. Each
+    region gets the share of ``budget_s`` and of ``evals`` that its share of the layer's time is."""
     from maxkernel.evaluation import evaluate_candidate
     from orchestrators.api import optimize
 
@@ -82,13 +84,14 @@ def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, targ
     rows: dict[int, RegionRow] = {}
     for info in hottest:
         row = RegionRow(index=info.index, task_id=info.task_id, kind=info.kind, share=info.share,
-                        budget_s=max(0.0, remaining) * info.share, before_ms=info.ms)
+                        budget_s=max(0.0, remaining) * info.share, before_ms=info.ms,
+                        evals=None if evals is None else max(1, round(evals * info.share)))
         rows[info.index] = row
         if row.budget_s < MIN_REGION_BUDGET_S:
             row.status, row.note = "skipped", f"its share of the budget ({row.budget_s:.0f} s) is too small"
         else:
-            session = optimize(info.path, target=target, budget_s=row.budget_s, brain=brain, seed=seed,
-                               data_dir=data_dir)
+            session = optimize(info.path, target=target, budget_s=row.budget_s, evals=row.evals, brain=brain,
+                               seed=seed, data_dir=data_dir)
             report = session.best_report
             row.strategy = session.best_strategy
             if session.beat_reference and session.best_source and report is not None and report.correct:

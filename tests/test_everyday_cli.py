@@ -25,6 +25,7 @@ from support import http_json as _http
 ROOT = Path(__file__).resolve().parent.parent
 RMS = "12p_RMSNorm"
 CANDIDATE = str(EXAMPLES / "rmsnorm_12p.py")
+LAYER = "llama31_8b_decoder"
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -66,6 +67,7 @@ STORE_COMMANDS = [
     ("jobs",), ("daemon", "status"), ("report", "abcd1234"), ("submit", RMS), ("cancel", "abcd1234"),
     ("chat", RMS), ("search", RMS, "--evals", "1"), ("optimize", RMS, "--budget", "5"),
     ("memory", "stats"), ("memory", "list"), ("memory", "show", "abcd1234"),
+    ("optimize-model", LAYER, "--budget", "5"),
 ]
 
 
@@ -166,6 +168,12 @@ def test_jobs_show_why_a_job_failed_and_write_json_to_a_file(capsys, tmp_path: P
     (("search", RMS, "--evals", "0"), "--evals"),
     (("submit", RMS, "--budget", "0"), "--budget"),
     (("submit", RMS, "--evals", "0"), "--evals"),
+    (("chat", RMS, "--budget", "0"), "--budget 0: must be a positive number of seconds"),
+    (("chat", RMS, "--evals", "0"), "--evals 0: must be at least 1"),
+    (("optimize-model", LAYER, "--budget", "0"), "--budget 0: must be a positive number of seconds"),
+    (("optimize-model", LAYER, "--evals", "0"), "--evals 0: must be at least 1"),
+    (("optimize-model", LAYER, "--target", "gpu"), "no GPU on this machine"),
+    (("optimize-model", LAYER, "--json", "/no/such/folder/r.json"), "does not exist"),
     (("optimize", RMS, "--target", "tpu-v9"), "tpu-v9"),
     (("search", RMS, "--target", "tpu-v9"), "tpu-v9"),
     (("submit", RMS, "--target", "tpu-v9"), "tpu-v9"),
