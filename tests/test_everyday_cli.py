@@ -354,6 +354,22 @@ def test_model_presets_follow_the_current_lists_and_every_cloud_model_has_a_pric
     assert table.preset(table.default).model == "gemini-3.1-pro-preview"
     cloud = [p for p in table.presets.values() if p.provider != "replay" and p.base_url is None]
     assert cloud and all(table.price(p.model).output > table.price(p.model).input > 0 for p in cloud)
+    assert table.preset("openai").model == "gpt-5.5"  # the flagship of OpenAI's current list
+
+
+def test_every_price_names_its_source_and_the_date_it_was_read() -> None:
+    lines = (ROOT / "config" / "models.yaml").read_text().split("\nprices:\n", 1)[1].splitlines()
+    cited, comment = [], ""
+    for line in lines:
+        if line.strip().startswith("#"):
+            comment += line
+        elif ":" in line and line.strip():
+            cited.append((line.split(":")[0].strip(), comment))
+        else:
+            comment = ""
+    assert cited
+    for model, source in cited:
+        assert "https://" in source and re.search(r"read 20\d\d-\d\d-\d\d", source), model
 
 
 def test_host_and_worker_refuse_bad_addresses_roles_and_busy_ports(capsys) -> None:  # type: ignore[no-untyped-def]
