@@ -32,6 +32,7 @@ class RegionRow(BaseModel):
     before_ms: float | None = None
     after_ms: float | None = None
     speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
     strategy: str = ""
     status: str = Field("", description="kept | dropped | no faster kernel | skipped")
     note: str = ""
@@ -47,6 +48,7 @@ class ModelResult(BaseModel):
     ref_ms: float | None = None
     kernel_ms: float | None = None
     speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = Field(None, description="the judged layer's interval")
     amdahl_bound: float = Field(1.0, description="layer speedup the kept region speedups imply, by their shares")
     regions: list[RegionRow] = Field(default_factory=list)
     kernel_path: str | None = None
@@ -97,6 +99,7 @@ def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, eval
             if session.beat_reference and session.best_source and report is not None and report.correct:
                 kernels[info.index] = session.best_source
                 row.speedup = session.confirmed_speedup or report.speedup
+                row.speedup_ci = session.speedup_ci
                 row.after_ms = (info.ms / row.speedup) if info.ms and row.speedup else report.kernel_ms
                 row.status = "kept"
             else:
@@ -114,6 +117,7 @@ def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, eval
         result.kernel_path = str(path)
         result.correct, result.basis = True, report.basis
         result.ref_ms, result.kernel_ms, result.speedup = report.ref_ms, report.kernel_ms, report.speedup
+        result.speedup_ci = report.interval
     result.seconds = time.perf_counter() - started
     return result
 

@@ -148,11 +148,11 @@ def test_jobs_show_why_a_job_failed_and_write_json_to_a_file(capsys, tmp_path: P
         done_id = "cafe" + "3" * 28
         _insert_jobs(done_id)
         assert claimer.claim() is not None
-        claimer.finish(done_id, "done", result={"best_report": {"speedup": 1.23456},
+        claimer.finish(done_id, "done", result={"best_report": {"speedup": 1.23456, "speedup_ci": [1.1, 1.36]},
                                                                "best_strategy": "rowblock"})
     code, out, _ = cli(capsys, "jobs")
     assert code == 0 and "reference.py vanished" in out
-    assert "1.23x rowblock" in out  # the one precision every command shows a speedup with
+    assert "1.23x (1.10–1.36x) rowblock" in out  # one precision everywhere, and the interval with it
     target = tmp_path / "jobs.json"
     code, out, _ = cli(capsys, "jobs", "--json", str(target))
     listed = {j["id"]: j for j in json.loads(target.read_text())}

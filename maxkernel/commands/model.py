@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jaxbench.report import format_speedup
+
 
 def optimize_model_command(
     task: str = typer.Argument(..., help="model layer id or task folder"),
@@ -73,13 +75,14 @@ def _print(result: object) -> None:
     for r in result.regions:
         table.add_row(r.task_id.split("__")[-1], r.kind, f"{100 * r.share:.1f}%", f"{r.budget_s:.0f}",
                       f"{r.before_ms:.3g}" if r.before_ms else "-", f"{r.after_ms:.3g}" if r.after_ms else "-",
-                      f"{r.speedup:.2f}x" if r.speedup else "-", r.strategy or "-",
+                      format_speedup(r.speedup, r.speedup_ci), r.strategy or "-",
                       r.status + (f" ({r.note})" if r.note else ""))
     console.print(table)
     for note in result.notes:
         console.print(note, highlight=False, markup=False)
     if result.correct and result.speedup is not None:
-        console.print(f"layer: {result.speedup:.2f}x ({result.basis}; {result.ref_ms:.4g} -> {result.kernel_ms:.4g} ms), "
+        console.print(f"layer: {format_speedup(result.speedup, result.speedup_ci)} ({result.basis}; "
+                      f"{result.ref_ms:.4g} -> {result.kernel_ms:.4g} ms), "
                       f"Amdahl bound of the kept regions {result.amdahl_bound:.2f}x", highlight=False)
     else:
         console.print("[red]no correct layer candidate[/]")
