@@ -386,3 +386,27 @@ def test_host_and_worker_refuse_bad_addresses_roles_and_busy_ports(capsys) -> No
     assert "--host" in one_error(capsys, "worker", "--roles", "tester")
     assert "unknown role bogus" in one_error(capsys, "worker", "--host", "127.0.0.1:50051", "--roles", "bogus")
     assert "expected HOST:PORT" in one_error(capsys, "worker", "--host", "nohost", "--roles", "tester")
+
+
+def test_the_search_table_fits_eighty_columns_with_ids_whole() -> None:
+    import io
+
+    from rich.console import Console
+
+    from maxkernel.commands.search import results_table
+    from orchestrators.search import SearchResult
+
+    result = SearchResult(search_id="f9cded9a28bd" + "0" * 20, task_id="50k_Matmul_GELU_Softmax", algorithm="beam",
+                          status="scored", stop_reason="", evaluations=30, expansions=30, nodes=30,
+                          best_strategy="template:matmul_epilogue_softmax", best_params={"block_m": 256},
+                          best_speedup=1.234, best_speedup_ci=(1.1, 1.35), confirmed=True, claim="faster",
+                          first_correct_at=3)
+    buffer = io.StringIO()
+    Console(file=buffer, width=80).print(results_table([result], "beam", 0))
+    lines = buffer.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert all(line.rstrip()[-1] in "┓┃┩│┘" for line in lines[1:]), "the table was cropped at the right"
+    row = next(line for line in lines if "f9cded9a28bd" in line)
+    assert "50k_Matmul_GELU_Softmax" in row  # ids whole, on one line
+    folded = "".join(line.split("│")[-2].strip() for line in lines if line.startswith("│"))
+    assert "template:matmul_epilogue_softmax" in folded  # the strategy folded, never cut

@@ -93,21 +93,28 @@ def _search(tasks: list[str], algo: str, seed: int, evals: Optional[int], budget
         else:
             results = asyncio.run(run_suite(loaded, config, config_actor, global_evaluations=global_evals,
                                             on_event=on_event)).results
-    table = Table(title=f"{algo} search · seed {seed}")
-    table.add_column("search", no_wrap=True, min_width=12)
-    for col in ("task", "evaluations", "best strategy", "params", "speedup", "first correct at"):
-        # folded, never cut: strategies and params are copied; a speedup's words stay whole
-        table.add_column(col, overflow="fold", min_width=10 if col == "speedup" else None)
-    for r in results:
-        table.add_row(r.search_id[:12], escape(r.task_id), str(r.evaluations), escape(r.best_strategy),
-                      escape(str(r.best_params or "")),
-                      (format_speedup(r.best_speedup, r.best_speedup_ci) + f" {r.claim}"
-                       + (" confirmed" if r.confirmed else "")) if r.best_speedup else "-",
-                      str(r.first_correct_at or "-"))
+    table = results_table(results, algo, seed)
     Console().print(table)
     if json_out:
         json_out.write_text(json.dumps([r.model_dump(mode="json") for r in results], indent=2))
     raise typer.Exit(0 if all(r.status == "scored" for r in results) else 1)
+
+
+def results_table(results: list[Any], algo: str, seed: int) -> Table:
+    """One row per search; nothing a user copies (the id, the strategy, its params) is ever cut."""
+    table = Table(title=f"{algo} search · seed {seed}")
+    for col in ("search", "task"):  # ids are copied into other commands: whole, on one line
+        table.add_column(col, no_wrap=True)
+    for col in ("evals", "speedup", "best"):
+        # folded, never cut: the strategy and its params are copied
+        table.add_column(col, overflow="fold")
+    for r in results:
+        speed = (format_speedup(r.best_speedup, r.best_speedup_ci) + f" {r.claim}"
+                 + (" confirmed" if r.confirmed else "")) if r.best_speedup else "-"
+        evals = f"{r.evaluations}" + (f" (first correct: {r.first_correct_at})" if r.first_correct_at else "")
+        best = " ".join(x for x in (r.best_strategy, str(r.best_params) if r.best_params else "") if x) or "-"
+        table.add_row(r.search_id[:12], escape(r.task_id), evals, speed, escape(best))
+    return table
 
 
 class _progress:
