@@ -238,8 +238,8 @@ class Chat:
         return None
 
     def budget_text(self) -> str:
-        spent = f"{self.evaluations()} evaluations and {self.worked_s:.0f} s of agent work spent"
-        return f"budget: {self.limits.text()}; {spent}"
+        return (f"budget: {self.limits.text()}; spent: {self.evaluations()} evaluations, "
+                f"{self.worked_s:.0f} s of agent work in this sitting")
 
     # -- asking the person ----------------------------------------------------------------------
 
@@ -556,7 +556,8 @@ def accepted_candidate(events: list[Any]) -> str | None:
 
 
 def history_line(decision: str, text: str, what: str) -> str:
-    return f"{decision}: {text}" + (f" — {what}" if what else "")
+    shown = "limits" if text.startswith(LIMITS) else text  # the limits' JSON is for the log, not for people
+    return f"{decision}: {shown}" + (f" — {what}" if what else "")
 
 
 def task_argument(task: Any) -> str:

@@ -20,11 +20,12 @@ def _chat(lines: list[str], limits: ChatLimits, resume: str | None = None) -> tu
 
 
 def test_the_evaluation_budget_holds_across_a_resume_and_a_larger_one_extends_it(fast_env: dict[str, str]) -> None:
-    session, out = _chat(["plan", "a", "implement", "a", "test", "test", "show budget", "quit"],
+    session, out = _chat(["plan", "a", "implement", "a", "test", "test", "show budget", "history", "quit"],
                          ChatLimits(max_evaluations=1))
     assert out.count("status ok") == 1
     assert "evaluation budget spent (1 of 1)" in out
-    assert "budget: 1 evaluations; 1 evaluations" in out
+    assert "budget: 1 evaluations; spent: 1 evaluations" in out
+    assert "redirect: limits — budget: 1 evaluations" in out  # the history says what the limits are
 
     # Resumed with no flag: the stored limit holds (read back from the event log).
     _, out = _chat(["test", "quit"], ChatLimits(), resume=session)
@@ -34,7 +35,7 @@ def test_the_evaluation_budget_holds_across_a_resume_and_a_larger_one_extends_it
     _, out = _chat(["test", "accept", "show budget", "quit"], ChatLimits(max_evaluations=2), resume=session)
     assert "status ok" in out
     assert "not accepted: it must be measured again first" in out and "(2 of 2)" in out
-    assert "budget: 2 evaluations; 2 evaluations" in out
+    assert "budget: 2 evaluations; spent: 2 evaluations" in out
 
 
 def test_the_time_budget_stops_agent_steps_but_not_looking(fast_env: dict[str, str]) -> None:
