@@ -511,6 +511,9 @@ async def run_search(task_id: str, config: SearchConfig | None = None, actor_con
         ensure(store.engine)
         search_id = search_id or uuid.uuid4().hex
         if search_id_exists(store, search_id):
+            stored_task = stored_task_id(store, search_id)
+            if stored_task != task.id:
+                raise RecordNotFoundError(f"search {search_id} is a search of {stored_task}, not of {task.id}")
             config = (limits or SearchLimits()).applied(stored_config(store, search_id))
         async with Bus(services) as bus:
             result = await Search(bus, store, search_id, task.id, config, on_event).run()
@@ -524,6 +527,11 @@ async def run_search(task_id: str, config: SearchConfig | None = None, actor_con
 def search_id_exists(store: Store, search_id: str) -> bool:
     with store.engine.connect() as conn:
         return conn.execute(sa.select(searches.c.id).where(searches.c.id == search_id)).first() is not None
+
+
+def stored_task_id(store: Store, search_id: str) -> str:
+    with store.engine.connect() as conn:
+        return str(conn.execute(sa.select(searches.c.task_id).where(searches.c.id == search_id)).scalar_one())
 
 
 def stored_config(store: Store, search_id: str) -> SearchConfig:

@@ -410,3 +410,19 @@ def test_the_search_table_fits_eighty_columns_with_ids_whole() -> None:
     assert "50k_Matmul_GELU_Softmax" in row  # ids whole, on one line
     folded = "".join(line.split("│")[-2].strip() for line in lines if line.startswith("│"))
     assert "template:matmul_epilogue_softmax" in folded  # the strategy folded, never cut
+
+
+def test_a_search_resumes_only_as_the_search_of_its_own_task(capsys) -> None:  # type: ignore[no-untyped-def]
+    from maxkernel.config import load_settings
+    from orchestrators.search import SearchConfig
+    from orchestrators.tables import ensure, searches, utcnow
+
+    engine = sa.create_engine(load_settings().resolved_store_url)
+    ensure(engine)
+    with engine.begin() as conn:
+        conn.execute(searches.insert().values(id="5ea7c4" + "0" * 26, task_id=RMS, algorithm="beam",
+                                              config=SearchConfig().model_dump(), status="done",
+                                              created_at=utcnow(), updated_at=utcnow()))
+    engine.dispose()
+    line = one_error(capsys, "search", "41k_Gemm_Add_ReLU", "--resume", "5ea7c4")
+    assert f"a search of {RMS}, not of 41k_Gemm_Add_ReLU" in line

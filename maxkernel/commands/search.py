@@ -75,6 +75,8 @@ def _search(tasks: list[str], algo: str, seed: int, evals: Optional[int], budget
         raise UserError("--brain replay needs --transcript PATH")
     for t in tasks:
         load_task(t)  # a bad name fails here, in one line; a folder is passed on as its path
+    if resume:
+        _check_resumed_task(resume, load_task(tasks[0]).id)
     loaded = list(tasks)
     try:
         config_actor = config_for_brain(brain, transcript=transcript)
@@ -98,6 +100,19 @@ def _search(tasks: list[str], algo: str, seed: int, evals: Optional[int], budget
     if json_out:
         json_out.write_text(json.dumps([r.model_dump(mode="json") for r in results], indent=2))
     raise typer.Exit(0 if all(r.status == "scored" for r in results) else 1)
+
+
+def _check_resumed_task(search_id: str, task_id: str) -> None:
+    """A search resumes only as the search of its own task: said before anything starts."""
+    from maxkernel.cli import UserError
+    from maxkernel.config import load_settings
+    from memory import Store
+    from orchestrators.search import stored_task_id
+
+    with Store.open(load_settings().resolved_store_url) as store:
+        stored = stored_task_id(store, search_id)
+    if stored != task_id:
+        raise UserError(f"--resume {search_id[:12]}: a search of {stored}, not of {task_id}")
 
 
 def results_table(results: list[Any], algo: str, seed: int) -> Table:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from actors.config import ActorConfig
 from actors.services import Services
+from memory.errors import RecordNotFoundError
 from orchestrators.search import SearchConfig, SearchLimits, run_search, stored_config
 
 NORM = "12p_RMSNorm"
@@ -34,6 +37,10 @@ def test_a_resume_extends_the_evaluations_and_stores_no_note_twice(orch_evaluato
         assert len(texts) == len(set(texts))
         # The note's per-strategy figures are the ranked readings with their intervals, not raw maxima.
         assert all("up to" not in t for t in texts) and any("best" in t and "x" in t for t in texts)
+
+        # A search resumes only as the search of its own task.
+        with pytest.raises(RecordNotFoundError, match="is a search of 12p_RMSNorm"):
+            asyncio.run(run_search("41k_Gemm_Add_ReLU", config, services=services, search_id=first.search_id))
     finally:
         services.store.close()
         services.memory.close()
