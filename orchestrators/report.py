@@ -138,23 +138,30 @@ def graph_png(nodes: list[Node], best: str | None) -> str:
     return _png(report_graph.figure(nodes, best))
 
 
+def best_so_far(ordered: list[Node]) -> list[float]:
+    """After each evaluation, the highest lower end of a passing candidate's interval so far (NaN before the
+    first): the curve ranks as the report does, so a lucky reading never shows as the best."""
+    out, running = [], None
+    for n in ordered:
+        if n.passed and n.speedup and (running is None or n.low > running):
+            running = n.low
+        out.append(running if running is not None else float("nan"))
+    return out
+
+
 def speedup_png(nodes: list[Node]) -> str:
     plt = _plt()
     ordered = sorted(nodes, key=lambda n: n.seq)
     xs = list(range(1, len(ordered) + 1))
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ok = [(x, n.speedup) for x, n in zip(xs, ordered) if n.passed and n.speedup]
-    best, running = [], None
-    for n in ordered:
-        if n.passed and n.speedup and (running is None or n.speedup > running):
-            running = n.speedup
-        best.append(running if running is not None else float("nan"))
+    best = best_so_far(ordered)
     if ok:
         ax.scatter([p[0] for p in ok], [p[1] for p in ok], s=16, c="#2a9d4b", label="correct candidate")
     bad = [x for x, n in zip(xs, ordered) if not n.passed]
     if bad:
         ax.scatter(bad, [0] * len(bad), s=16, c="#d1495b", marker="x", label="rejected")
-    ax.step(xs, best, where="post", c="#1d3557", label="best so far")
+    ax.step(xs, best, where="post", c="#1d3557", label="best so far (lower end)")
     ax.axhline(1.0, ls="--", c="#999", lw=1)
     ax.set_xlabel("evaluation")
     ax.set_ylabel("speedup over reference")
