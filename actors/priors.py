@@ -3,7 +3,8 @@
 Strategies that ran clearly faster than the reference on the nearest measured tasks (same target) move
 to the front of the plan, those that failed or ran slower there move back, each with the recalled reason
 in its rationale. The tuner starts from
-the best parameters the same strategy reached on the most similar task, scaled to this task's extents
+the best parameters the same strategy reached on the most similar task (its entry in the tuned table,
+``maxkernel.tuning.table``), scaled to this task's extents
 and snapped to this task's legal values; the learned cost model (``maxkernel.tuning.learned``) orders the
 rest. Memory only reorders what is tried: every candidate is still judged by the evaluator.
 
@@ -23,6 +24,7 @@ import structlog
 from pydantic import BaseModel, Field
 
 from maxkernel.messages import StrategyRef
+from maxkernel.tuning.table import TunedTable
 from memory.insights import Measurement, StrategyOutcome, TaskMatch
 
 if TYPE_CHECKING:
@@ -176,17 +178,13 @@ def param_start(rows: Sequence[Measurement], matches: Sequence[TaskMatch], ref: 
     if not ref.space:
         return None
     similarity = {m.task_id: m.score for m in matches}
-    best: dict[str, Measurement] = {}
-    for row in rows:
-        if row.strategy != ref.name or not row.passed or row.task_id not in similarity or row.speedup is None:
-            continue
-        if row.task_id not in best or row.speedup > (best[row.task_id].speedup or 0.0):
-            best[row.task_id] = row
-    if not best:
+    # The tuned table (the one ``maxkernel export`` ships) of the similar tasks: the best of each shape class.
+    entries = TunedTable.from_rows(r for r in rows if r.strategy == ref.name and r.task_id in similarity).entries
+    if not entries:
         return None
     here = tiled_extents(ref.extents, ref.space)
-    source = max(best.values(), key=lambda r: (
-        similarity[r.task_id] - 0.05 * _extent_distance(tiled_extents(r.extents, r.space), here), r.speedup or 0.0))
+    source = max(entries, key=lambda r: (
+        similarity[r.task_id] - 0.05 * _extent_distance(tiled_extents(r.extents, r.space), here), r.speedup))
     scaled = scale_params(source.params, tiled_extents(source.extents, source.space),
                           tiled_extents(ref.extents, ref.space), ref.space)
     start = {**ref.params, **scaled}

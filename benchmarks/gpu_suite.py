@@ -30,6 +30,35 @@ def kernel(q, k, v):
     out = mha(to_bshd(q), to_bshd(k), to_bshd(v), None, sm_scale=q.shape[-1] ** -0.5, causal=True)
     return jnp.swapaxes(out, 1, 2)
 ''',
+    "2p_GQA_Attention": '''\
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.gpu.attention import mha
+
+
+def kernel(q, k, v):
+    # mha takes as many kv heads as query heads: each kv head repeated for its group.
+    group = q.shape[1] // k.shape[1]
+    to_bshd = lambda t: jnp.swapaxes(t, 1, 2)
+    k, v = (jnp.repeat(t, group, axis=1) for t in (k, v))
+    out = mha(to_bshd(q), to_bshd(k), to_bshd(v), None, sm_scale=q.shape[-1] ** -0.5, causal=True)
+    return jnp.swapaxes(out, 1, 2)
+''',
+    "6p_Paged_Attention": '''\
+from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
+
+
+def kernel(q, k_pages, v_pages, page_table, lengths):
+    # k_splits must divide pages_per_seq (64 at cpu size, 256 at full); its default, 16, does.
+    return paged_attention(q, k_pages, v_pages, page_table, lengths)
+''',
+    "12p_RMSNorm": '''\
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.gpu.rms_norm import rms_norm
+
+
+def kernel(x, weight, *, eps):
+    return rms_norm(x, weight, jnp.zeros_like(weight), eps=eps)
+''',
 }
 
 

@@ -7,6 +7,7 @@ the one executable the worker compiled for the candidate.
 
 from __future__ import annotations
 
+import os
 import random
 import secrets
 import threading
@@ -32,6 +33,18 @@ SUSPICIOUS_SPEEDUP = 20.0
 NOISY_CV = 0.25  # timings spread wider than this get a flag: the interval says how much the figure can move
 
 
+class EvalSettingError(TaskError):
+    """An evaluator setting from the environment that means nothing (a user error: one line)."""
+
+
+def unseen_by_default() -> bool:
+    """``JAXBENCH_UNSEEN_SIZE``: 1 checks every candidate at an unseen size unless its config says no."""
+    value = os.environ.get("JAXBENCH_UNSEEN_SIZE", "0").strip().lower()
+    if value not in ("0", "1", "false", "true", "off", "on"):
+        raise EvalSettingError(f"JAXBENCH_UNSEEN_SIZE={value!r}: expected 1 or 0")
+    return value in ("1", "true", "on")
+
+
 @dataclass
 class EvalConfig:
     correctness_seeds: int = 3
@@ -40,9 +53,12 @@ class EvalConfig:
     timeout_s: float = 120.0
     timing: bool = True
     static_checks: bool = True  # off only to prove that the sandbox alone still holds
-    # Also check at a size drawn from the task's free parameters. Off by default until every template
-    # computes its grid from its inputs: today most Pallas templates serve their rendered sizes only.
-    unseen_size: bool = False
+    # Also check at a size drawn from the task's free parameters (tasks that declare none skip it): a
+    # kernel that serves only the sizes it was rendered for refuses the drawn one and is ``incorrect``
+    # with the size named. Off by default while the row-block and matmul templates (the usual CPU winners)
+    # and the hand-written examples serve their rendered sizes only; JAXBENCH_UNSEEN_SIZE=1 turns it on
+    # for every evaluator that does not say otherwise.
+    unseen_size: bool = field(default_factory=unseen_by_default)
 
 
 @dataclass

@@ -249,6 +249,7 @@ def _register_commands() -> None:
     from maxkernel.commands.analyze import analyze_command
     from maxkernel.commands.chat import chat_command
     from maxkernel.commands.daemon import cancel_command, daemon_command, jobs_command, submit_command
+    from maxkernel.commands.export import export_command
     from maxkernel.commands.extract import extract_command
     from maxkernel.commands.model import optimize_model_command
     from maxkernel.commands.fleet import fleet_command
@@ -265,6 +266,7 @@ def _register_commands() -> None:
     app.command("jobs")(jobs_command)
     app.command("cancel")(cancel_command)
     app.command("report")(report_command)
+    app.command("export")(export_command)
     app.command("extract")(extract_command)
     app.command("optimize-model")(optimize_model_command)
     app.command("fleet")(fleet_command)

@@ -69,23 +69,15 @@ def _evaluate_tpu(task: "Task", source: str, target: str, generation: str, size:
                   ev: "Evaluator", progress: Callable[[str], None] | None) -> "EvalReport":
     import jax
 
-    from jaxbench import static_checks
     from maxkernel.targets.model import model_reference
     from maxkernel.targets.sandboxed import run_tpu_stage
 
-    findings, _ = static_checks.scan(source)
-    if findings and ev.config.static_checks:
-        # The evaluator refuses it too; do not lower untrusted code that the scan already rejected.
-        return ev.evaluate(task, source, target=target, size=size, filename=filename, progress=progress)
-    note = progress or (lambda _m: None)
-    note(f"lowering for TPU {generation}")
-    stage = run_tpu_stage(task.path, source, generation, timeout_s=ev.config.timeout_s * 2)
-    lowering = stage.lowering or {}
-    if stage.failure or not lowering.get("ok"):
-        reason = stage.failure or lowering.get("reason") or "lowering failed"
-        status = "rejected" if stage.failure and "sandbox" in stage.failure else "compile_error"
-        return _not_lowered(task, source, target, f"tpu_lowering_{generation}", status, reason)
-
+    found = _lower_in_sandbox(task, source, target, size, filename, ev, progress, f"TPU {generation}",
+                              f"tpu_lowering_{generation}",
+                              lambda timeout_s: run_tpu_stage(task.path, source, generation, timeout_s=timeout_s))
+    if not isinstance(found, tuple):
+        return found
+    stage, lowering = found
     lowered = CheckResult(name=f"tpu_lowering_{generation}", passed=True,
                           detail=f"lowers for {generation}; VMEM {lowering.get('vmem_bytes') or 0} of "
                                  f"{lowering.get('vmem_budget_bytes') or 0} bytes")
@@ -100,23 +92,15 @@ def _evaluate_gpu(task: "Task", source: str, target: str, chip: str, size: str, 
     check in interpret mode at the check size, and price with the GPU model; on a GPU host, measure there."""
     import jax
 
-    from jaxbench import static_checks
     from maxkernel.targets.gpu_model import model_gpu_reference
     from maxkernel.targets.gpu_sandboxed import run_gpu_stage
 
-    findings, _ = static_checks.scan(source)
-    if findings and ev.config.static_checks:
-        return ev.evaluate(task, source, target=target, size=size, filename=filename, progress=progress)
-    note = progress or (lambda _m: None)
-    note(f"lowering for GPU {chip}")
-    stage = run_gpu_stage(task.path, source, chip, timeout_s=ev.config.timeout_s * 2)
-    lowering = stage.lowering or {}
     name = f"gpu_lowering_{chip}"
-    if stage.failure or not lowering.get("ok"):
-        reason = stage.failure or lowering.get("reason") or "lowering failed"
-        status = "rejected" if (stage.failure and "sandbox" in stage.failure) or lowering.get("stage") == "plugin" \
-            else "compile_error"
-        return _not_lowered(task, source, target, name, status, reason)
+    found = _lower_in_sandbox(task, source, target, size, filename, ev, progress, f"GPU {chip}", name,
+                              lambda timeout_s: run_gpu_stage(task.path, source, chip, timeout_s=timeout_s))
+    if not isinstance(found, tuple):
+        return found
+    stage, lowering = found
     lowered = CheckResult(name=name, passed=True,
                           detail=f"lowers for {chip} ({', '.join(lowering.get('backends') or []) or 'no kernels'}); "
                                  f"shared memory {lowering.get('smem_bytes') or 0} of "
@@ -124,6 +108,28 @@ def _evaluate_gpu(task: "Task", source: str, target: str, chip: str, size: str, 
     on_gpu = jax.default_backend() == "gpu"
     return _check_and_price(task, source, target, filename, ev, progress, stage, lowered, on_gpu,
                             lambda: model_gpu_reference(task, chip).as_report_fields())
+
+
+def _lower_in_sandbox(task: "Task", source: str, target: str, size: str, filename: str, ev: "Evaluator",
+                      progress: Callable[[str], None] | None, what: str, check: str,
+                      run_stage: Callable[[float], Any]) -> "tuple[Any, dict[str, Any]] | EvalReport":
+    """The accelerator paths' common start: a candidate the static scan rejects goes to the evaluator (which
+    refuses it too; untrusted code the scan rejected is never lowered), the rest is lowered by ``run_stage``
+    in its sandboxed process. (stage, lowering) when it lowered, else the report that says why not:
+    ``rejected`` for a sandbox refusal or a missing backend plugin, ``compile_error`` for the backend's own."""
+    from jaxbench import static_checks
+
+    findings, _ = static_checks.scan(source)
+    if findings and ev.config.static_checks:
+        return ev.evaluate(task, source, target=target, size=size, filename=filename, progress=progress)
+    (progress or (lambda _m: None))(f"lowering for {what}")
+    stage = run_stage(ev.config.timeout_s * 2)
+    lowering = stage.lowering or {}
+    if stage.failure or not lowering.get("ok"):
+        reason = stage.failure or lowering.get("reason") or "lowering failed"
+        refused = bool(stage.failure and "sandbox" in stage.failure) or lowering.get("stage") == "plugin"
+        return _not_lowered(task, source, target, check, "rejected" if refused else "compile_error", reason)
+    return stage, lowering
 
 
 def _not_lowered(task: "Task", source: str, target: str, check: str, status: str, reason: str) -> "EvalReport":

@@ -11,11 +11,12 @@ import functools
 import inspect
 import itertools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-from jax._src import core
+from jax._src import core, source_info_util
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -32,6 +33,7 @@ class Var:
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
+    origin: tuple[str, int] | None = None  # the reference line that computed it, when known
 
     @property
     def size(self) -> int:
@@ -77,6 +79,8 @@ class Node:
     ins: list[Operand]
     outs: list[Var]
     params: dict[str, Any]
+    source: tuple[str, int] | None = None  # (file, line) of the reference line that made it, when known
+    notes: tuple[str, ...] = ()  # the rewrites that put it there or changed what it reads
 
     @property
     def prim(self) -> str:
@@ -96,6 +100,8 @@ class Program:
     outputs: list[Operand]
     out_tree: Any = None  # the reference's output pytree structure (None: a single array)
     _counter: itertools.count = field(default_factory=lambda: itertools.count(10_000), repr=False)
+    dim_names: dict[int, str] = field(default_factory=dict)  # a size parameter's name, by its (unique) value
+    notes: list[str] = field(default_factory=list)  # rewrites that acted on the outputs themselves
 
     def fresh(self, shape: tuple[int, ...], dtype: Any) -> Var:
         return Var(f"t{next(self._counter)}", tuple(int(d) for d in shape), np.dtype(dtype))
@@ -138,8 +144,9 @@ class Program:
         return found
 
     def copy(self) -> "Program":
-        nodes = [Node(n.primitive, list(n.ins), list(n.outs), dict(n.params)) for n in self.nodes]
-        return Program(list(self.inputs), nodes, list(self.outputs), self.out_tree, self._counter)
+        nodes = [Node(n.primitive, list(n.ins), list(n.outs), dict(n.params), n.source, n.notes) for n in self.nodes]
+        return Program(list(self.inputs), nodes, list(self.outputs), self.out_tree, self._counter,
+                       dict(self.dim_names), list(self.notes))
 
     def substitute(self, old: Var, new: Operand) -> None:
         """Every use of ``old`` (in nodes and outputs) now reads ``new``."""
@@ -172,8 +179,8 @@ class ProgramBuilder:
         self.nodes: list[Node] = []
         self.counter = itertools.count()
 
-    def var(self, aval: Any) -> Var:
-        return Var(f"v{next(self.counter)}", tuple(int(d) for d in aval.shape), _dtype(aval.dtype))
+    def var(self, aval: Any, origin: tuple[str, int] | None = None) -> Var:
+        return Var(f"v{next(self.counter)}", tuple(int(d) for d in aval.shape), _dtype(aval.dtype), origin)
 
     def build(self, closed: core.ClosedJaxpr, names: list[str]) -> Program:
         jaxpr = closed.jaxpr
@@ -198,10 +205,23 @@ class ProgramBuilder:
                 results = self._inline(body.jaxpr, sub_env)
                 env.update(zip(eqn.outvars, results))
                 continue
-            outs = [self.var(v.aval) for v in eqn.outvars]
-            self.nodes.append(Node(eqn.primitive, ins, outs, dict(eqn.params)))
+            where = source_line(eqn)
+            outs = [self.var(v.aval, where) for v in eqn.outvars]
+            self.nodes.append(Node(eqn.primitive, ins, outs, dict(eqn.params), where))
             env.update(zip(eqn.outvars, outs))
         return [self._operand(env, a) for a in jaxpr.outvars]
+
+
+_OWN_DIR = str(Path(__file__).resolve().parents[1]) + "/"
+
+
+def source_line(eqn: core.JaxprEqn) -> tuple[str, int] | None:
+    """The user line that traced ``eqn`` (the reference's), or None; MaxKernel's own lines do not count:
+    they belong to a rewrite, not to the code a reader compares the kernel with."""
+    frame = source_info_util.user_frame(eqn.source_info.traceback)
+    if frame is None or frame.file_name.startswith(_OWN_DIR):
+        return None
+    return frame.file_name, int(frame.start_line)
 
 
 def _dtype(dtype: Any) -> Any:
@@ -245,7 +265,20 @@ def trace_program(task: "Task", size: str = "cpu", shapes: list[Any] | None = No
     names = names + [f"arg{i}" for i in range(len(names), len(shapes))]
     program = ProgramBuilder().build(closed, names[: len(shapes)])
     program.out_tree = jax.tree_util.tree_structure(out_shape)
+    program.dim_names = size_names(task.size(size) if size in task.spec.sizes else {}, names)
     return program
+
+
+def size_names(values: dict[str, Any], taken: list[str]) -> dict[int, str]:
+    """Each integer size parameter above 1 by its value, where no other parameter shares the value (a
+    shared value could be either, so it is named by the axis it is read from instead)."""
+    counts: dict[int, int] = {}
+    for value in values.values():
+        if isinstance(value, int) and not isinstance(value, bool):
+            counts[value] = counts.get(value, 0) + 1
+    return {int(v): name for name, v in values.items()
+            if isinstance(v, int) and not isinstance(v, bool) and v > 1 and counts[v] == 1
+            and name.isidentifier() and name not in taken}
 
 
 # (task folder, source digest, size) -> (abstract argument shapes, static arguments)

@@ -50,11 +50,32 @@ def apply_rewrites(program: Program, names: list[str]) -> RewrittenProgram:
     sites: dict[str, int] = {}
     for rewrite in REWRITES:
         if rewrite.name in names:
+            before = _reads(out)
             n = rewrite.apply(out)
             out.dce() if rewrite is not DEAD_CODE else None
             if n:
                 sites[rewrite.name] = n
+                _state(out, before, f"{rewrite.name}: {rewrite.description}")
     return RewrittenProgram([n for n in names if n in sites], out, sites)
+
+
+def _reads(program: Program) -> dict[int, tuple[int, ...]]:
+    """What each node reads, by identity: after a rewrite, a node missing here is new and a node whose
+    reads differ was rewired."""
+    return {id(node): tuple(id(op) for op in node.ins) for node in program.nodes} | \
+        {0: tuple(id(op) for op in program.outputs)}
+
+
+def _state(program: Program, before: dict[int, tuple[int, ...]], note: str) -> None:
+    """Note the rewrite on every node it made or rewired, so the emitted code says where it acted (on the
+    outputs when it acted nowhere else: dropped work leaves no node of its own)."""
+    marked = False
+    for node in program.nodes:
+        if before.get(id(node)) != tuple(id(op) for op in node.ins):
+            node.notes = (*node.notes, note)
+            marked = True
+    if not marked:
+        program.notes.append(note)
 
 
 def propose_rewrites(task: "Task", size: str = "cpu", target: str = "cpu") -> list[RewrittenProgram]:

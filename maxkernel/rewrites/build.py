@@ -63,6 +63,7 @@ class Splice:
         """Replace ``old`` by the collected nodes; readers of its output read ``result``."""
         index = self.program.nodes.index(old)
         self.program.nodes[index:index + 1] = self.nodes
+        _inherit_line(self.nodes, old, result)
         self.program.substitute(old.out, result)
 
 
@@ -104,5 +105,13 @@ def splice_traced(program: Program, old: Node, fn: Any, operands: list[Var] | No
         raise ValueError("the replacement returns a constant")
     index = program.nodes.index(old)
     program.nodes[index:index + 1] = nodes
+    _inherit_line(nodes, old, result)
     program.substitute(old.out, result)
     return nodes
+
+
+def _inherit_line(nodes: list[Node], old: Node, result: Operand) -> None:
+    """The node that now computes ``old``'s value stands for ``old``'s reference line (and its name)."""
+    for node in nodes:
+        if result in node.outs and node.source is None:
+            node.source = old.source

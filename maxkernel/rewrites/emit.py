@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from maxkernel.analysis.program import Const, Node, Operand, Program, Var
+from maxkernel.rewrites.names import Namer
 
 
 class EmitError(Exception):
@@ -76,28 +77,49 @@ def const_expr(c: Const, bare: bool) -> str:
     raise EmitError(f"a captured constant array of shape {c.shape} is too large to write out")
 
 
-def input_dims(program: Program) -> dict[int, str]:
-    """Each dimension size (above 1) of the inputs, as the expression reading it: single axes first,
-    then products of adjacent axes (what flattening reshapes produce)."""
-    found: dict[int, str] = {}
+def input_dims(program: Program) -> dict[int, tuple[tuple[str, int], ...]]:
+    """Each dimension size (above 1) of the inputs, as the input axes whose product it is: single axes
+    first, then products of adjacent axes (what flattening reshapes produce)."""
+    found: dict[int, tuple[tuple[str, int], ...]] = {}
     for var in program.inputs:
         for axis, size in enumerate(var.shape):
             if int(size) > 1:
-                found.setdefault(int(size), f"{var.name}.shape[{axis}]")
+                found.setdefault(int(size), ((var.name, axis),))
     for var in program.inputs:
         for axis in range(len(var.shape) - 1):
             a, b = int(var.shape[axis]), int(var.shape[axis + 1])
             if a > 1 and b > 1:
-                found.setdefault(a * b, f"{var.name}.shape[{axis}] * {var.name}.shape[{axis + 1}]")
+                found.setdefault(a * b, ((var.name, axis), (var.name, axis + 1)))
     return found
+
+
+def dim_name(program: Program, name: str, axis: int, size: int, size_names: bool) -> str:
+    """The local that holds an input's dimension: the task's size parameter where its value says which
+    (``batch``), else the input and axis (``x_dim1``)."""
+    if size_names and size in program.dim_names:
+        return program.dim_names[size]
+    return f"{name}_dim{axis}"
 
 
 class Emitter:
     """Writes the nodes of one program as assignment lines."""
 
-    def __init__(self, program: Program) -> None:
+    def __init__(self, program: Program, size_names: bool = True, rename_inputs: bool = False) -> None:
         self.program = program
         self.dims = input_dims(program)
+        shapes = {v.name: tuple(int(d) for d in v.shape) for v in program.inputs}
+        # Every input dimension a shape may read, as the local it is read into once, at the top.
+        self.hoisted: dict[tuple[str, int], str] = {}
+        for name, shape in shapes.items():
+            for axis, size in enumerate(shape):
+                if size > 1:
+                    local = dim_name(program, name, axis, size, size_names)
+                    if local in self.hoisted.values() or local in shapes:
+                        local = f"{name}_dim{axis}"
+                    self.hoisted[(name, axis)] = local
+        self.used: set[tuple[str, int]] = set()
+        self.name = Namer(program, fixed=self.hoisted.values(), rename_inputs=rename_inputs)
+        self.producers = program.producers()
 
     def shape(self, dims: Any) -> str:
         """A shape tuple whose dimensions are read from the inputs where one of theirs matches."""
@@ -105,11 +127,15 @@ class Emitter:
         return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
     def dim(self, size: int) -> str:
-        return self.dims.get(size, str(size))
+        axes = self.dims.get(size)
+        if axes is None:
+            return str(size)
+        self.used.update(axes)
+        return " * ".join(self.hoisted[a] for a in axes)
 
     def operand(self, op: Operand, partner: Operand | None = None) -> str:
         if isinstance(op, Var):
-            return op.name
+            return self.name(op)
         bare = partner is not None and isinstance(partner, Var) and partner.dtype == op.dtype and not op.shape
         return const_expr(op, bare)
 
@@ -119,6 +145,9 @@ class Emitter:
             if node.prim in ("div", "rem") and not np.issubdtype(node.out.dtype, np.floating):
                 a, b = node.ins  # integer division truncates in lax; Python's // and % floor
                 return f"jax.lax.{node.prim}({self.operand(a)}, {self.operand(b)})"
+            count = self.counted(node)
+            if count is not None:  # a mean: divided by how many it summed, at whatever size it runs
+                return f"{self.operand(node.ins[0])} / {count}"
             if node.prim == "rem":
                 return f"jax.lax.rem({self.operand(node.ins[0])}, {self.operand(node.ins[1])})"
             if node.prim in ("lt_to", "le_to") and all(np.issubdtype(np.dtype(op.dtype), np.integer) for op in node.ins):
@@ -140,10 +169,42 @@ class Emitter:
             raise EmitError(f"no source spelling for primitive {node.prim!r}")
         return emit(self, node)
 
+    def counted(self, node: Node) -> str | None:
+        """For ``sum / n`` where ``n`` is the number of elements the sum reduced (how ``jnp.mean`` and
+        ``jnp.var`` divide), those extents as the input dimensions they are (``hidden``, ``batch * seq``);
+        None for any other division, or when an extent is no input's dimension."""
+        if node.prim != "div" or len(node.ins) != 2:
+            return None
+        a, b = node.ins
+        if not isinstance(b, Const) or b.shape or not isinstance(a, Var):
+            return None
+        if not np.issubdtype(np.dtype(b.dtype), np.floating):
+            return None
+        producers = self.producers
+        source = producers.get(a)
+        while source is not None and source.prim in ("broadcast_in_dim", "reshape", "convert_element_type",
+                                                     "expand_dims", "squeeze"):
+            source = producers.get(source.ins[0]) if isinstance(source.ins[0], Var) else None
+        if source is None or source.prim != "reduce_sum" or not isinstance(source.ins[0], Var):
+            return None
+        sizes = [int(source.ins[0].shape[axis]) for axis in source.params["axes"]]
+        sizes = [size for size in sizes if size > 1]
+        if not sizes or float(np.prod(sizes)) != float(b.value) or any(size not in self.dims for size in sizes):
+            return None
+        parts = [self.dim(size) for size in sizes]
+        return parts[0] if len(parts) == 1 else "(" + " * ".join(parts) + ")"
+
     def body(self, indent: str = "    ") -> list[str]:
+        """The assignments, after the input dimensions they read; each rewrite is stated in a comment at
+        the first line it made or changed."""
         lines = []
+        stated: set[str] = set()
         for index, node in enumerate(self.program.nodes):
-            target = ", ".join(o.name for o in node.outs)
+            for note in node.notes:
+                if note not in stated:
+                    stated.add(note)
+                    lines.append(f"{indent}# {note}")
+            target = ", ".join(self.name(o) for o in node.outs)
             if node.prim == "scan":
                 lines.extend(self.scan(node, f"_step_{index}", indent))
                 continue
@@ -151,7 +212,12 @@ class Emitter:
                 lines.append(f"{indent}{target} = {self.line(node)}")
             else:
                 lines.append(f"{indent}{target}{',' if len(node.outs) == 1 else ''} = {self.line(node)}")
-        return lines
+        lines.extend(f"{indent}# {note}" for note in self.program.notes if note not in stated)
+        self.returns()  # the outputs' shapes may read dimensions too
+        shown = {v.name: self.name(v) for v in self.program.inputs}
+        hoists = [f"{indent}{local} = {shown[name]}.shape[{axis}]" for (name, axis), local in self.hoisted.items()
+                  if (name, axis) in self.used]
+        return hoists + lines
 
     def scan(self, node: Node, name: str, indent: str) -> list[str]:
         """A ``lax.scan``: its body as a nested function of (consts, carry, xs) returning (carry, ys)."""
@@ -171,7 +237,7 @@ class Emitter:
         call = (f"jax.lax.scan(lambda c, x: (lambda r: (r[:{carries}], r[{carries}:]))({name}("
                 f"{''.join(a + ', ' for a in fixed)}*c, *x)), ({''.join(a + ', ' for a in init)}), "
                 f"({''.join(a + ', ' for a in xs)}), length={self.dim(int(p['length']))}, reverse={bool(p['reverse'])})")
-        targets = ", ".join(o.name for o in node.outs)
+        targets = ", ".join(self.name(o) for o in node.outs)
         return [indent + line for line in nested] + [
             f"{indent}{name}_out = {call}",
             f"{indent}{targets}{',' if len(node.outs) == 1 else ''} = (*{name}_out[0], *{name}_out[1])"]
@@ -188,10 +254,11 @@ class Emitter:
         raise EmitError(f"output structure {tree} is not an array or a flat tuple")
 
 
-def emit_function(program: Program, name: str, doc: str | None = None) -> str:
-    """``def name(inputs...):`` computing the program's outputs."""
-    em = Emitter(program)
-    params = ", ".join(v.name for v in program.inputs)
+def emit_function(program: Program, name: str, doc: str | None = None, size_names: bool = True) -> str:
+    """``def name(inputs...):`` computing the program's outputs (``size_names``: input dimensions held
+    in locals named after the task's size parameters where their values tell them apart)."""
+    em = Emitter(program, size_names, rename_inputs=True)
+    params = ", ".join(em.name(v) for v in program.inputs)
     lines = [f"def {name}({params}):"]
     if doc:
         lines.append(f'    """{doc}"""')
@@ -206,11 +273,12 @@ def emit_function(program: Program, name: str, doc: str | None = None) -> str:
 def _broadcast(em: Emitter, n: Node) -> str:
     dims = tuple(int(d) for d in n.params["broadcast_dimensions"])
     operand, shape = n.ins[0], [int(d) for d in n.params["shape"]]
-    parts = [em.dim(d) for d in shape]
+    kept: dict[int, str] = {}
     if isinstance(operand, Var):  # a kept dimension is the operand's own: read it there, never by its size
         for axis, target in enumerate(dims):
             if int(operand.shape[axis]) == shape[target] > 1:
-                parts[target] = f"{operand.name}.shape[{axis}]"
+                kept[target] = f"{em.name(operand)}.shape[{axis}]"
+    parts = [kept[i] if i in kept else em.dim(d) for i, d in enumerate(shape)]
     text = "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
     return f"jax.lax.broadcast_in_dim({em.operand(operand)}, {text}, {dims})"
 
@@ -219,10 +287,9 @@ def _reshape(em: Emitter, n: Node) -> str:
     if n.params.get("dimensions") is not None:
         raise EmitError("reshape with dimensions")
     sizes = [int(d) for d in n.params["new_sizes"]]
-    parts = [em.dim(d) for d in sizes]
-    unread = [i for i, (d, text) in enumerate(zip(sizes, parts)) if d > 1 and text == str(d)]
-    if len(unread) == 1:  # the one size no input names follows from the others, whatever the size
-        parts[unread[0]] = "-1"
+    unread = [i for i, d in enumerate(sizes) if d > 1 and d not in em.dims]
+    parts = ["-1" if len(unread) == 1 and i == unread[0] else em.dim(d) for i, d in enumerate(sizes)]
+    # (the one size no input names follows from the others, whatever the size)
     return f"{em.operand(n.ins[0])}.reshape(({', '.join(parts)}{',' if len(parts) == 1 else ''}))"
 
 
@@ -276,7 +343,7 @@ def _slice(em: Emitter, n: Node) -> str:
     limit = [int(d) for d in n.params["limit_indices"]]
     operand = n.ins[0]
     # A slice that runs to the end of an axis runs to the end at every size: say so, not the traced length.
-    ends = [f"{operand.name}.shape[{axis}]" if isinstance(operand, Var) and d == int(operand.shape[axis]) > 1 else str(d)
+    ends = [f"{em.name(operand)}.shape[{axis}]" if isinstance(operand, Var) and d == int(operand.shape[axis]) > 1 else str(d)
             for axis, d in enumerate(limit)]
     strides = n.params.get("strides")
     extra = f", {tuple(int(s) for s in strides)}" if strides is not None else ""

@@ -49,6 +49,9 @@ def jax_candidate(programs: dict[str, Program], doc: str) -> str:
         bodies[size] = emit_function(program, "_computation")
         functions[size] = (f"_computation_{size}", tuple(v.shape for v in program.inputs))
         params = [v.name for v in program.inputs]
+    if len(set(bodies.values())) > 1:  # sizes may tell parameters apart differently: name dimensions by axis
+        plain = {size: emit_function(program, "_computation", size_names=False) for size, program in programs.items()}
+        bodies = plain if len(set(plain.values())) == 1 else bodies
     if len(set(bodies.values())) == 1:  # shape-generic: one function serves every size
         parts.append("\n" + next(iter(bodies.values())) + "\n")
         parts.append("\n" + size_dispatch({"any": ("_computation", ())}, params) + "\n")

@@ -2,7 +2,8 @@
 
 A pallas_call is modelled per program instance (grid cell, one thread block): the dot, elementwise and
 transcendental work its body does (loop trips and branches followed per cell, as for TPU), and the
-global-memory windows its BlockSpecs cover. Occupancy is the number of instances one SM holds at once
+global-memory windows its BlockSpecs cover (for Triton, where a window is only a pointer, no more than
+the bytes its body loads on the trips it makes, and the blocks it stores). Occupancy is the number of instances one SM holds at once
 (warps and shared memory, :mod:`maxkernel.targets.gpu_blocks`); the grid runs in waves of ``sms x occupancy``
 instances, and each wave costs the larger of its compute on the SMs (slowed where too few warps are resident
 to hide latency, ``gpu.model.saturating_warps``) and its HBM traffic. HBM traffic counts each distinct block
@@ -27,12 +28,12 @@ from jaxbench.task import Task
 from jaxbench.task_check import full_shapes
 from maxkernel.targets.gpu_blocks import ProgramShape, check_smem, resident_blocks
 from maxkernel.targets.gpu_spec import GpuModelConstants, GpuSpec, load_gpu_constants, load_gpu_spec
+from maxkernel.targets.gpu_work import gpu_step_work, small_operands
 from maxkernel.targets.grid import GridSample
 from maxkernel.targets.jaxpr_walk import PallasCall, find_pallas_calls
 from maxkernel.targets.loader import load_candidate
 from maxkernel.targets.model import ModelError, _first_line, _io_bytes
 from maxkernel.targets.ops import OpCounts, UnboundedLoopError
-from maxkernel.targets.work import step_work
 from maxkernel.targets.xla_cost import XlaCost, glue_cost, small_inputs, xla_cost
 
 Bound = Literal["compute", "memory", "overhead"]
@@ -137,21 +138,26 @@ def all_window_bytes(eqn: core.JaxprEqn) -> float:
     return float(cells * sum(_block_bytes(bm) for bm in grid_mapping.block_mappings))
 
 
-def _kernel_estimate(call: PallasCall, spec: GpuSpec, notes: list[str],
-                     dot_efficiency: float | None = None) -> GpuKernelEstimate:
+def _kernel_estimate(call: PallasCall, spec: GpuSpec, notes: list[str], dot_efficiency: float | None = None,
+                     known: dict[int, np.ndarray] | None = None) -> GpuKernelEstimate:
     c = _constants()
     efficiency = c.dot_efficiency.value if dot_efficiency is None else dot_efficiency
     shape: ProgramShape = check_smem(call.eqn, call.name, spec)
     grid_mapping = call.eqn.params["grid_mapping"]
     sample = GridSample.of(grid_mapping.grid)
     try:
-        work = step_work(call.eqn.params["jaxpr"], grid_mapping, sample, None)
+        work = gpu_step_work(call, sample, known or {})
     except UnboundedLoopError as exc:
         raise UnboundedLoopError(f"kernel {call.name}: {exc}") from exc
     notes.extend(f"{call.name}: {n}" for n in dict.fromkeys(work.notes))
     totals = work.totals()
     moved = distinct_window_bytes(call.eqn, notes)
     through_l2 = all_window_bytes(call.eqn)
+    if shape.backend == "triton" and totals.ref_load_bytes:
+        # A Triton window is only a pointer: global memory serves what the body loads (the trips it makes:
+        # a decode kernel's pages up to its sequence's length) and the blocks it stores.
+        loaded = totals.ref_load_bytes + shape.store_bytes * shape.cells
+        moved, through_l2 = min(moved, loaded), min(through_l2, loaded)
     l2_bandwidth = spec.hbm_bandwidth * c.l2_bandwidth_ratio.value
     cells = shape.cells
     occupancy = resident_blocks(shape, spec)
@@ -181,6 +187,15 @@ def _kernel_estimate(call: PallasCall, spec: GpuSpec, notes: list[str],
         compute_ms=compute_s * call.count * 1e3, memory_ms=memory_s * call.count * 1e3,
         overhead_ms=overhead * call.count * 1e3, bound=max(parts, key=parts.__getitem__),  # type: ignore[arg-type]
         bytes=moved * call.count, flops=totals.flops * call.count, dot_flops=totals.mxu_flops * call.count)
+
+
+def _known_operands(closed: core.ClosedJaxpr, call: PallasCall, task: Task, notes: list[str]) -> dict[int, np.ndarray]:
+    """The call's small integer operands (lengths, page tables, group bounds) at ``full`` size, if computable."""
+    try:
+        return small_operands(closed, call, task)
+    except Exception as exc:  # the stubbed re-run can fail on exotic programs: price without them, and say so
+        notes.append(f"{call.name}: small integer operands not computed ({type(exc).__name__})")
+        return {}
 
 
 def _xla_parts(cost: XlaCost, spec: GpuSpec) -> tuple[float, float]:
@@ -230,7 +245,7 @@ def model_gpu_candidate(candidate_source: str, task: Task, chip: str) -> GpuMode
     if not calls:
         return _xla_estimate(xla_cost(fn, arg_shapes, known), spec, io_bytes, ["plain JAX: XLA roofline"])
     notes: list[str] = []
-    kernels = [_kernel_estimate(call, spec, notes) for call in calls]
+    kernels = [_kernel_estimate(call, spec, notes, known=_known_operands(closed, call, task, notes)) for call in calls]
     glue = glue_cost(closed, calls, known)
     if glue is None:
         notes.append("a kernel runs inside a loop or branch: the XLA code around kernels is not priced")

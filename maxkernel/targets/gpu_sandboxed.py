@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from maxkernel.targets.check_size import CheckSize
-from maxkernel.targets.sandboxed import _check_size, run_sandboxed, serve
+from maxkernel.targets.sandboxed import _check_size, run_stage, serve
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -33,13 +33,7 @@ class GpuStageResult(BaseModel):
 def run_gpu_stage(task_path: Path, source: str, chip: str, timeout_s: float = 300) -> GpuStageResult:
     """Validate lowering for ``chip``, derive the check size and model the candidate in a fresh sandboxed process."""
     request = {"task": str(task_path), "source": source, "chip": chip}
-    reply, failure = run_sandboxed("maxkernel.targets.gpu_sandboxed", request, timeout_s, "GPU lowering")
-    if failure is not None:
-        return GpuStageResult(failure=failure)
-    try:
-        return GpuStageResult.model_validate_json(reply or "")
-    except ValueError as exc:
-        return GpuStageResult(failure=f"GPU lowering process sent a malformed reply: {exc}")
+    return run_stage(GpuStageResult, "maxkernel.targets.gpu_sandboxed", request, timeout_s, "GPU lowering")
 
 
 def _gpu_stage(request: dict[str, Any], task: "Task", result: GpuStageResult) -> None:

@@ -65,6 +65,7 @@ class OpCounts:
     vpu: float = 0.0
     transcendental: float = 0.0
     dma_bytes: float = 0.0
+    ref_load_bytes: float = 0.0  # bytes read from refs (a GPU kernel's loads from global memory; free on TPU)
 
     @property
     def mxu_flops(self) -> float:
@@ -82,6 +83,7 @@ class OpCounts:
         self.vpu += other.vpu * times
         self.transcendental += other.transcendental * times
         self.dma_bytes += other.dma_bytes * times
+        self.ref_load_bytes += other.ref_load_bytes * times
 
     def compute_seconds(self, spec: TpuSpec, cores: int, xla: bool = False) -> float:
         """Time on ``cores`` TensorCores: MXU, VPU and EUP work one after the other. Kernel code runs the MXU
@@ -190,6 +192,9 @@ def count_eqn(eqn: core.JaxprEqn, counts: OpCounts) -> None:
         counts.mxu_xla[cls] = counts.mxu_xla.get(cls, 0.0) + xla_matmul_flops(pixels, out_features, window)
     elif name == "dma_start":
         counts.dma_bytes += _dma_bytes(eqn)
+    elif name == "get" and eqn.outvars:
+        aval = eqn.outvars[0].aval
+        counts.ref_load_bytes += int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize  # a scalar: one element
     elif name == "addupdate":
         counts.vpu += _size(eqn.invars[1].aval)
     elif name in FREE:

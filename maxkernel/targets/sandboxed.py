@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from pydantic import BaseModel
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from jaxbench.task import Task
 
 SANDBOX_MEMORY_BYTES = 16 << 30
+StageT = TypeVar("StageT", bound=BaseModel)
 
 
 class TpuStageResult(BaseModel):
@@ -40,13 +41,20 @@ def run_tpu_stage(task_path: Path, source: str, generation: str, timeout_s: floa
     """Validate lowering, derive the check size and model the candidate for ``generation`` in a fresh
     sandboxed process."""
     request = {"task": str(task_path), "source": source, "generation": generation}
-    reply, failure = run_sandboxed("maxkernel.targets.sandboxed", request, timeout_s, "TPU lowering")
+    return run_stage(TpuStageResult, "maxkernel.targets.sandboxed", request, timeout_s, "TPU lowering")
+
+
+def run_stage(result_type: type[StageT], module: str, request: dict[str, Any], timeout_s: float,
+              label: str) -> StageT:
+    """``run_sandboxed`` with its reply parsed as ``result_type`` (a model with a ``failure`` field, which
+    says why when the process failed or its reply does not parse)."""
+    reply, failure = run_sandboxed(module, request, timeout_s, label)
     if failure is not None:
-        return TpuStageResult(failure=failure)
+        return result_type(failure=failure)
     try:
-        return TpuStageResult.model_validate_json(reply or "")
+        return result_type.model_validate_json(reply or "")
     except ValueError as exc:
-        return TpuStageResult(failure=f"TPU lowering process sent a malformed reply: {exc}")
+        return result_type(failure=f"{label} process sent a malformed reply: {exc}")
 
 
 def run_sandboxed(module: str, request: dict[str, Any], timeout_s: float, label: str) -> tuple[str | None, str | None]:

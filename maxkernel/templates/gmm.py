@@ -89,14 +89,21 @@ class GroupedMatmulTemplate:
                              space=few)
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
-        shapes = [analyse(task, size) for size in sizes]
-        failed = next((s for s in shapes if isinstance(s, str)), None)
-        if failed is not None:
-            raise EmitError(failed)
-        found = [s for s in shapes if not isinstance(s, str)]
-        if len({(s.dtype, s.out_dtype, tuple(s.names.items())) for s in found}) != 1:
-            raise EmitError("argument roles or dtypes that change with size")
-        return render_gmm(task, found[0], int(params["block_m"]), int(params["block_k"]), int(params["block_n"]))
+        a = shape_for_sizes(task, sizes)
+        return render_gmm(task, a, int(params["block_m"]), int(params["block_k"]), int(params["block_n"]))
+
+
+def shape_for_sizes(task: "Task", sizes: tuple[str, ...]) -> GroupedShape:
+    """The grouped shape at the first size, refused (EmitError) unless every size has one with the same
+    argument roles and dtypes (one source serves them all)."""
+    shapes = [analyse(task, size) for size in sizes]
+    failed = next((s for s in shapes if isinstance(s, str)), None)
+    if failed is not None:
+        raise EmitError(failed)
+    found = [s for s in shapes if not isinstance(s, str)]
+    if len({(s.dtype, s.out_dtype, tuple(s.names.items())) for s in found}) != 1:
+        raise EmitError("argument roles or dtypes that change with size")
+    return found[0]
 
 
 def render_gmm(task: "Task", a: GroupedShape, bm: int, bk: int, bn: int) -> str:

@@ -17,6 +17,7 @@ from maxkernel.templates.gpu_base import (
     GPU_BLOCKS,
     GPU_STAGES,
     GPU_WARPS,
+    TRITON_SMEM_PLAN,
     backend_import,
     compiler_params_text,
     gpu_target,
@@ -26,9 +27,6 @@ from maxkernel.templates.gpu_base import (
 if TYPE_CHECKING:
     from jaxbench.task import Task
     from maxkernel.analysis import TaskAnalysis
-
-TRITON_SMEM_PLAN = 160 * 1024  # below the smallest chip's per-block shared memory (A100: 163 KB)
-
 
 def _mask_kind(a: AttentionShape) -> str | None:
     if a.mask.all():
@@ -48,8 +46,12 @@ def _shape(task: "Task", size: str) -> AttentionShape | str:
         return "relative-position bias is not in the GPU template"
     if _mask_kind(a) is None:
         return "only causal or unmasked attention is in the GPU template"
-    if a.seq_q != a.seq_k or not power_of_two(a.head_dim) or not power_of_two(a.seq_q):
-        return "the GPU template needs equal power-of-two sequence lengths and head size"
+    # Blocks are powers of two (Triton) that divide the sequence: _fit keeps one when the sequence is a
+    # power of two or a multiple of 16 at least as long as the largest block.
+    fits = power_of_two(a.seq_q) or (a.seq_q % 16 == 0 and a.seq_q >= max(GPU_BLOCKS))
+    if a.seq_q != a.seq_k or not power_of_two(a.head_dim) or not fits:
+        return ("the GPU template needs equal sequence lengths (a power of two, or a multiple of 16 of at least "
+                f"{max(GPU_BLOCKS)}) and a power-of-two head size")
     args, static, _ = full_shapes(task, size)
     if static or [tuple(x.shape) for x in args] != [
             (a.batch, a.q_heads, a.seq_q, a.head_dim), *[(a.batch, a.kv_heads, a.seq_k, a.head_dim)] * 2]:

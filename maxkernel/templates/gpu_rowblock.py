@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from maxkernel.templates.base import TemplateSpace
-from maxkernel.templates.gpu_base import GPU_STAGES, GPU_WARPS, compiler_params_text, power_of_two
+from maxkernel.templates.gpu_base import GPU_STAGES, GPU_WARPS, TRITON_SMEM_PLAN, compiler_params_text, power_of_two
 from maxkernel.templates.rowblock import ROWBLOCK, _layout, _row_bytes
 
 if TYPE_CHECKING:
@@ -40,13 +40,18 @@ class GpuRowBlockTemplate:
             per_row, whole = _row_bytes(task, size)
             if not power_of_two(rows) or whole and not power_of_two(whole):
                 return "Triton needs power-of-two rows and whole-read inputs"
+            if size == "full" and per_row + whole > TRITON_SMEM_PLAN:
+                # Every instance loads its rows and the whole-read inputs once: they must fit a block.
+                return f"one row and the inputs read whole ({per_row + whole} bytes) exceed a block's shared memory"
         return None
 
     def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
         rows, _ = _layout(task, "full")
         per_row, _ = _row_bytes(task, "full")
         blocks = [b for b in ROW_BLOCKS if b <= rows and b * per_row <= REGISTER_PLAN] or [1]
-        return TemplateSpace(defaults={"block_rows": blocks[-1], "num_warps": 4, "num_stages": 2},
+        # Wide rows want more threads keeping loads in flight: a warp per 8 KiB a row moves, 4 to 8 of them.
+        warps = min(max(GPU_WARPS), max(min(GPU_WARPS), per_row // 8192))
+        return TemplateSpace(defaults={"block_rows": blocks[-1], "num_warps": warps, "num_stages": 2},
                              space={"block_rows": blocks, "num_warps": list(GPU_WARPS), "num_stages": list(GPU_STAGES)})
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:

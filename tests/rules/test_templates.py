@@ -139,11 +139,8 @@ def test_fused_tail_kernel_covers_batch_statistics_dropout_and_convs(task_id: st
     report = quick_evaluator.evaluate(task, source)
     assert report.label == "pallas-kernel"
     assert report.check("correct_inputs_seed_0").passed
-    if task_id.startswith("31k"):
-        # The batch mean divides by the traced batch as a literal: right at the cpu size only, and caught.
-        assert report.status == "incorrect" and report.reason.startswith("unseen size batch="), report.reason
-    else:
-        assert report.passed and report.check("correct_unseen_size").passed, report.reason
+    # 31k's batch mean divides by the batch dimension it summed (not the traced count), so it holds there too.
+    assert report.passed and report.check("correct_unseen_size").passed, report.reason
 
 
 def test_fused_tail_refuses_programs_without_a_heavy_op_and_big_tpu_tails() -> None:
