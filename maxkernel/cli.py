@@ -169,7 +169,7 @@ def print_report(report: Any) -> None:
     basis = f" ({report.basis})" if report.basis else ""
     summary.add_row("reference ms" + basis, _fmt_opt(report.ref_ms))
     summary.add_row("kernel ms" + basis, _fmt_opt(report.kernel_ms))
-    summary.add_row("speedup", speedup_text(report.speedup))
+    summary.add_row("speedup", speedup_text(report.speedup, report.interval))
     summary.add_row("cv (kernel / ref)", f"{_fmt_opt(report.cv)} / {_fmt_opt(report.ref_cv)}")
     summary.add_row("FLOPs (ref / kernel)", f"{_fmt_sci(report.ref_flops)} / {_fmt_sci(report.kernel_flops)}")
     for flag in report.flags:

@@ -84,7 +84,8 @@ def _kernel_table(title: str) -> Table:
 
 
 def _kernel_row(table: Table, k: KernelRecord, score: float | None = None) -> None:
-    cells = [k.id[:12], k.task_id, k.target, speedup_text(k.speedup), k.strategy or "-", k.pattern or "-"]
+    cells = [k.id[:12], k.task_id, k.target, speedup_text(k.speedup, k.report.interval), k.strategy or "-",
+             k.pattern or "-"]
     cells.append(f"{score:.3f}" if score is not None else k.created_at.strftime("%Y-%m-%d %H:%M"))
     table.add_row(*cells)
 
@@ -165,7 +166,7 @@ def show(record_id: Annotated[str, typer.Argument(metavar="ID", help="an id or a
         for name, value in (
             ("task", record.task_id),
             ("target", record.target),
-            ("speedup", speedup_text(record.speedup)),
+            ("speedup", speedup_text(record.speedup, report.interval)),
             ("kernel / ref ms", f"{report.kernel_ms} / {report.ref_ms} ({report.basis or '-'})"),
             ("max abs err", str(report.max_abs_err)),
             ("strategy", record.strategy or "-"),
@@ -233,7 +234,7 @@ def stats() -> None:
         ("candidates", str(s.store.candidates)),
         ("evaluations", str(s.store.evaluations)),
         ("events", str(s.store.events)),
-        ("best speedup", speedup_text(s.store.best_speedup)),
+        ("best speedup (by lower end)", speedup_text(s.store.best_speedup, s.store.best_speedup_ci)),
         ("kernels by target", ", ".join(f"{k}: {v}" for k, v in sorted(s.store.kernels_by_target.items())) or "-"),
         (
             "kernels by category",

@@ -155,7 +155,9 @@ class StoreStats(BaseModel):
     notes: int
     kernels_by_target: dict[str, int] = Field(default_factory=dict)
     kernels_by_category: dict[str, int] = Field(default_factory=dict)
-    best_speedup: float | None = None
+    best_speedup: float | None = Field(None, description="the speedup of the kernel whose interval has the highest "
+                                                       "lower end (a lucky reading never ranks first)")
+    best_speedup_ci: tuple[float, float] | None = None
 
 
 class MemoryStats(BaseModel):

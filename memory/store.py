@@ -740,13 +740,16 @@ class Store:
                     .group_by(TaskRow.category)
                 ).all()
             )
-            best = s.scalar(sa.select(sa.func.max(KernelRow.speedup)))
+            reports = s.scalars(sa.select(EvaluationRow.report)
+                                .join(KernelRow, KernelRow.evaluation_id == EvaluationRow.id)).all()
+            best = max((EvalReport.model_validate(r) for r in reports), key=lambda r: r.low, default=None)
             revision = migrate.current_revision(s.connection())
         return StoreStats(
             where=self.where,
             schema_revision=revision,
             kernels_by_target={str(k): int(v) for k, v in by_target.items()},
             kernels_by_category={str(k or "-"): int(v) for k, v in by_category.items()},
-            best_speedup=best,
+            best_speedup=best.speedup if best is not None else None,
+            best_speedup_ci=best.interval if best is not None else None,
             **{k: int(v or 0) for k, v in counts.items()},
         )

@@ -163,6 +163,7 @@ class AutoRun:
         self.bus, self.services = bus, bus.services
         self.task = self.services.task(task_id)
         self.target, self.size, self.budget, self.session_id = target, size, budget, session_id
+        self.sessions = [session_id]  # with the sessions of an interrupted run it carries on (a daemon job's)
         self.emit: OnEvent = on_event or (lambda _k, _d: None)
         self.started = time.monotonic()
         self.history: dict[str, Attempt] = {}
@@ -494,11 +495,16 @@ def messages_of(store: Any, session_ids: list[str]) -> list[BusMessage]:
 
 
 def summary_note(run: AutoRun) -> tuple[str, str]:
-    """The note remembered at the end: what worked and what failed on this task (and its outcome)."""
-    worked = [a.line() for a in run.history.values() if a.status == "ok"]
-    failed = [a.line() for a in run.history.values() if a.status != "ok"]
-    # The figures are the event log's (the same messages the report reads): evaluations, intervals.
-    head = f"Auto on {run.task.id} ({run.target}), {run.evaluations} evaluations"
+    """The note remembered at the end: what worked and what failed on this task (and its outcome). Its
+    figures are read from the event log of the run's sessions by the functions the report uses, so a job's
+    note and its report agree about evaluations and speedups."""
+    from orchestrators.report_data import contributions, sessions_nodes
+
+    nodes = sessions_nodes(run.services.store, run.sessions)
+    rows = contributions(nodes)
+    worked = [r.line() for r in rows if r.best is not None]
+    failed = [r.line() for r in rows if r.best is None]
+    head = f"Auto on {run.task.id} ({run.target}), {len(nodes)} evaluations"
     head += f": {run.note}" if run.note else ""
     text = head + ". Worked: " + ("; ".join(worked) or "nothing") + ". Failed: " + ("; ".join(failed) or "nothing") + "."
     outcome = "worked" if run.winner is not None else "failed" if not run.scored else "info"
@@ -568,6 +574,7 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
         await bus.__aenter__()
         run = AutoRun(bus, task.id, target=target, size=size, budget=budget, session_id=session_id, on_event=emit)
         carried = run.restore(prior) if prior else 0
+        run.sessions = list(dict.fromkeys(m.session_id for m in prior if m.session_id != session_id)) + [session_id]
         if prior:
             run.emit("resumed", {"evaluations": carried, "tried": sorted(run.history)})
         try:

@@ -118,7 +118,7 @@ class Dashboard:
                 rows = conn.execute(sa.select(searches).order_by(searches.c.created_at.desc()).limit(200)).all()
             return self._page("searches", "searches.html", rows=rows)
         if path == "/ui/memory":
-            kernels = [k.model_dump() | {"speed": format_speedup(k.speedup)} for k in self.store.list_kernels(limit=100)]
+            kernels = [k.model_dump() | {"speed": format_speedup(k.speedup, k.report.interval)} for k in self.store.list_kernels(limit=100)]
             return self._page("memory", "memory.html", kernels=kernels)
         return None
 

@@ -16,6 +16,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -56,7 +57,7 @@ HELP = """commands:
   tune                 the tuner searches the current kernel's parameters
   accept               remember the current kernel (it must have passed the judge)
   undo                 take back the last approved step
-  show [plan|kernel|report]   what the session holds now
+  show [plan|kernel|report|budget]   what the session holds now (budget: what is spent and left)
   history              every proposal and decision so far
   help                 this list
   quit                 leave (the session resumes with --resume ID)
@@ -78,6 +79,28 @@ class State(BaseModel):
     last_step: str = Field("", description="what the step that led to this state was (what undo takes back)")
 
 
+class ChatLimits(BaseModel):
+    """A chat's ``--budget SECONDS`` and ``--evals N``: the seconds the agents may work in one sitting (the
+    person's own time is not counted) and the evaluations the session may spend in all (tests, tuning
+    trials, re-measurements before an accept), counted from its event log. None: no limit."""
+
+    time_s: float | None = None
+    max_evaluations: int | None = None
+
+    def given(self, other: "ChatLimits") -> "ChatLimits":
+        """These limits with ``other``'s where it sets one (a resume can extend the budget)."""
+        return self.model_copy(update={k: v for k, v in other.model_dump().items() if v is not None})
+
+    def text(self) -> str:
+        parts = [f"{self.time_s:g} s of agent work" if self.time_s is not None else "",
+                 f"{self.max_evaluations} evaluations" if self.max_evaluations is not None else ""]
+        return ", ".join(p for p in parts if p) or "no limit"
+
+
+LIMITS = "limits "
+BUDGETED = ("plan", "implement", "validate", "test", "fix", "profile", "tune", "accept")  # steps that make agents work
+
+
 class Chat:
     def __init__(self, services: Services, task_id: str, session_id: str, target: str = "cpu",
                  read: Callable[[str], str] = input, write: Callable[[str], None] = print) -> None:
@@ -89,6 +112,8 @@ class Chat:
         self.history: list[str] = []
         self.llm = services.config.brain == "llm"
         self.budget = Budget(tune_max_trials=None, tune_budget_s=policy.STEP_TUNE_S)
+        self.limits = ChatLimits()
+        self.worked_s = 0.0  # the agents' working time in this sitting
 
     # -- persistence ----------------------------------------------------------------------------
 
@@ -118,6 +143,9 @@ class Chat:
                 what = ""
                 if d["text"] == "undo":
                     what = f"took back {self._undo() or 'nothing'}"
+                elif d["text"].startswith(LIMITS):
+                    self.limits = ChatLimits.model_validate_json(d["text"][len(LIMITS):])
+                    what = f"budget: {self.limits.text()}"
                 elif d["text"].startswith("guidance:"):
                     self.state.guidance.append(d["text"][len("guidance:"):].strip())
                 elif d["text"].startswith("accepted"):
@@ -174,6 +202,44 @@ class Chat:
                                                         "parent_id": draft.candidate_id, "produced_by": "tuner"})
             self.state.report = message.report
         self.state.last_step = step_text(kind, message, edited is not None)
+
+    # -- the budget -----------------------------------------------------------------------------
+
+    async def set_limits(self, limits: ChatLimits) -> None:
+        """Take ``limits`` and record them in the log, so that a resume holds the same budget."""
+        if limits == self.limits:
+            return
+        self.limits = limits
+        await self.log_decision("redirect", LIMITS + limits.model_dump_json(), what=f"budget: {limits.text()}")
+
+    def evaluations(self) -> int:
+        """Evaluations the session has spent, from its event log (every judge call, over every sitting)."""
+        return sum(1 for e in self.services.store.events(session_id=self.session_id)
+                   if e.message_type in ("EvalReport", "FixRequest"))
+
+    def evaluations_left(self) -> int | None:
+        if self.limits.max_evaluations is None:
+            return None
+        return max(0, self.limits.max_evaluations - self.evaluations())
+
+    def time_left(self) -> float | None:
+        return None if self.limits.time_s is None else self.limits.time_s - self.worked_s
+
+    def spent(self, evaluations: int = 0) -> str | None:
+        """Why a step may not start (the time is up, or fewer than ``evaluations`` are left), else None."""
+        left_s = self.time_left()
+        if left_s is not None and left_s <= 0:
+            return (f"time budget of {self.limits.time_s:g} s spent ({self.worked_s:.0f} s of agent work): "
+                    "quit and resume to go on")
+        left = self.evaluations_left()
+        if evaluations and left is not None and left < evaluations:
+            return (f"evaluation budget spent ({self.evaluations()} of {self.limits.max_evaluations}): "
+                    "quit and resume with a larger --evals")
+        return None
+
+    def budget_text(self) -> str:
+        return (f"budget: {self.limits.text()}; spent: {self.evaluations()} evaluations, "
+                f"{self.worked_s:.0f} s of agent work in this sitting")
 
     # -- asking the person ----------------------------------------------------------------------
 
@@ -251,6 +317,10 @@ class Chat:
         draft = self.need("draft")
         if draft is None:
             return
+        refused = await asyncio.to_thread(self.spent, 1)
+        if refused:
+            self.write(refused)
+            return
         if await asyncio.to_thread(_unrecorded, self.services, draft.candidate_id):
             await record(self.services, draft)  # an edited or tuned kernel becomes a candidate of the session
         out = await ask_tester(self.services, draft, timing)
@@ -293,7 +363,11 @@ class Chat:
         if profile is None:
             self.write("tune needs a profile: run profile first")
             return
-        out = await step(self.services, TUNER, profile.model_copy(update={"message_id": new_id()}),
+        refused = await asyncio.to_thread(self.spent, 1)
+        if refused:
+            self.write(refused)
+            return
+        out = await step(self.services, TUNER, await asyncio.to_thread(self.bounded, profile),
                          (CandidateScored, SessionFinished), timeout_s=900)
         if not isinstance(out, CandidateScored):
             self.write(f"tuning ended: {getattr(out, 'reason', '')}")
@@ -304,6 +378,19 @@ class Chat:
             return
         self.write(f"tuned: {format_speedup(out.report.speedup, out.report.interval)} ({out.report.status})")
         await self.decide("tune", out, self.diff(out.source), None)
+
+    def bounded(self, profile: ProfileReport) -> ProfileReport:
+        """The profile handed to the tuner, its trials and seconds cut to what the budget has left."""
+        budget = profile.draft.plan.budget
+        left, left_s = self.evaluations_left(), self.time_left()
+        update: dict[str, Any] = {}
+        if left is not None:
+            update["tune_max_trials"] = min(left, budget.tune_max_trials or left)
+        if left_s is not None:
+            update["tune_budget_s"] = max(0.0, min(budget.tune_budget_s, left_s))
+        plan = profile.draft.plan.model_copy(update={"budget": budget.model_copy(update=update)})
+        draft = profile.draft.model_copy(update={"plan": plan})
+        return profile.model_copy(update={"message_id": new_id(), "draft": draft})
 
     async def do_accept(self, _arg: str) -> None:
         draft, report = self.state.draft, self.state.report
@@ -328,8 +415,12 @@ class Chat:
         when a re-run fails."""
         if not policy.needs_confirmation(report):
             return report, f"{report.basis}, deterministic"
+        refused = await asyncio.to_thread(self.spent, 1)
+        if refused:  # a measured kernel is never accepted on its first reading alone
+            self.write(f"not accepted: it must be measured again first, and the {refused}")
+            return None, ""
         runs, reports = [policy.lower(report)], [report]
-        while policy.confirm_more(runs, 1.0):
+        while policy.confirm_more(runs, 1.0) and not (len(runs) > 1 and await asyncio.to_thread(self.spent, 1)):
             out = await ask_tester(self.services, draft.model_copy(update={"produced_by": policy.CONFIRM}), True)
             assert isinstance(out, EvalReport)
             if not out.report.passed:
@@ -356,6 +447,8 @@ class Chat:
             self.write(self.state.draft.source)
         elif what == "report" and self.state.report:
             self.write(report_text(self.state.report))
+        elif what == "budget":
+            self.write(await asyncio.to_thread(self.budget_text))
         else:
             self.write(f"no {what} yet")
 
@@ -404,11 +497,16 @@ class Chat:
                 self.write(f"session {self.session_id} saved; resume with: maxkernel chat {task_argument(self.task)} "
                            f"--resume {self.session_id}")
                 return
-            if word in commands:
+            if word in BUDGETED and (refused := self.spent()):
+                self.write(refused)
+            elif word in commands:
+                started = time.monotonic()
                 try:
                     await commands[word](rest)
                 except Exception as exc:  # one step failing must not end the chat or lose the session
                     self.write(f"{word} failed: {type(exc).__name__}: {exc}")
+                if word in BUDGETED:
+                    self.worked_s += time.monotonic() - started
             else:
                 await self.guidance(line)
 
@@ -458,7 +556,8 @@ def accepted_candidate(events: list[Any]) -> str | None:
 
 
 def history_line(decision: str, text: str, what: str) -> str:
-    return f"{decision}: {text}" + (f" — {what}" if what else "")
+    shown = "limits" if text.startswith(LIMITS) else text  # the limits' JSON is for the log, not for people
+    return f"{decision}: {shown}" + (f" — {what}" if what else "")
 
 
 def task_argument(task: Any) -> str:
@@ -504,7 +603,10 @@ def report_text(report: JudgeReport) -> str:
 
 
 async def run_chat(task_id: str, config: ActorConfig, *, resume: str | None = None, target: str = "cpu",
-                   read: Callable[[str], str] = input, write: Callable[[str], None] = print) -> str:
+                   limits: ChatLimits | None = None, read: Callable[[str], str] = input,
+                   write: Callable[[str], None] = print) -> str:
+    """Run a chat (or resume one); ``limits`` set on a resume replace the stored ones."""
+    limits = limits or ChatLimits()
     services = Services(config.model_copy(update={"remember": False}))
     try:
         task = services.task(task_id)
@@ -517,12 +619,16 @@ async def run_chat(task_id: str, config: ActorConfig, *, resume: str | None = No
             chat = Chat(services, info.task_id or task.id, resume, info.target, read, write)
             seen = chat.restore()
             write(f"resumed session {resume}: {seen} events, {len(chat.history)} decisions")
+            await chat.set_limits(chat.limits.given(limits))
         else:
             session_id = new_id()
             services.store.create_session(mode="hitl", brain=brain_label(services.config), target=target,
-                                          task_id=task.id, id=session_id)
+                                          budget=limits.model_dump(), task_id=task.id, id=session_id)
             chat = Chat(services, task.id, session_id, target, read, write)
             write(f"session {session_id} on {task.id} ({brain_label(services.config)} brain); type help")
+            await chat.set_limits(limits)
+        if chat.limits != ChatLimits():
+            write(await asyncio.to_thread(chat.budget_text))
         await chat.loop()
         return chat.session_id
     finally:

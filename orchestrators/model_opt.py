@@ -28,9 +28,11 @@ class RegionRow(BaseModel):
     kind: str
     share: float
     budget_s: float
+    evals: int | None = Field(None, description="the region's share of the evaluations (None: no limit)")
     before_ms: float | None = None
     after_ms: float | None = None
     speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
     strategy: str = ""
     status: str = Field("", description="kept | dropped | no faster kernel | skipped")
     note: str = ""
@@ -46,6 +48,7 @@ class ModelResult(BaseModel):
     ref_ms: float | None = None
     kernel_ms: float | None = None
     speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = Field(None, description="the judged layer's interval")
     amdahl_bound: float = Field(1.0, description="layer speedup the kept region speedups imply, by their shares")
     regions: list[RegionRow] = Field(default_factory=list)
     kernel_path: str | None = None
@@ -65,10 +68,11 @@ def _shapes(task: Task) -> dict[str, list[tuple[int, ...]]]:
     return {size: [tuple(a.shape) for a in input_shapes(task, size)] for size in ("cpu", "full")}
 
 
-def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, target: str = "cpu", brain: str = "rules",
-                   seed: int = 0, data_dir: str | None = None,
+def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, evals: int | None = None,
+                   target: str = "cpu", brain: str = "rules", seed: int = 0, data_dir: str | None = None,
                    on_region: Callable[[RegionRow], None] | None = None) -> ModelResult:
-    """Optimize a whole layer; writes ``out/regions/...`` and, when correct, ``out/<layer>_<target>.py``."""
+    """Optimize a whole layer; writes ``out/regions/...`` and, when correct, ``out/<layer>_<target>.py``. Each
+    region gets the share of ``budget_s`` and of ``evals`` that its share of the layer's time is."""
     from maxkernel.evaluation import evaluate_candidate
     from orchestrators.api import optimize
 
@@ -82,18 +86,20 @@ def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, targ
     rows: dict[int, RegionRow] = {}
     for info in hottest:
         row = RegionRow(index=info.index, task_id=info.task_id, kind=info.kind, share=info.share,
-                        budget_s=max(0.0, remaining) * info.share, before_ms=info.ms)
+                        budget_s=max(0.0, remaining) * info.share, before_ms=info.ms,
+                        evals=None if evals is None else max(1, round(evals * info.share)))
         rows[info.index] = row
         if row.budget_s < MIN_REGION_BUDGET_S:
             row.status, row.note = "skipped", f"its share of the budget ({row.budget_s:.0f} s) is too small"
         else:
-            session = optimize(info.path, target=target, budget_s=row.budget_s, brain=brain, seed=seed,
-                               data_dir=data_dir)
+            session = optimize(info.path, target=target, budget_s=row.budget_s, evals=row.evals, brain=brain,
+                               seed=seed, data_dir=data_dir)
             report = session.best_report
             row.strategy = session.best_strategy
             if session.beat_reference and session.best_source and report is not None and report.correct:
                 kernels[info.index] = session.best_source
                 row.speedup = session.confirmed_speedup or report.speedup
+                row.speedup_ci = session.speedup_ci
                 row.after_ms = (info.ms / row.speedup) if info.ms and row.speedup else report.kernel_ms
                 row.status = "kept"
             else:
@@ -111,6 +117,7 @@ def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, targ
         result.kernel_path = str(path)
         result.correct, result.basis = True, report.basis
         result.ref_ms, result.kernel_ms, result.speedup = report.ref_ms, report.kernel_ms, report.speedup
+        result.speedup_ci = report.interval
     result.seconds = time.perf_counter() - started
     return result
 

@@ -24,7 +24,8 @@ from jaxbench.report import EvalReport, format_speedup
 from memory import Store
 from memory.errors import RecordNotFoundError
 from orchestrators import report_graph
-from orchestrators.graph import EVALUATION_TYPES, ROOT, Node, load_graph, niche, shown
+from orchestrators.graph import Node, load_graph
+from orchestrators.report_data import Contribution, contributions, highest_low, sessions_nodes
 from orchestrators.tables import ensure, jobs, searches
 
 
@@ -42,28 +43,6 @@ class ReportData(BaseModel):
 
 class UnknownSubject(LookupError):
     """Neither a session, a search nor a job."""
-
-
-def session_nodes(store: Store, session_id: str) -> list[Node]:
-    """An Auto/HITL/daemon session's evaluated candidates, with the edges the event log implies."""
-    nodes = []
-    for event in store.events(session_id=session_id):
-        if event.message_type not in EVALUATION_TYPES:
-            continue
-        draft, report = event.payload["draft"], event.payload["report"]
-        ref = draft["plan"]["strategies"][draft["plan"]["step"]]
-        tool = draft.get("produced_by", "").endswith(":tool")
-        parent = draft.get("parent_id") or ROOT
-        edge = "tune" if tool else "fix" if draft.get("parent_id") else f"apply {ref['name']}"
-        params = shown(dict(ref.get("params") or {}))
-        nodes.append(Node(candidate_id=event.candidate_id or draft["candidate_id"], session_id=session_id,
-                          parent_id=parent, edge=edge, strategy=ref["name"], params=params,
-                          status=report["status"], passed=report["status"] == "ok" and bool(report["correct"]),
-                          speedup=report.get("speedup"), speedup_ci=report.get("speedup_ci"),
-                          kernel_ms=report.get("kernel_ms"), label=report.get("label"), basis=report.get("basis"),
-                          reason=(report.get("reason") or "")[:300], niche=niche(ref["name"], params), seq=event.seq,
-                          produced_by=draft.get("produced_by", "")))
-    return nodes
 
 
 def gather(store: Store, subject: str) -> ReportData:
@@ -98,7 +77,7 @@ def gather(store: Store, subject: str) -> ReportData:
               "started": info.created_at.strftime("%Y-%m-%d %H:%M:%S UTC")}
     if events:
         facts["duration"] = f"{(events[-1].created_at - events[0].created_at).total_seconds():.1f} s"
-    nodes = [n for s in sessions for n in session_nodes(store, s)]
+    nodes = sessions_nodes(store, sessions)
     facts["evaluations"] = len(nodes)
     best_id, why = named_best(info.mode, events, nodes)
     return ReportData(kind="job" if job is not None else "session", id=subject, task_id=info.task_id or "",
@@ -119,11 +98,6 @@ def named_best(mode: str, events: list[Any], nodes: list[Node]) -> tuple[str | N
         return None, ""
     why = "not accepted: the highest lower end" if mode == "hitl" else "the highest lower end of its interval"
     return best.candidate_id, why
-
-
-def highest_low(nodes: list[Node]) -> Node | None:
-    """The passing candidate with the highest lower end of its interval: a lucky reading never wins."""
-    return max((n for n in nodes if n.passed), key=lambda n: n.low, default=None)
 
 
 def recalled(events: list[Any]) -> list[str]:
@@ -164,23 +138,30 @@ def graph_png(nodes: list[Node], best: str | None) -> str:
     return _png(report_graph.figure(nodes, best))
 
 
+def best_so_far(ordered: list[Node]) -> list[float]:
+    """After each evaluation, the highest lower end of a passing candidate's interval so far (NaN before the
+    first): the curve ranks as the report does, so a lucky reading never shows as the best."""
+    out, running = [], None
+    for n in ordered:
+        if n.passed and n.speedup and (running is None or n.low > running):
+            running = n.low
+        out.append(running if running is not None else float("nan"))
+    return out
+
+
 def speedup_png(nodes: list[Node]) -> str:
     plt = _plt()
     ordered = sorted(nodes, key=lambda n: n.seq)
     xs = list(range(1, len(ordered) + 1))
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ok = [(x, n.speedup) for x, n in zip(xs, ordered) if n.passed and n.speedup]
-    best, running = [], None
-    for n in ordered:
-        if n.passed and n.speedup and (running is None or n.speedup > running):
-            running = n.speedup
-        best.append(running if running is not None else float("nan"))
+    best = best_so_far(ordered)
     if ok:
         ax.scatter([p[0] for p in ok], [p[1] for p in ok], s=16, c="#2a9d4b", label="correct candidate")
     bad = [x for x, n in zip(xs, ordered) if not n.passed]
     if bad:
         ax.scatter(bad, [0] * len(bad), s=16, c="#d1495b", marker="x", label="rejected")
-    ax.step(xs, best, where="post", c="#1d3557", label="best so far")
+    ax.step(xs, best, where="post", c="#1d3557", label="best so far (lower end)")
     ax.axhline(1.0, ls="--", c="#999", lw=1)
     ax.set_xlabel("evaluation")
     ax.set_ylabel("speedup over reference")
@@ -188,27 +169,11 @@ def speedup_png(nodes: list[Node]) -> str:
     return _png(fig)
 
 
-def contributions(nodes: list[Node]) -> list[dict[str, Any]]:
-    """Per strategy: evaluations spent, how many were correct, the best lower end of a speedup interval, and
-    whether it held the lead."""
-    best = highest_low(nodes)
-    rows: dict[str, dict[str, Any]] = {}
-    for n in nodes:
-        row = rows.setdefault(n.strategy, {"strategy": n.strategy, "evaluations": 0, "correct": 0, "best": None})
-        row["evaluations"] += 1
-        if n.passed:
-            row["correct"] += 1
-            row["best"] = max(row["best"] or 0.0, n.low)
-    for row in rows.values():
-        row["winner"] = best is not None and row["strategy"] == best.strategy
-    return sorted(rows.values(), key=lambda r: -(r["best"] or 0.0))
-
-
-def contributions_png(rows: list[dict[str, Any]]) -> str:
+def contributions_png(rows: list[Contribution]) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 0.6 + 0.45 * max(1, len(rows))))
-    names = [r["strategy"][:40] for r in rows]
-    ax.barh(names, [r["best"] or 0.0 for r in rows], color=["#2a9d4b" if r["winner"] else "#8ab6d6" for r in rows])
+    names = [r.strategy[:40] for r in rows]
+    ax.barh(names, [r.low for r in rows], color=["#2a9d4b" if r.winner else "#8ab6d6" for r in rows])
     ax.axvline(1.0, ls="--", c="#999", lw=1)
     ax.set_xlabel("best speedup (lower end of the 95% interval)")
     ax.invert_yaxis()
@@ -254,9 +219,10 @@ def render(store: Store, subject: str) -> str:
                   f'<img alt="speedup" src="data:image/png;base64,{speedup_png(data.nodes)}">',
                   "<h2>What each strategy contributed</h2>",
                   f'<img alt="strategies" src="data:image/png;base64,{contributions_png(rows)}">',
-                  "<table><tr><th>strategy</th><th>evaluations</th><th>correct</th><th>best</th><th>best overall</th></tr>"
-                  + "".join(f"<tr><td>{html.escape(r['strategy'])}</td><td>{r['evaluations']}</td><td>{r['correct']}</td>"
-                            f"<td>{r['best'] if r['best'] is not None else '-'}</td><td>{'yes' if r['winner'] else ''}</td></tr>"
+                  "<table><tr><th>strategy</th><th>evaluations</th><th>correct</th><th>best (ranked by the lower end)"
+                  "</th><th>best overall</th></tr>"
+                  + "".join(f"<tr><td>{html.escape(r.strategy)}</td><td>{r.evaluations}</td><td>{r.correct}</td>"
+                            f"<td>{html.escape(r.shown)}</td><td>{'yes' if r.winner else ''}</td></tr>"
                             for r in rows) + "</table>"]
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
              "th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}pre{background:#f6f6f6;padding:1em;"

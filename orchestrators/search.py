@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 from actors import policy
 from actors.config import ActorConfig
 from actors.services import Services
+from jaxbench.report import format_speedup
 from maxkernel.messages import Budget, OptimizeRequest, Plan, SessionFinished, StrategyRef
 from memory import Store
 from memory.errors import RecordNotFoundError
@@ -66,6 +67,18 @@ class SearchConfig(BaseModel):
     migrate_every: int = Field(2, description="evolve: rounds between migrations of each island's best")
     explore: float = Field(0.3, description="evolve: chance to pick a parent from a random niche, not the best")
     children: int = Field(2, description="evolve: children per island per round")
+
+
+class SearchLimits(BaseModel):
+    """What a resume may change: the search's limits (a resume can extend its budget). Its shape (algorithm,
+    seed, widths) stays the stored one, so that the graph already built keeps its meaning."""
+
+    max_evaluations: int | None = None
+    time_s: float | None = None
+
+    def applied(self, config: SearchConfig) -> SearchConfig:
+        """``config`` with the limits given here in place of its own."""
+        return config.model_copy(update={k: v for k, v in self.model_dump().items() if v is not None})
 
 
 class Spec(BaseModel):
@@ -315,9 +328,9 @@ class Search:
                 conn.execute(searches.insert().values(
                     id=self.search_id, task_id=self.task_id, algorithm=self.config.algorithm,
                     config=self.config.model_dump(), status="running", created_at=utcnow(), updated_at=utcnow()))
-            else:
+            else:  # a resume: the limits it was given are the search's from now on
                 conn.execute(searches.update().where(searches.c.id == self.search_id)
-                             .values(status="running", updated_at=utcnow()))
+                             .values(status="running", config=self.config.model_dump(), updated_at=utcnow()))
 
     def set_status(self, status: str) -> None:
         with self.writer.begin() as conn:
@@ -486,8 +499,9 @@ def result_of(graph: SearchGraph, reason: str, resumed: int = 0) -> SearchResult
 
 async def run_search(task_id: str, config: SearchConfig | None = None, actor_config: ActorConfig | None = None, *,
                      services: Services | None = None, search_id: str | None = None,
-                     on_event: OnEvent | None = None) -> SearchResult:
-    """Run (or resume, with the same ``search_id``) one search; memory gets the best kernel at the end."""
+                     limits: SearchLimits | None = None, on_event: OnEvent | None = None) -> SearchResult:
+    """Run (or resume, with the same ``search_id``) one search; memory gets the best kernel at the end. A
+    resume keeps the stored configuration but for the ``limits`` it is given."""
     config = config or SearchConfig()
     own = services is None
     services = services or Services((actor_config or ActorConfig()).model_copy(update={"remember": False}))
@@ -497,7 +511,10 @@ async def run_search(task_id: str, config: SearchConfig | None = None, actor_con
         ensure(store.engine)
         search_id = search_id or uuid.uuid4().hex
         if search_id_exists(store, search_id):
-            config = stored_config(store, search_id)
+            stored_task = stored_task_id(store, search_id)
+            if stored_task != task.id:
+                raise RecordNotFoundError(f"search {search_id} is a search of {stored_task}, not of {task.id}")
+            config = (limits or SearchLimits()).applied(stored_config(store, search_id))
         async with Bus(services) as bus:
             result = await Search(bus, store, search_id, task.id, config, on_event).run()
         await asyncio.to_thread(remember_best, services, store, search_id)
@@ -510,6 +527,11 @@ async def run_search(task_id: str, config: SearchConfig | None = None, actor_con
 def search_id_exists(store: Store, search_id: str) -> bool:
     with store.engine.connect() as conn:
         return conn.execute(sa.select(searches.c.id).where(searches.c.id == search_id)).first() is not None
+
+
+def stored_task_id(store: Store, search_id: str) -> str:
+    with store.engine.connect() as conn:
+        return str(conn.execute(sa.select(searches.c.task_id).where(searches.c.id == search_id)).scalar_one())
 
 
 def stored_config(store: Store, search_id: str) -> SearchConfig:
@@ -534,13 +556,14 @@ def remember_best(services: Services, store: Store, search_id: str) -> str | Non
                                              strategy=params_key(best.strategy, best.params),
                                              produced_by=f"search:{graph.algorithm}", session_id=best.session_id,
                                              candidate_id=best.candidate_id)
-    per = {}
+    per: dict[str, Node] = {}  # each strategy's reading with the highest lower end, as the ranking goes
     for node in graph.valid:
-        per[node.strategy] = max(per.get(node.strategy, 0.0), node.speedup or 0.0)
+        if node.strategy not in per or node.low > per[node.strategy].low:
+            per[node.strategy] = node
     failed = sorted({n.strategy for n in graph.nodes if not n.passed} - set(per))
     text = (f"{graph.algorithm} search on {graph.task_id}: best {best.strategy} {best.params}, "
             f"{policy.describe(best.speedup, best.interval)}. "
-            + "; ".join(f"{s}: up to {v}x" for s, v in sorted(per.items()))
+            + "; ".join(f"{s}: best {format_speedup(n.speedup, n.interval)}" for s, n in sorted(per.items()))
             + (f". Never correct: {', '.join(failed)}" if failed else ""))
     services.memory.remember_note(text[:2000], task=task, outcome="worked" if claim_of(best) == "faster" else "info",
                                   target=evaluations[-1].report.target, session_id=best.session_id)

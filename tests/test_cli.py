@@ -30,6 +30,9 @@ def test_eval_prints_checks_writes_json_and_exits_zero_when_correct(tmp_path: Pa
     assert "correct_inputs_shifted" in proc.stdout and "speedup" in proc.stdout
     report = json.loads(out.read_text())
     assert report["status"] == "ok" and report["correct"] and report["basis"] == "measured"
+    low, high = report["speedup_ci"]  # the JSON carries the interval beside the speedup, and so does the table
+    assert low <= report["speedup"] <= high
+    assert f"{low:.2f}–{high:.2f}x" in proc.stdout or f"{low:.2f}" == f"{high:.2f}"  # equal ends print once
     assert {c["name"] for c in report["checks"]} >= {"static", "deterministic", "timed_what_was_checked"}
 
 

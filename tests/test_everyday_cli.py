@@ -25,6 +25,7 @@ from support import http_json as _http
 ROOT = Path(__file__).resolve().parent.parent
 RMS = "12p_RMSNorm"
 CANDIDATE = str(EXAMPLES / "rmsnorm_12p.py")
+LAYER = "llama31_8b_decoder"
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -66,6 +67,7 @@ STORE_COMMANDS = [
     ("jobs",), ("daemon", "status"), ("report", "abcd1234"), ("submit", RMS), ("cancel", "abcd1234"),
     ("chat", RMS), ("search", RMS, "--evals", "1"), ("optimize", RMS, "--budget", "5"),
     ("memory", "stats"), ("memory", "list"), ("memory", "show", "abcd1234"),
+    ("optimize-model", LAYER, "--budget", "5"),
 ]
 
 
@@ -146,11 +148,11 @@ def test_jobs_show_why_a_job_failed_and_write_json_to_a_file(capsys, tmp_path: P
         done_id = "cafe" + "3" * 28
         _insert_jobs(done_id)
         assert claimer.claim() is not None
-        claimer.finish(done_id, "done", result={"best_report": {"speedup": 1.23456},
+        claimer.finish(done_id, "done", result={"best_report": {"speedup": 1.23456, "speedup_ci": [1.1, 1.36]},
                                                                "best_strategy": "rowblock"})
     code, out, _ = cli(capsys, "jobs")
     assert code == 0 and "reference.py vanished" in out
-    assert "1.23x rowblock" in out  # the one precision every command shows a speedup with
+    assert "1.23x (1.10–1.36x) rowblock" in out  # one precision everywhere, and the interval with it
     target = tmp_path / "jobs.json"
     code, out, _ = cli(capsys, "jobs", "--json", str(target))
     listed = {j["id"]: j for j in json.loads(target.read_text())}
@@ -166,6 +168,12 @@ def test_jobs_show_why_a_job_failed_and_write_json_to_a_file(capsys, tmp_path: P
     (("search", RMS, "--evals", "0"), "--evals"),
     (("submit", RMS, "--budget", "0"), "--budget"),
     (("submit", RMS, "--evals", "0"), "--evals"),
+    (("chat", RMS, "--budget", "0"), "--budget 0: must be a positive number of seconds"),
+    (("chat", RMS, "--evals", "0"), "--evals 0: must be at least 1"),
+    (("optimize-model", LAYER, "--budget", "0"), "--budget 0: must be a positive number of seconds"),
+    (("optimize-model", LAYER, "--evals", "0"), "--evals 0: must be at least 1"),
+    (("optimize-model", LAYER, "--target", "gpu"), "no GPU on this machine"),
+    (("optimize-model", LAYER, "--json", "/no/such/folder/r.json"), "does not exist"),
     (("optimize", RMS, "--target", "tpu-v9"), "tpu-v9"),
     (("search", RMS, "--target", "tpu-v9"), "tpu-v9"),
     (("submit", RMS, "--target", "tpu-v9"), "tpu-v9"),
@@ -346,6 +354,22 @@ def test_model_presets_follow_the_current_lists_and_every_cloud_model_has_a_pric
     assert table.preset(table.default).model == "gemini-3.1-pro-preview"
     cloud = [p for p in table.presets.values() if p.provider != "replay" and p.base_url is None]
     assert cloud and all(table.price(p.model).output > table.price(p.model).input > 0 for p in cloud)
+    assert table.preset("openai").model == "gpt-5.5"  # the flagship of OpenAI's current list
+
+
+def test_every_price_names_its_source_and_the_date_it_was_read() -> None:
+    lines = (ROOT / "config" / "models.yaml").read_text().split("\nprices:\n", 1)[1].splitlines()
+    cited, comment = [], ""
+    for line in lines:
+        if line.strip().startswith("#"):
+            comment += line
+        elif ":" in line and line.strip():
+            cited.append((line.split(":")[0].strip(), comment))
+        else:
+            comment = ""
+    assert cited
+    for model, source in cited:
+        assert "https://" in source and re.search(r"read 20\d\d-\d\d-\d\d", source), model
 
 
 def test_host_and_worker_refuse_bad_addresses_roles_and_busy_ports(capsys) -> None:  # type: ignore[no-untyped-def]
@@ -362,3 +386,43 @@ def test_host_and_worker_refuse_bad_addresses_roles_and_busy_ports(capsys) -> No
     assert "--host" in one_error(capsys, "worker", "--roles", "tester")
     assert "unknown role bogus" in one_error(capsys, "worker", "--host", "127.0.0.1:50051", "--roles", "bogus")
     assert "expected HOST:PORT" in one_error(capsys, "worker", "--host", "nohost", "--roles", "tester")
+
+
+def test_the_search_table_fits_eighty_columns_with_ids_whole() -> None:
+    import io
+
+    from rich.console import Console
+
+    from maxkernel.commands.search import results_table
+    from orchestrators.search import SearchResult
+
+    result = SearchResult(search_id="f9cded9a28bd" + "0" * 20, task_id="50k_Matmul_GELU_Softmax", algorithm="beam",
+                          status="scored", stop_reason="", evaluations=30, expansions=30, nodes=30,
+                          best_strategy="template:matmul_epilogue_softmax", best_params={"block_m": 256},
+                          best_speedup=1.234, best_speedup_ci=(1.1, 1.35), confirmed=True, claim="faster",
+                          first_correct_at=3)
+    buffer = io.StringIO()
+    Console(file=buffer, width=80).print(results_table([result], "beam", 0))
+    lines = buffer.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert all(line.rstrip()[-1] in "┓┃┩│┘" for line in lines[1:]), "the table was cropped at the right"
+    row = next(line for line in lines if "f9cded9a28bd" in line)
+    assert "50k_Matmul_GELU_Softmax" in row  # ids whole, on one line
+    folded = "".join(line.split("│")[-2].strip() for line in lines if line.startswith("│"))
+    assert "template:matmul_epilogue_softmax" in folded  # the strategy folded, never cut
+
+
+def test_a_search_resumes_only_as_the_search_of_its_own_task(capsys) -> None:  # type: ignore[no-untyped-def]
+    from maxkernel.config import load_settings
+    from orchestrators.search import SearchConfig
+    from orchestrators.tables import ensure, searches, utcnow
+
+    engine = sa.create_engine(load_settings().resolved_store_url)
+    ensure(engine)
+    with engine.begin() as conn:
+        conn.execute(searches.insert().values(id="5ea7c4" + "0" * 26, task_id=RMS, algorithm="beam",
+                                              config=SearchConfig().model_dump(), status="done",
+                                              created_at=utcnow(), updated_at=utcnow()))
+    engine.dispose()
+    line = one_error(capsys, "search", "41k_Gemm_Add_ReLU", "--resume", "5ea7c4")
+    assert f"a search of {RMS}, not of 41k_Gemm_Add_ReLU" in line

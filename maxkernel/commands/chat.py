@@ -15,23 +15,28 @@ def chat_command(
     transcript: Optional[Path] = typer.Option(None, help="replay: the transcript the replies come from"),
     target: str = typer.Option("cpu", help="cpu | gpu | tpu-v5e | ..."),
     resume: Optional[str] = typer.Option(None, help="resume the chat session with this id"),
+    budget: Optional[float] = typer.Option(None, help="seconds the agents may work in this sitting (your own "
+                                                      "time is not counted; default: no limit)"),
+    evals: Optional[int] = typer.Option(None, help="evaluations the session may spend in all (default: no limit; "
+                                                   "with --resume: the new limit)"),
 ) -> None:
     """Work on a kernel with the agents, approving, editing or rejecting each step."""
     from maxkernel.cli import guarded
 
-    guarded(_chat)(task, brain, model, transcript, target, resume)
+    guarded(_chat)(task, brain, model, transcript, target, resume, budget, evals)
 
 
 def _chat(task: str, brain: str, model: Optional[str], transcript: Optional[Path], target: str,
-          resume: Optional[str]) -> None:
+          resume: Optional[str], budget: Optional[float], evals: Optional[int]) -> None:
     import asyncio
 
     from actors.session import check_keys, config_for_brain
     from jaxbench.task import load_task
     from maxkernel.cli import UserError
-    from maxkernel.commands.checks import check_target, resolve_resume
-    from orchestrators.hitl import run_chat
+    from maxkernel.commands.checks import check_limits, check_target, resolve_resume
+    from orchestrators.hitl import ChatLimits, run_chat
 
+    check_limits(budget, evals)
     check_target(target)
     load_task(task)
     try:
@@ -43,4 +48,5 @@ def _chat(task: str, brain: str, model: Optional[str], transcript: Optional[Path
     check_keys(config)
     if resume:
         resume = resolve_resume(resume, "session")
-    asyncio.run(run_chat(task, config, resume=resume, target=target))
+    asyncio.run(run_chat(task, config, resume=resume, target=target,
+                         limits=ChatLimits(time_s=budget, max_evaluations=evals)))

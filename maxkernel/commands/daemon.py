@@ -144,7 +144,8 @@ def _jobs(status: Optional[str], json_out: Optional[Path]) -> None:
     for j in jobs:
         best = "-"
         if j.result and j.result.get("best_report"):
-            best = f"{speedup_text(j.result['best_report'].get('speedup'))} {j.result.get('best_strategy', '')}"
+            report = j.result["best_report"]
+            best = f"{speedup_text(report.get('speedup'), report.get('speedup_ci'))} {j.result.get('best_strategy', '')}"
         table.add_row(j.id[:12], escape(j.task_id), str(j.priority), j.status, escape(best), str(j.attempts),
                       j.created_at.strftime("%Y-%m-%d %H:%M:%S"), escape(j.error or "-"))
     Console().print(table)

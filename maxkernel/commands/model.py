@@ -9,10 +9,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jaxbench.report import format_speedup
+
 
 def optimize_model_command(
     task: str = typer.Argument(..., help="model layer id or task folder"),
     budget: float = typer.Option(300.0, help="seconds to spend over all regions"),
+    evals: Optional[int] = typer.Option(None, help="evaluations over all regions, shared like the time "
+                                                   "(default: no limit but the time)"),
     target: str = typer.Option("cpu", help="cpu (measured) | tpu-v4 | tpu-v5e | tpu-v5p | tpu-v6e | tpu-v7 (modelled)"),
     brain: str = typer.Option("rules", help="rules (no model) | gemini | openai | replay"),
     out: Path = typer.Option(Path("kernels"), help="folder for the layer kernel and the region tasks"),
@@ -22,26 +26,27 @@ def optimize_model_command(
     """Optimize a layer; exit 0 when a correct layer kernel was written."""
     from maxkernel.cli import guarded
 
-    guarded(_optimize_model)(task, budget, target, brain, out, json_out, seed)
+    guarded(_optimize_model)(task, budget, evals, target, brain, out, json_out, seed)
 
 
-def _optimize_model(task: str, budget: float, target: str, brain: str, out: Path, json_out: Optional[Path],
-                    seed: int) -> None:
+def _optimize_model(task: str, budget: float, evals: Optional[int], target: str, brain: str, out: Path,
+                    json_out: Optional[Path], seed: int) -> None:
     from actors.session import BRAINS
     from jaxbench.task import load_task
     from maxkernel.cli import UserError
+    from maxkernel.commands.checks import check_folder, check_limits, check_store, check_target, check_writable
     from maxkernel.extract import ExtractError
-    from maxkernel.targets.names import parse_target
     from orchestrators.model_opt import optimize_model
 
     if brain not in BRAINS:
         raise UserError(f"--brain {brain}: choose one of {', '.join(BRAINS)}")
-    if budget <= 0:
-        raise UserError(f"--budget {budget}: must be positive")
-    parse_target(target)
+    check_limits(budget, evals)
+    check_target(target)
     loaded = load_task(task)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a folder")
+    check_folder(out, "--out")
+    if json_out is not None:
+        check_writable(json_out, "--json")
+    check_store()
     err = Console(stderr=True)
 
     def said(row: object) -> None:
@@ -49,8 +54,8 @@ def _optimize_model(task: str, budget: float, target: str, brain: str, out: Path
 
     try:
         with err.status(f"optimizing {loaded.id} region by region"):
-            result = optimize_model(loaded.path, out=out, budget_s=budget, target=target, brain=brain, seed=seed,
-                                    on_region=said)
+            result = optimize_model(loaded.path, out=out, budget_s=budget, evals=evals, target=target, brain=brain,
+                                    seed=seed, on_region=said)
     except ExtractError as exc:
         raise UserError(str(exc)) from exc
     _print(result)
@@ -70,13 +75,14 @@ def _print(result: object) -> None:
     for r in result.regions:
         table.add_row(r.task_id.split("__")[-1], r.kind, f"{100 * r.share:.1f}%", f"{r.budget_s:.0f}",
                       f"{r.before_ms:.3g}" if r.before_ms else "-", f"{r.after_ms:.3g}" if r.after_ms else "-",
-                      f"{r.speedup:.2f}x" if r.speedup else "-", r.strategy or "-",
+                      format_speedup(r.speedup, r.speedup_ci), r.strategy or "-",
                       r.status + (f" ({r.note})" if r.note else ""))
     console.print(table)
     for note in result.notes:
         console.print(note, highlight=False, markup=False)
     if result.correct and result.speedup is not None:
-        console.print(f"layer: {result.speedup:.2f}x ({result.basis}; {result.ref_ms:.4g} -> {result.kernel_ms:.4g} ms), "
+        console.print(f"layer: {format_speedup(result.speedup, result.speedup_ci)} ({result.basis}; "
+                      f"{result.ref_ms:.4g} -> {result.kernel_ms:.4g} ms), "
                       f"Amdahl bound of the kept regions {result.amdahl_bound:.2f}x", highlight=False)
     else:
         console.print("[red]no correct layer candidate[/]")

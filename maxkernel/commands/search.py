@@ -14,13 +14,17 @@ from rich.table import Table
 
 from jaxbench.report import format_speedup
 
+DEFAULT_EVALS = 30
+
 
 def search_command(
     tasks: List[str] = typer.Argument(None, help="suite ids or task folders (several: batch mode)"),
     algo: str = typer.Option("beam", help="parallel | beam | evolve"),
     seed: int = typer.Option(0, help="seed of every random choice (same seed, same search)"),
-    evals: int = typer.Option(30, help="evaluations per task"),
-    budget: Optional[float] = typer.Option(None, help="seconds per task (default: no limit but the evaluations)"),
+    evals: Optional[int] = typer.Option(None, help=f"evaluations per task (default {DEFAULT_EVALS}; with --resume: "
+                                                   "the search's new limit, default the stored one)"),
+    budget: Optional[float] = typer.Option(None, help="seconds per task (default: no limit but the evaluations; "
+                                                      "with --resume: the resumed run's)"),
     global_evals: Optional[int] = typer.Option(None, help="batch mode: evaluations for all tasks together"),
     suite: bool = typer.Option(False, help="search every task of the suite"),
     width: int = typer.Option(2, help="beam width"),
@@ -41,7 +45,7 @@ def search_command(
                      brain, transcript, target, resume, json_out)
 
 
-def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional[float], global_evals: Optional[int],
+def _search(tasks: list[str], algo: str, seed: int, evals: Optional[int], budget: Optional[float], global_evals: Optional[int],
             suite: bool,
             width: int, branching: int, depth: int, lanes: int, islands: int, brain: str,
             transcript: Optional[Path], target: str, resume: Optional[str], json_out: Optional[Path]) -> None:
@@ -49,7 +53,7 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional
     from jaxbench.task import list_tasks, load_task
     from maxkernel.cli import UserError
     from maxkernel.commands.checks import check_limits, check_store, check_target, check_writable, resolve_resume
-    from orchestrators.search import DECIDERS, SearchConfig, run_search, run_suite
+    from orchestrators.search import DECIDERS, SearchConfig, SearchLimits, run_search, run_suite
 
     if algo not in DECIDERS:
         raise UserError(f"--algo {algo}: choose parallel, beam or evolve")
@@ -71,6 +75,8 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional
         raise UserError("--brain replay needs --transcript PATH")
     for t in tasks:
         load_task(t)  # a bad name fails here, in one line; a folder is passed on as its path
+    if resume:
+        _check_resumed_task(resume, load_task(tasks[0]).id)
     loaded = list(tasks)
     try:
         config_actor = config_for_brain(brain, transcript=transcript)
@@ -79,29 +85,51 @@ def _search(tasks: list[str], algo: str, seed: int, evals: int, budget: Optional
     check_keys(config_actor)
     check_store()
     config = SearchConfig(algorithm=algo, seed=seed, target=target,  # type: ignore[arg-type]
-                          max_evaluations=evals, time_s=budget, width=width, branching=branching, depth=depth, lanes=lanes, islands=islands)
+                          max_evaluations=evals or DEFAULT_EVALS, time_s=budget, width=width, branching=branching, depth=depth, lanes=lanes, islands=islands)
     err = Console(stderr=True)
     with _progress(err) as (progress, on_event):
         if len(loaded) == 1:
-            results = [asyncio.run(run_search(loaded[0], config, config_actor, search_id=resume, on_event=on_event))]
+            limits = SearchLimits(max_evaluations=evals, time_s=budget)  # a resume runs on to the limits given
+            results = [asyncio.run(run_search(loaded[0], config, config_actor, search_id=resume, limits=limits,
+                                              on_event=on_event))]
         else:
             results = asyncio.run(run_suite(loaded, config, config_actor, global_evaluations=global_evals,
                                             on_event=on_event)).results
-    table = Table(title=f"{algo} search · seed {seed}")
-    table.add_column("search", no_wrap=True, min_width=12)
-    for col in ("task", "evaluations", "best strategy", "params", "speedup", "first correct at"):
-        # folded, never cut: strategies and params are copied; a speedup's words stay whole
-        table.add_column(col, overflow="fold", min_width=10 if col == "speedup" else None)
-    for r in results:
-        table.add_row(r.search_id[:12], escape(r.task_id), str(r.evaluations), escape(r.best_strategy),
-                      escape(str(r.best_params or "")),
-                      (format_speedup(r.best_speedup, r.best_speedup_ci) + f" {r.claim}"
-                       + (" confirmed" if r.confirmed else "")) if r.best_speedup else "-",
-                      str(r.first_correct_at or "-"))
+    table = results_table(results, algo, seed)
     Console().print(table)
     if json_out:
         json_out.write_text(json.dumps([r.model_dump(mode="json") for r in results], indent=2))
     raise typer.Exit(0 if all(r.status == "scored" for r in results) else 1)
+
+
+def _check_resumed_task(search_id: str, task_id: str) -> None:
+    """A search resumes only as the search of its own task: said before anything starts."""
+    from maxkernel.cli import UserError
+    from maxkernel.config import load_settings
+    from memory import Store
+    from orchestrators.search import stored_task_id
+
+    with Store.open(load_settings().resolved_store_url) as store:
+        stored = stored_task_id(store, search_id)
+    if stored != task_id:
+        raise UserError(f"--resume {search_id[:12]}: a search of {stored}, not of {task_id}")
+
+
+def results_table(results: list[Any], algo: str, seed: int) -> Table:
+    """One row per search; nothing a user copies (the id, the strategy, its params) is ever cut."""
+    table = Table(title=f"{algo} search · seed {seed}")
+    for col in ("search", "task"):  # ids are copied into other commands: whole, on one line
+        table.add_column(col, no_wrap=True)
+    for col in ("evals", "speedup", "best"):
+        # folded, never cut: the strategy and its params are copied
+        table.add_column(col, overflow="fold")
+    for r in results:
+        speed = (format_speedup(r.best_speedup, r.best_speedup_ci) + f" {r.claim}"
+                 + (" confirmed" if r.confirmed else "")) if r.best_speedup else "-"
+        evals = f"{r.evaluations}" + (f" (first correct: {r.first_correct_at})" if r.first_correct_at else "")
+        best = " ".join(x for x in (r.best_strategy, str(r.best_params) if r.best_params else "") if x) or "-"
+        table.add_row(r.search_id[:12], escape(r.task_id), evals, speed, escape(best))
+    return table
 
 
 class _progress:

@@ -123,3 +123,18 @@ def test_a_narrow_terminal_never_cuts_ids_or_code(filled: dict[str, str], monkey
     shown = _ok("show", filled["relu"][:6]).splitlines()
     assert max(map(len, code.splitlines())) > 60  # a line wider than the terminal
     assert all(line in shown for line in code.splitlines() if line.strip())
+
+
+def test_memory_shows_intervals_and_ranks_its_best_by_the_lower_end(task_dir, make_report, make_code) -> None:
+    task = load_task(task_dir("t_gemm_relu"))
+    lucky = make_report("t_gemm_relu", speedup=2.5).model_copy(update={"speedup_ci": (0.9, 3.8)})
+    steady = make_report("t_gemm_relu", speedup=1.6).model_copy(update={"speedup_ci": (1.52, 1.68)})
+    with Memory.open(load_settings()) as memory:
+        memory.remember_kernel(lucky, make_code("lucky"), task=task, strategy="noisy")
+        kept = memory.remember_kernel(steady, make_code("steady"), task=task, strategy="steady")
+        stats = memory.stats().store
+    assert (stats.best_speedup, stats.best_speedup_ci) == (1.6, (1.52, 1.68))  # not the lucky 2.5x
+    assert "1.60x (1.52–1.68x)" in _ok("stats")
+    listed = _ok("list", "--kind", "kernels")
+    assert "2.50x (0.90–3.80x)" in listed and "1.60x (1.52–1.68x)" in listed
+    assert "1.60x (1.52–1.68x)" in _ok("show", kept.id)

@@ -25,7 +25,8 @@ def _chat(task: str, lines: list[str], resume: str | None = None) -> tuple[str, 
 
 
 def test_the_report_shows_the_kernel_accepted_after_two_undos(fast_env: dict[str, str]) -> None:
-    from orchestrators.report import gather, render, session_nodes
+    from orchestrators.report import gather, render
+    from orchestrators.report_data import session_nodes
 
     lines = ["plan", "a", "implement 1", "a", "test", "implement 2", "a", "test", "undo", "undo", "accept",
              "history", "quit"]
@@ -87,3 +88,13 @@ def test_the_graph_is_readable_at_sixty_nodes_with_strategy_interval_status_and_
     assert path[0] == ROOT and path[-1] == best.candidate_id and len(path) == 3
     thick = [line for line in fig.axes[0].lines if line.get_linewidth() > 2]
     assert len(thick) == len(path) - 1  # exactly the best path is drawn thick
+
+
+def test_the_best_so_far_curve_follows_the_lower_end_not_a_lucky_reading() -> None:
+    from orchestrators.report import best_so_far
+
+    steady = Node(candidate_id="a", session_id="s", parent_id=ROOT, edge="apply s", strategy="s", status="ok", passed=True,
+                  speedup=1.3, speedup_ci=(1.25, 1.35), seq=1)
+    lucky = Node(candidate_id="b", session_id="s", parent_id=ROOT, edge="apply l", strategy="l", status="ok", passed=True,
+                 speedup=1.9, speedup_ci=(0.8, 2.9), seq=2)
+    assert best_so_far([steady, lucky]) == [1.25, 1.25]
