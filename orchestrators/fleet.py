@@ -3,8 +3,9 @@
 One folder holds everything (the PostgreSQL cluster goes to a folder of its own in /tmp when run as root,
 since the server then runs as ``postgres``): a PostgreSQL cluster (the system's binaries), a Chroma server, the gRPC host,
 N daemons (each with its own data folder, all on the one store and Chroma server) and a supervisor that
-keeps M tester workers alive. ``fleet.json`` in that folder lists every process, so ``status`` and
-``down`` work from any shell; every server binds 127.0.0.1.
+keeps M tester workers alive; the daemons' jobs are judged by those workers through the host. ``fleet.json``
+in that folder lists every process, so ``status`` and ``down`` work from any shell; every server binds
+127.0.0.1.
 """
 
 from __future__ import annotations
@@ -180,13 +181,15 @@ def daemon_env(state: FleetState, data_dir: Path) -> dict[str, str]:
 
 
 def start_daemon(state: FleetState, index: int, *, concurrency: int = 1, lease_s: float = 10.0,
-                 extra_env: dict[str, str] | None = None) -> Proc:
+                 extra_env: dict[str, str] | None = None, testers: bool = True) -> Proc:
+    """Daemon ``index`` on the fleet's store and Chroma; with ``testers`` its jobs are judged by the fleet's
+    tester workers through the host, else by its own evaluator."""
     root = Path(state.root)
     data_dir = root / f"daemon-{index}"
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "daemon.json").unlink(missing_ok=True)
     return _spawn(f"daemon-{index}", [sys.executable, "-m", "orchestrators.daemon", "--concurrency", str(concurrency),
-                                      "--lease", str(lease_s)], root,
+                                      "--lease", str(lease_s), *(["--testers", state.host] if testers else [])], root,
                   env={**daemon_env(state, data_dir), **(extra_env or {})}, data_dir=str(data_dir))
 
 
@@ -216,7 +219,7 @@ def up(root: Path, *, daemons: int = 2, testers: int = 2, concurrency: int = 1) 
 
         Store.open(store_url).close()  # migrate once, before the daemons race to
         for i in range(daemons):
-            started.append(start_daemon(state, i, concurrency=concurrency))
+            started.append(start_daemon(state, i, concurrency=concurrency, testers=testers > 0))
         if testers:
             started.append(start_testers(state, testers))
         state.procs = started
@@ -293,11 +296,16 @@ def status(root: Path) -> list[dict[str, Any]]:
 def _daemon_doing(data_dir: Path) -> str:
     import json
 
+    from maxkernel.config import load_settings
+    from orchestrators.httpapi import auth_headers
+
     try:
         port = json.loads((data_dir / "daemon.json").read_text())["port"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=3) as response:
+        probe = urllib.request.Request(f"http://127.0.0.1:{port}/status", headers=auth_headers(load_settings().token))
+        with urllib.request.urlopen(probe, timeout=3) as response:
             info = json.loads(response.read())
     except (OSError, ValueError, KeyError):
         return "starting"
     running = info.get("running") or []
-    return f"running {', '.join(j[:8] for j in running)}" if running else f"idle ({info.get('finished', 0)} finished)"
+    sent = f", {info.get('sent_to_testers', 0)} sent to testers"
+    return (f"running {', '.join(j[:8] for j in running)}" if running else f"idle ({info.get('finished', 0)} finished)") + sent
