@@ -90,10 +90,14 @@ class Services:
     def memory(self) -> "Memory":
         with self._lock:
             if self._memory is None:
-                from memory import Memory
-
-                self._memory = Memory.open(self.settings)
+                self._memory = self.open_memory()
             return self._memory
+
+    def open_memory(self) -> "Memory":
+        """Open the memory of the settings (a daemon's waits out a restarting Chroma server)."""
+        from memory import Memory
+
+        return Memory.open(self.settings)
 
     def ledger(self, session_id: str, budget: Budget) -> Ledger:
         """The session's ledger, booking to the store's so that its budget binds every process."""

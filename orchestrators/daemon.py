@@ -34,6 +34,7 @@ from maxkernel.runtime import TESTER
 from orchestrators.auto import messages_of, run_auto
 from orchestrators.httpapi import ApiServer, BindRefused, auth_headers
 from orchestrators.claims import DEFAULT_LEASE_S, Claimer
+from orchestrators.daemon_memory import DaemonServices
 from orchestrators.fleet_tester import FleetLink, FleetUnreachable, fleet_tester
 from orchestrators.jobs import JobInfo, JobQueue
 
@@ -96,10 +97,10 @@ class Daemon:
             actors = {TESTER: fleet_tester(self.link)} if self.link is not None else None
             base = self._services.get("rules")
             if base is None:
-                self._services[brain] = Services(config, actors=actors)
+                self._services[brain] = DaemonServices(config, actors=actors)
             else:
-                self._services[brain] = Services(config, evaluator=base.evaluator, memory=base.memory, store=base.store,
-                                                 actors=actors)
+                self._services[brain] = DaemonServices(config, evaluator=base.evaluator, memory=base.memory,
+                                                       store=base.store, actors=actors)
         return self._services[brain]
 
     def status(self) -> dict[str, Any]:

@@ -309,3 +309,42 @@ def _daemon_doing(data_dir: Path) -> str:
     running = info.get("running") or []
     sent = f", {info.get('sent_to_testers', 0)} sent to testers"
     return (f"running {', '.join(j[:8] for j in running)}" if running else f"idle ({info.get('finished', 0)} finished)") + sent
+
+
+class MemoryAudit(BaseModel):
+    """SQL's kernels and notes against the Chroma server's vectors: each record has its vector and each
+    vector its record."""
+
+    kernels: int
+    notes: int
+    missing_vectors: list[str]  # records in SQL whose vector Chroma lacks
+    orphan_vectors: list[str]  # vectors in Chroma whose record SQL lacks
+
+    @property
+    def consistent(self) -> bool:
+        return not self.missing_vectors and not self.orphan_vectors
+
+
+def memory_audit(store_url: str, chroma_url: str) -> MemoryAudit:
+    """Compare the ids of the memory's records in the store with those of the vectors on the Chroma server."""
+    from urllib.parse import urlparse
+
+    import chromadb
+    import sqlalchemy as sa
+
+    from memory import Store
+    from memory.schema import KernelRow, NoteRow
+    from memory.vectors import KERNELS, NOTES
+
+    with Store.open(store_url) as store, store.engine.connect() as conn:
+        sql = {KERNELS: set(conn.execute(sa.select(KernelRow.id)).scalars()),
+               NOTES: set(conn.execute(sa.select(NoteRow.id)).scalars())}
+    parsed = urlparse(chroma_url)
+    client = chromadb.HttpClient(host=parsed.hostname or "127.0.0.1", port=parsed.port or 8000,
+                                 settings=chromadb.Settings(anonymized_telemetry=False))
+    names = {c.name if hasattr(c, "name") else str(c) for c in client.list_collections()}
+    vectors = {name: set(client.get_collection(name).get(include=[])["ids"]) if name in names else set()
+               for name in sql}
+    return MemoryAudit(kernels=len(sql[KERNELS]), notes=len(sql[NOTES]),
+                       missing_vectors=sorted(i for n in sql for i in sql[n] - vectors[n]),
+                       orphan_vectors=sorted(i for n in sql for i in vectors[n] - sql[n]))
