@@ -6,7 +6,9 @@ worker was given stays in flight until it answers (an RPC response, or the repor
 event); when the worker's connection drops, its in-flight work goes to another worker of the role, or
 waits for one to register (a supervisor restarting the dead one). A worker that already published the
 report of a request before it died is not asked again: the host answers the caller with that report, so
-an evaluation is never judged twice in the record.
+an evaluation is never judged twice in the record. Every caller numbers its requests from one, so a
+request is passed on under an id of the host's own (two daemons' request 6 to one tester are two
+requests) and its answer goes back under the caller's id.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Delivery:
     request: agent_worker_pb2.RpcRequest | None = None
     event: cloudevent_pb2.CloudEvent | None = None
     origin: str | None = None  # the client waiting for the response of a request
+    wire_id: str = ""  # the id the request was passed on under (unique to this host)
     reported: cloudevent_pb2.CloudEvent | None = None  # the report the worker published before answering
     tries: int = 0
     future: asyncio.Future[Any] | None = field(default=None, repr=False)
@@ -67,6 +70,7 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         self.answered_from_report = 0
         self.wanted: dict[str, list[Any]] = {}  # client -> the subscriptions it asked for
         self._turn = itertools.count()
+        self._wire_ids = itertools.count(1)
 
     # -- registration ---------------------------------------------------------------------------
 
@@ -106,6 +110,8 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
     async def _on_client_disconnect(self, client_id: str) -> None:
         log.info("host.disconnected", client=client_id)
         await super()._on_client_disconnect(client_id)
+        for future in self._pending_responses.pop(client_id, {}).values():
+            future.cancel()  # its relay ends; the request itself is redelivered below
         self.wanted.pop(client_id, None)
         await self._resubscribe()
         async with self._agent_type_to_client_id_lock:
@@ -158,9 +164,13 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         assert delivery.request is not None
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         delivery.future = future
-        self._pending_responses.setdefault(target, {})[delivery.request.request_id] = future
-        self.inflight.setdefault(target, {})[f"request:{delivery.request.request_id}"] = delivery
-        await connection.send(agent_worker_pb2.Message(request=delivery.request))
+        delivery.wire_id = f"host-{next(self._wire_ids)}"
+        forwarded = agent_worker_pb2.RpcRequest()
+        forwarded.CopyFrom(delivery.request)
+        forwarded.request_id = delivery.wire_id
+        self._pending_responses.setdefault(target, {})[delivery.wire_id] = future
+        self.inflight.setdefault(target, {})[f"request:{delivery.wire_id}"] = delivery
+        await connection.send(agent_worker_pb2.Message(request=forwarded))
         task = asyncio.create_task(self._relay(delivery, target, future))
         self._background_tasks.add(task)
         task.add_done_callback(self._background_tasks.discard)
@@ -181,8 +191,11 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         except asyncio.CancelledError:
             return
         assert delivery.request is not None
-        self.inflight.get(target, {}).pop(f"request:{delivery.request.request_id}", None)
-        await self._send_to(delivery.origin, agent_worker_pb2.Message(response=response))
+        self.inflight.get(target, {}).pop(f"request:{delivery.wire_id}", None)
+        answer = agent_worker_pb2.RpcResponse()
+        answer.CopyFrom(response)
+        answer.request_id = delivery.request.request_id  # the caller's own id again
+        await self._send_to(delivery.origin, agent_worker_pb2.Message(response=answer))
 
     async def _answer_from_report(self, delivery: Delivery) -> None:
         assert delivery.request is not None and delivery.reported is not None
@@ -227,6 +240,13 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
             if delivery.reported is None:
                 delivery.reported = event
                 return
+
+    async def _process_response(self, response: agent_worker_pb2.RpcResponse, client_id: str) -> None:
+        future = self._pending_responses.get(client_id, {}).pop(response.request_id, None)
+        if future is None or future.done():  # an answer nobody waits for any more (its caller went)
+            log.warning("host.unexpected_response", client=client_id, request=response.request_id)
+            return
+        future.set_result(response)
 
     async def _process_request(self, request: agent_worker_pb2.RpcRequest, client_id: str) -> None:
         agent_type = request.target.type
