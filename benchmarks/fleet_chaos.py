@@ -121,6 +121,7 @@ def _audit(store_url: str, ids: list[str]) -> dict[str, Any]:
                 earlier_confirmed |= confirmed_kernels
         statuses = Counter(j.status for j in jobs)
     return {"lost": sum(1 for j in jobs if j.status != "done"), "duplicated": duplicated, "reconfirmed": reconfirmed,
+            "unfinished": sum(1 for j in jobs if j.status in ("queued", "running", "cancelling")),
             "evaluations": evaluations, "statuses": dict(statuses), "attempts": sum(j.attempts for j in jobs),
             "taken_over": sum(1 for j in jobs if j.attempts > 1)}
 
@@ -166,39 +167,52 @@ class Killer:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="maxkernel-chaos-"))
+    # Every process of the fleet inherits these: small evaluations, since what is measured is the fleet.
+    os.environ["MAXKERNEL_EVAL_TIMING_ROUNDS"] = str(args.timing_rounds)
+    os.environ["MAXKERNEL_EVAL_CORRECTNESS_SEEDS"] = str(args.seeds)
     began = time.monotonic()
     state = fleet.up(root, daemons=args.daemons, testers=args.testers, concurrency=args.concurrency)
     lease_s = 10.0
     try:
         hard_end = began + args.deadline
-        # With kills first, then without: each phase's jobs are its own, and the kills' phase bears the warm-up.
+        fleet.wait_ready(state, testers=args.testers, timeout_s=max(hard_end - time.monotonic(), 1))
+        # A few jobs first, not counted: every process's first compilations are paid before either phase.
+        warm_ids = _submit(state.store_url, args.warmup, args.seed + 2, args.evals, args.job_seconds)
+        _wait_done(state.store_url, warm_ids, hard_end)
+        # With kills, then without: each phase's jobs are its own, and what memory learns favours the second.
         killer = Killer(state, args.seed, args.kills, args.every, lease_s, args.concurrency)
         chaos_ids = _submit(state.store_url, args.jobs, args.seed + 1, args.evals, args.job_seconds)
         start = time.monotonic()
-        chaos_end = _wait_done(state.store_url, chaos_ids, start + (hard_end - start) / 2, killer.tick)
+        calm_reserve = max(90.0, 0.3 * (hard_end - start))
+        chaos_end = _wait_done(state.store_url, chaos_ids, hard_end - calm_reserve, killer.tick)
         chaos_done = args.jobs - _audit(state.store_url, chaos_ids)["lost"]  # jobs done within the phase
         chaos_rate = chaos_done / max(chaos_end - start, 1e-9) * 60
         calm_ids = _submit(state.store_url, args.jobs, args.seed, args.evals, args.job_seconds)
         start = time.monotonic()
         calm_end = _wait_done(state.store_url, calm_ids, hard_end)
         calm_done = args.jobs - _audit(state.store_url, calm_ids)["lost"]
-        calm_rate = calm_done / max(calm_end - start, 1e-9) * 60
+        calm_rate = calm_done / max(calm_end - start, 1e-9) * 60  # a phase cut off at the deadline: no tail
         calm, chaos = _audit(state.store_url, calm_ids), _audit(state.store_url, chaos_ids)
+        warm = _audit(state.store_url, warm_ids)
         memory = fleet.memory_audit(state.store_url, state.chroma_url)
     finally:
         try:
             fleet.down(root)
         except fleet.FleetError:  # every process already gone
             pass
+    # Lost: a job of the kills' phase not done, or any job that ended without being done; a job of the
+    # phase without kills still running when the deadline came is counted apart, as unfinished.
     return {"jobs": args.jobs, "kills": sum(killer.done.values()), "kills_by_kind": dict(killer.done),
-            "lost": chaos["lost"] + calm["lost"], "duplicated": chaos["duplicated"] + calm["duplicated"],
+            "lost": chaos["lost"] + calm["lost"] - calm["unfinished"] + warm["lost"] - warm["unfinished"],
+            "unfinished_without_kills": calm["unfinished"],
+            "duplicated": chaos["duplicated"] + calm["duplicated"] + warm["duplicated"],
             "reconfirmed": chaos["reconfirmed"] + calm["reconfirmed"],
             "memory_consistent": memory.consistent, "memory": memory.model_dump(),
             "jobs_per_min_without_kills": round(calm_rate, 3), "jobs_per_min_with_kills": round(chaos_rate, 3),
             "throughput_ratio": round(chaos_rate / calm_rate, 3) if calm_rate else None,
             "done_in_phase": {"with_kills": chaos_done, "without_kills": calm_done},
             "seconds": round(time.monotonic() - began, 1),
-            "without_kills": calm, "with_kills": chaos, "folder": str(root)}
+            "without_kills": calm, "with_kills": chaos, "warmup": warm, "folder": str(root)}
 
 
 def main() -> int:
@@ -209,10 +223,14 @@ def main() -> int:
     parser.add_argument("--daemons", type=int, default=2)
     parser.add_argument("--testers", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=2, help="jobs each daemon runs at once")
-    parser.add_argument("--evals", type=int, default=3, help="evaluations each job may spend")
-    parser.add_argument("--job-seconds", type=float, default=30.0, help="time budget of each job")
-    parser.add_argument("--deadline", type=float, default=600.0, help="seconds the whole run may take")
+    parser.add_argument("--timing-rounds", type=int, default=3, help="timing rounds of each evaluation")
+    parser.add_argument("--seeds", type=int, default=1, help="correctness input sets of each evaluation")
+    parser.add_argument("--evals", type=int, default=2, help="evaluations each job may spend")
+    parser.add_argument("--job-seconds", type=float, default=20.0, help="time budget of each job")
+    parser.add_argument("--deadline", type=float, default=560.0, help="seconds the phases may take (the fleet's "
+                        "start included; stopping it and the audit come after)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=2, help="jobs run first and not counted")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if min(args.jobs, args.daemons, args.concurrency) < 1 or args.kills < 0:

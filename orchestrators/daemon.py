@@ -165,11 +165,13 @@ class Daemon:
 
     async def _keep_leases(self) -> None:
         """Renew the leases of the running jobs (at most every third of a lease); a job another daemon
-        took over meanwhile (this one stalled past its lease) is stopped here without writing to it."""
+        took over meanwhile (this one stalled past its lease) is stopped here without writing to it. The
+        jobs of a daemon of this host that died are made claimable at once, not when their leases end."""
         now = time.monotonic()
         if now - self._renewed_at < self.lease_s / 3:
             return
         self._renewed_at = now
+        await asyncio.to_thread(self.claims.expire_dead_here)
         lost = await asyncio.to_thread(self.claims.renew, set(self.running))
         for job_id in lost & set(self.running):
             task = self.running[job_id]

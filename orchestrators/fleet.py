@@ -10,6 +10,7 @@ in that folder lists every process, so ``status`` and ``down`` work from any she
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -294,8 +295,6 @@ def status(root: Path) -> list[dict[str, Any]]:
 
 
 def _daemon_doing(data_dir: Path) -> str:
-    import json
-
     from maxkernel.config import load_settings
     from orchestrators.httpapi import auth_headers
 
@@ -348,3 +347,30 @@ def memory_audit(store_url: str, chroma_url: str) -> MemoryAudit:
     return MemoryAudit(kernels=len(sql[KERNELS]), notes=len(sql[NOTES]),
                        missing_vectors=sorted(i for n in sql for i in sql[n] - vectors[n]),
                        orphan_vectors=sorted(i for n in sql for i in vectors[n] - sql[n]))
+
+
+def wait_ready(state: FleetState, *, testers: int, timeout_s: float = 180.0) -> None:
+    """Wait until every daemon serves its API and ``testers`` tester workers have said they are ready."""
+    deadline = time.monotonic() + timeout_s
+    daemons = [p for p in state.procs if p.name.startswith("daemon-") and p.data_dir]
+    supervisor = next((p for p in state.procs if p.name == "testers"), None)
+
+    def ready() -> bool:
+        for proc in daemons:
+            try:
+                if json.loads((Path(proc.data_dir or "") / "daemon.json").read_text()).get("pid") != proc.pid:
+                    return False
+            except (OSError, ValueError, AttributeError):
+                return False
+        if supervisor is None or not testers:
+            return True
+        seen = Path(supervisor.log).read_text(errors="replace").splitlines()
+        return len({line.split()[1] for line in seen if line.startswith("ready ")}) >= testers
+
+    while not ready():
+        dead = [p.name for p in state.procs if not alive(p.pid)]
+        if dead:
+            raise FleetError(f"{', '.join(dead)} exited while the fleet was starting; see {state.root}/logs")
+        if time.monotonic() > deadline:
+            raise FleetError(f"the fleet in {state.root} was not ready within {timeout_s:.0f} s; see its logs")
+        time.sleep(0.2)

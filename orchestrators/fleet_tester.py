@@ -37,7 +37,7 @@ class FleetLink:
     """One daemon's connection to the gRPC host, shared by the testers of all its jobs; a connection that
     failed is opened again on the next judgement."""
 
-    def __init__(self, address: str, *, token: str | None = None, wait_s: float = 900.0) -> None:
+    def __init__(self, address: str, *, token: str | None = None, wait_s: float = 300.0) -> None:
         self.address, self.token, self.wait_s = address, token, wait_s
         self.sent = 0
         self._runtime: Any = None
