@@ -8,13 +8,19 @@ waits for one to register (a supervisor restarting the dead one). A worker that 
 report of a request before it died is not asked again: the host answers the caller with that report, so
 an evaluation is never judged twice in the record. Every caller numbers its requests from one, so a
 request is passed on under an id of the host's own (two daemons' request 6 to one tester are two
-requests) and its answer goes back under the caller's id.
+requests) and its answer goes back under the caller's id. A verdict whose caller died before it came (a
+daemon killed while its job's draft was being judged) is kept for a while: when the same draft of the same
+task is asked judged again (the job carried on by another daemon), that verdict is the answer, so the code
+is judged once however many daemons died waiting for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
+import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -34,6 +40,36 @@ log = structlog.get_logger("actors.balancer")
 
 # What a worker publishes when it is done with a piece of work (the names the serializers give them).
 DONE_TYPES = frozenset({"EvalReport", "FixRequest", "SessionFinished"})
+ORPHAN_TTL_S = 600.0  # how long a verdict whose caller died is kept for the one who asks again
+ORPHANS_KEPT = 256
+
+
+def judgement_key(payload: agent_worker_pb2.Payload) -> str | None:
+    """What an evaluation request asks judged (task, code, target, size, timing), or None for any other."""
+    if not payload.data_type.endswith("EvalRequest"):
+        return None
+    try:
+        body = json.loads(payload.data)
+    except ValueError:
+        return None
+    draft = body.get("draft") or {}
+    plan = draft.get("plan") or {}
+    what = [draft.get("task_id"), draft.get("source"), plan.get("target"), plan.get("size"), body.get("timing", True)]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()
+
+
+def readdressed(kept: agent_worker_pb2.RpcResponse, request: agent_worker_pb2.RpcRequest) -> agent_worker_pb2.RpcResponse:
+    """A kept verdict as the answer to ``request``: its report, with the ids and draft of the new request."""
+    from maxkernel.messages import new_id
+
+    body, asked = json.loads(kept.payload.data), json.loads(request.payload.data)
+    body |= {k: asked.get(k) for k in ("session_id", "task_id", "candidate_id", "parent_id")}
+    body |= {"draft": asked.get("draft"), "message_id": new_id()}
+    return agent_worker_pb2.RpcResponse(
+        request_id=request.request_id,
+        payload=agent_worker_pb2.Payload(data_type=kept.payload.data_type,
+                                         data_content_type=kept.payload.data_content_type,
+                                         data=json.dumps(body).encode()))
 
 
 @dataclass
@@ -71,6 +107,8 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         self.wanted: dict[str, list[Any]] = {}  # client -> the subscriptions it asked for
         self._turn = itertools.count()
         self._wire_ids = itertools.count(1)
+        self.orphans: dict[str, tuple[float, agent_worker_pb2.RpcResponse]] = {}
+        self.answered_from_orphan = 0
 
     # -- registration ---------------------------------------------------------------------------
 
@@ -195,7 +233,26 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         answer = agent_worker_pb2.RpcResponse()
         answer.CopyFrom(response)
         answer.request_id = delivery.request.request_id  # the caller's own id again
-        await self._send_to(delivery.origin, agent_worker_pb2.Message(response=answer))
+        if not await self._send_to(delivery.origin, agent_worker_pb2.Message(response=answer)):
+            self._keep_orphan(delivery.request, answer)
+
+    def _keep_orphan(self, request: agent_worker_pb2.RpcRequest, answer: agent_worker_pb2.RpcResponse) -> None:
+        key = judgement_key(request.payload)
+        if key is None or answer.error or not answer.payload.data:
+            return
+        now = time.monotonic()
+        self.orphans = {k: v for k, v in self.orphans.items() if now - v[0] < ORPHAN_TTL_S}
+        while len(self.orphans) >= ORPHANS_KEPT:
+            self.orphans.pop(next(iter(self.orphans)))
+        self.orphans[key] = (now, answer)
+        log.info("host.kept_orphan_verdict", request=request.request_id)
+
+    def _orphan_for(self, request: agent_worker_pb2.RpcRequest) -> agent_worker_pb2.RpcResponse | None:
+        key = judgement_key(request.payload)
+        kept = self.orphans.pop(key, None) if key is not None else None
+        if kept is None or time.monotonic() - kept[0] >= ORPHAN_TTL_S:
+            return None
+        return readdressed(kept[1], request)
 
     async def _answer_from_report(self, delivery: Delivery) -> None:
         assert delivery.request is not None and delivery.reported is not None
@@ -211,12 +268,14 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
                 data=report.binary_data))
         await self._send_to(delivery.origin, agent_worker_pb2.Message(response=response))
 
-    async def _send_to(self, client_id: str | None, message: agent_worker_pb2.Message) -> None:
+    async def _send_to(self, client_id: str | None, message: agent_worker_pb2.Message) -> bool:
+        """Send to a client; False when it is gone."""
         connection = self._data_connections.get(client_id or "")
         if connection is None:
             log.warning("host.caller_gone", client=client_id)
-            return
+            return False
         await connection.send(message)
+        return True
 
     # -- the base servicer's entry points -------------------------------------------------------
 
@@ -252,6 +311,11 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         agent_type = request.target.type
         if agent_type not in self.pools:
             await super()._process_request(request, client_id)
+            return
+        if agent_type in self.balanced and (kept := self._orphan_for(request)) is not None:
+            self.answered_from_orphan += 1
+            log.info("host.answered_from_orphan", source=request.target.key, request=request.request_id)
+            await self._send_to(client_id, agent_worker_pb2.Message(response=kept))
             return
         await self._dispatch(Delivery(kind="request", agent_type=agent_type, source=request.target.key,
                                       request=request, origin=client_id))

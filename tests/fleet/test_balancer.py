@@ -1,5 +1,6 @@
 """The host's router with several callers: each numbers its requests from one, and each still gets the
-answer to its own request (two daemons asking one tester at the same time)."""
+answer to its own request (two daemons asking one tester at the same time); a verdict whose caller died
+answers the same draft asked again by another (a job carried on after its daemon was killed)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import contextlib
 from autogen_core import AgentId, MessageContext, RoutedAgent, message_handler
 
 from actors.host import BalancingHost
-from maxkernel.messages import Recall, RecallRequest, RecalledNote
-from maxkernel.runtime import connect_worker
+from jaxbench.report import EvalReport as JudgeReport
+from maxkernel.messages import EvalReport, EvalRequest, KernelDraft, Plan, Recall, RecallRequest, RecalledNote, StrategyRef
+from maxkernel.runtime import TESTER, connect_worker
 
 from conftest import free_port
 
@@ -54,6 +56,70 @@ def test_callers_with_the_same_request_ids_each_get_their_own_answer() -> None:
                 asyncio.gather(*(ask(c, f"caller{k}", 2) for k, c in enumerate(callers))), 60)
             assert got == [[f"caller{k}-0", f"caller{k}-1"] for k in range(3)]
             assert not any(host.servicer.inflight.values())  # every answer was taken off the books
+        finally:
+            for runtime in runtimes:
+                with contextlib.suppress(Exception):
+                    await runtime.stop()
+            await host.stop()
+
+    asyncio.run(scenario())
+
+
+class Judge(RoutedAgent):
+    """A tester that takes its time and counts what it was asked to judge."""
+
+    asked: list[str] = []
+
+    def __init__(self) -> None:
+        super().__init__("slow judge")
+
+    @message_handler
+    async def on_request(self, message: EvalRequest, ctx: MessageContext) -> EvalReport:
+        Judge.asked.append(message.candidate_id or "")
+        await asyncio.sleep(1.5)
+        report = JudgeReport(task=message.task_id, target="cpu", size="cpu", status="ok", correct=True,
+                             reason=f"judged as {message.candidate_id}")
+        return EvalReport(session_id=message.session_id, task_id=message.task_id, candidate_id=message.candidate_id,
+                          draft=message.draft, report=report)
+
+
+def _request(session: str, candidate: str, source: str) -> EvalRequest:
+    plan = Plan(session_id=session, task_id="12p_RMSNorm", strategies=[StrategyRef(name="rowblock")])
+    draft = KernelDraft(session_id=session, task_id="12p_RMSNorm", candidate_id=candidate, plan=plan, source=source)
+    return EvalRequest(session_id=session, task_id="12p_RMSNorm", candidate_id=candidate, draft=draft)
+
+
+def test_a_verdict_whose_caller_died_answers_the_same_draft_asked_again() -> None:
+    async def scenario() -> None:
+        address = f"127.0.0.1:{free_port()}"
+        host = BalancingHost(address)
+        await host.start()
+        runtimes = []
+        try:
+            tester = await connect_worker(address, token="")
+            runtimes.append(tester)
+            await Judge.register(tester, TESTER, Judge)
+            dying, later = await connect_worker(address, token=""), await connect_worker(address, token="")
+            runtimes.append(later)
+            await asyncio.sleep(0.5)
+            asked = asyncio.ensure_future(dying.send_message(_request("s1", "c1", "def kernel(x): return x"),
+                                                             AgentId(TESTER, "s1")))
+            await asyncio.sleep(0.5)
+            await dying.stop()  # the daemon dies while its draft is being judged
+            asked.cancel()
+            await asyncio.sleep(2.5)  # the verdict comes, with nobody to take it
+            assert len(host.servicer.orphans) == 1
+
+            reply = await asyncio.wait_for(later.send_message(_request("s2", "c2", "def kernel(x): return x"),
+                                                              AgentId(TESTER, "s2")), 30)
+            assert Judge.asked == ["c1"] and host.servicer.answered_from_orphan == 1  # not judged again
+            assert isinstance(reply, EvalReport) and reply.report.reason == "judged as c1"
+            assert (reply.session_id, reply.candidate_id, reply.draft.candidate_id) == ("s2", "c2", "c2")
+            assert host.servicer.orphans == {}  # a kept verdict answers once
+
+            other = await asyncio.wait_for(later.send_message(_request("s2", "c3", "def kernel(x): return x + 0"),
+                                                              AgentId(TESTER, "s2")), 30)
+            assert Judge.asked == ["c1", "c3"] and other.report.reason == "judged as c3"  # other code is judged
         finally:
             for runtime in runtimes:
                 with contextlib.suppress(Exception):
