@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 from autogen_core import AgentId, MessageContext, RoutedAgent, message_handler
 
@@ -30,20 +32,31 @@ class Echo(RoutedAgent):
                       notes=[RecalledNote(id=message.session_id, score=1.0, outcome="info", text=message.task_id)])
 
 
+@contextlib.asynccontextmanager
+async def hosted(agent: type[RoutedAgent], agent_type: str, callers: int) -> AsyncIterator[tuple[Any, list[Any]]]:
+    """A balancing host on loopback, one worker serving ``agent`` and ``callers`` worker runtimes to ask it."""
+    address = f"127.0.0.1:{free_port()}"
+    host = BalancingHost(address)
+    await host.start()
+    runtimes: list[Any] = []
+    try:
+        server = await connect_worker(address, token="")
+        runtimes.append(server)
+        await agent.register(server, agent_type, agent)
+        asking = [await connect_worker(address, token="") for _ in range(callers)]
+        runtimes += asking
+        await asyncio.sleep(0.5)  # the registration reaches the host
+        yield host, asking
+    finally:
+        for runtime in runtimes:
+            with contextlib.suppress(Exception):
+                await runtime.stop()
+        await host.stop()
+
+
 def test_callers_with_the_same_request_ids_each_get_their_own_answer() -> None:
     async def scenario() -> None:
-        address = f"127.0.0.1:{free_port()}"
-        host = BalancingHost(address)
-        await host.start()
-        runtimes = []
-        try:
-            server = await connect_worker(address, token="")
-            runtimes.append(server)
-            await Echo.register(server, "echo", Echo)
-            callers = [await connect_worker(address, token="") for _ in range(3)]
-            runtimes += callers
-            await asyncio.sleep(0.5)  # the registration reaches the host
-
+        async with hosted(Echo, "echo", 3) as (host, callers):
             async def ask(runtime: object, name: str, n: int) -> list[str]:
                 replies = []
                 for i in range(n):  # every caller's ids run 1, 2, ...: the same on the wire from each
@@ -56,11 +69,6 @@ def test_callers_with_the_same_request_ids_each_get_their_own_answer() -> None:
                 asyncio.gather(*(ask(c, f"caller{k}", 2) for k, c in enumerate(callers))), 60)
             assert got == [[f"caller{k}-0", f"caller{k}-1"] for k in range(3)]
             assert not any(host.servicer.inflight.values())  # every answer was taken off the books
-        finally:
-            for runtime in runtimes:
-                with contextlib.suppress(Exception):
-                    await runtime.stop()
-            await host.stop()
 
     asyncio.run(scenario())
 
@@ -91,17 +99,7 @@ def _request(session: str, candidate: str, source: str) -> EvalRequest:
 
 def test_a_verdict_whose_caller_died_answers_the_same_draft_asked_again() -> None:
     async def scenario() -> None:
-        address = f"127.0.0.1:{free_port()}"
-        host = BalancingHost(address)
-        await host.start()
-        runtimes = []
-        try:
-            tester = await connect_worker(address, token="")
-            runtimes.append(tester)
-            await Judge.register(tester, TESTER, Judge)
-            dying, later = await connect_worker(address, token=""), await connect_worker(address, token="")
-            runtimes.append(later)
-            await asyncio.sleep(0.5)
+        async with hosted(Judge, TESTER, 2) as (host, (dying, later)):
             asked = asyncio.ensure_future(dying.send_message(_request("s1", "c1", "def kernel(x): return x"),
                                                              AgentId(TESTER, "s1")))
             await asyncio.sleep(0.5)
@@ -120,10 +118,5 @@ def test_a_verdict_whose_caller_died_answers_the_same_draft_asked_again() -> Non
             other = await asyncio.wait_for(later.send_message(_request("s2", "c3", "def kernel(x): return x + 0"),
                                                               AgentId(TESTER, "s2")), 30)
             assert Judge.asked == ["c1", "c3"] and other.report.reason == "judged as c3"  # other code is judged
-        finally:
-            for runtime in runtimes:
-                with contextlib.suppress(Exception):
-                    await runtime.stop()
-            await host.stop()
 
     asyncio.run(scenario())

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from collections import Counter
@@ -19,17 +18,10 @@ from memory import Store
 from orchestrators.auto import AutoBudget
 from orchestrators.jobs import JobQueue, JobSpec
 
-from conftest import free_port
-from test_worker_supervision import Lines
+from conftest import free_port, stop_all
+from test_worker_supervision import host_and_testers, spawn
 
-ROOT = Path(__file__).resolve().parents[2]
 TASK = "12p_RMSNorm"
-
-
-def _spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    full = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=full, stdout=subprocess.PIPE,
-                            stderr=log.open("w"), text=True, start_new_session=True)
 
 
 def _evaluator_children(pid: int) -> list[int]:
@@ -63,16 +55,10 @@ def test_a_daemon_job_is_judged_by_the_fleet_and_survives_its_tester_being_kille
             time_s=240, max_evaluations=2, tune_max_trials=1, max_iterations=1, confirm=False)))
     procs: list[subprocess.Popen[str]] = []
     try:
-        host = _spawn(["actors.host", address], tmp_path / "host.log")
-        procs.append(host)
-        Lines(host, tmp_path / "host.log").wait_for("host listening", 60)
-        testers = _spawn(["actors.worker", "--supervise", "--count", "1", "--host", address, "--roles", "tester",
-                          "--config", str(config_file)], tmp_path / "testers.log")
-        procs.append(testers)
-        supervised = Lines(testers, tmp_path / "testers.log")
+        supervised = host_and_testers(tmp_path, address, 1, config_file, procs)
         supervised.wait_for("ready ")
         first = int(supervised.wait_for("started ")[0].split()[2])
-        daemon = _spawn(["orchestrators.daemon", "--concurrency", "1", "--poll", "0.2", "--testers", address],
+        daemon = spawn(["orchestrators.daemon", "--concurrency", "1", "--poll", "0.2", "--testers", address],
                         tmp_path / "daemon.log", {"MAXKERNEL_DATA_DIR": str(daemon_data), "MAXKERNEL_STORE_URL": store_url})
         procs.append(daemon)
 
@@ -110,11 +96,4 @@ def test_a_daemon_job_is_judged_by_the_fleet_and_survives_its_tester_being_kille
         assert status["testers"] == address and status["sent_to_testers"] >= len(drafts)
         assert _evaluator_children(daemon.pid) == []  # the daemon judged nothing itself
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_all(procs)

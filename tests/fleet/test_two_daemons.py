@@ -6,7 +6,6 @@ a daemon has claimed it and started its session: what is checked is who ran what
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from pathlib import Path
 from memory import Store
 from orchestrators.auto import AutoBudget
 from orchestrators.jobs import JobQueue, JobSpec
+
+from conftest import stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = 16
@@ -52,11 +53,4 @@ def test_two_daemons_on_one_postgresql_never_run_the_same_job(pg_url: str, tmp_p
         owners = {int(str(job.owner).split(":")[1]) for job in jobs}
         assert owners == pids  # the queue was shared by both daemons
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_all(procs)
