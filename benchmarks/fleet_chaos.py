@@ -5,13 +5,15 @@ the Chroma server, restarting each; then the same number of jobs without kills, 
 
 Loopback only (``orchestrators.fleet``), bounded in count (``--jobs``, ``--kills``) and time
 (``--deadline``). The daemons' jobs are judged by the supervised tester workers through the gRPC host.
-The run with kills comes first, so the warm-up of every process and what memory learns count against
-it, not for it. It reports ``lost`` (jobs not done by the end), ``duplicated`` (a candidate's verdict
-recorded twice in a session, or a kernel judged again in a later attempt of a job although an earlier
-attempt had recorded its verdict: an evaluation cut off by a kill and run again counts once; the
-confirmation runs that a resumed job makes again are counted apart, as ``reconfirmed``), whether the
-memory is consistent (every kernel and note in SQL has its vector on the Chroma server and every vector
-its record) and ``throughput_ratio`` (jobs per minute with kills over without).
+Once the fleet is up and a few uncounted jobs have warmed every process, the jobs with kills run, then as
+many without (what memory learns meanwhile favours the second). It reports ``lost`` (jobs that ended
+without being done), ``unfinished`` (jobs still queued or running at the deadline), ``duplicated`` (a
+candidate's verdict recorded twice in a session, or a kernel judged again in a later attempt of a job
+although an earlier attempt had recorded its verdict: an evaluation cut off by a kill and run again
+counts once; the confirmation runs that a resumed job makes again are counted apart, as
+``reconfirmed``), whether the memory is consistent (every kernel and note in SQL has its vector on the
+Chroma server and every vector its record) and ``throughput_ratio`` (jobs per minute with kills over
+without, each phase's jobs done within it over its length).
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         killer = Killer(state, args.seed, args.kills, args.every, lease_s, args.concurrency)
         chaos_ids = _submit(state.store_url, args.jobs, args.seed + 1, args.evals, args.job_seconds)
         start = time.monotonic()
-        calm_reserve = max(90.0, 0.3 * (hard_end - start))
+        calm_reserve = max(90.0, 0.25 * (hard_end - start))
         chaos_end = _wait_done(state.store_url, chaos_ids, hard_end - calm_reserve, killer.tick)
         chaos_done = args.jobs - _audit(state.store_url, chaos_ids)["lost"]  # jobs done within the phase
         chaos_rate = chaos_done / max(chaos_end - start, 1e-9) * 60
@@ -200,11 +202,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             fleet.down(root)
         except fleet.FleetError:  # every process already gone
             pass
-    # Lost: a job of the kills' phase not done, or any job that ended without being done; a job of the
-    # phase without kills still running when the deadline came is counted apart, as unfinished.
+    # Lost: a job that ended without being done (failed, cancelled); one still queued or running when the
+    # deadline came is counted apart, as unfinished (the run was cut off, or the job is stuck).
+    phases = (chaos, calm, warm)
     return {"jobs": args.jobs, "kills": sum(killer.done.values()), "kills_by_kind": dict(killer.done),
-            "lost": chaos["lost"] + calm["lost"] - calm["unfinished"] + warm["lost"] - warm["unfinished"],
-            "unfinished_without_kills": calm["unfinished"],
+            "lost": sum(p["lost"] - p["unfinished"] for p in phases),
+            "unfinished": {"with_kills": chaos["unfinished"], "without_kills": calm["unfinished"],
+                           "warmup": warm["unfinished"]},
             "duplicated": chaos["duplicated"] + calm["duplicated"] + warm["duplicated"],
             "reconfirmed": chaos["reconfirmed"] + calm["reconfirmed"],
             "memory_consistent": memory.consistent, "memory": memory.model_dump(),
@@ -239,7 +243,9 @@ def main() -> int:
     print(json.dumps({k: v for k, v in result.items() if k not in ("without_kills", "with_kills")}, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
-    return 0 if result["lost"] == 0 and result["duplicated"] == 0 and result["memory_consistent"] else 1
+    passed = (result["lost"] == 0 and result["duplicated"] == 0 and result["memory_consistent"]
+              and result["unfinished"]["with_kills"] == 0)
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
