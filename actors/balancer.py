@@ -6,13 +6,21 @@ worker was given stays in flight until it answers (an RPC response, or the repor
 event); when the worker's connection drops, its in-flight work goes to another worker of the role, or
 waits for one to register (a supervisor restarting the dead one). A worker that already published the
 report of a request before it died is not asked again: the host answers the caller with that report, so
-an evaluation is never judged twice in the record.
+an evaluation is never judged twice in the record. Every caller numbers its requests from one, so a
+request is passed on under an id of the host's own (two daemons' request 6 to one tester are two
+requests) and its answer goes back under the caller's id. A verdict whose caller died before it came (a
+daemon killed while its job's draft was being judged) is kept for a while: when the same draft of the same
+task is asked judged again (the job carried on by another daemon), that verdict is the answer, so the code
+is judged once however many daemons died waiting for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
+import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -32,6 +40,36 @@ log = structlog.get_logger("actors.balancer")
 
 # What a worker publishes when it is done with a piece of work (the names the serializers give them).
 DONE_TYPES = frozenset({"EvalReport", "FixRequest", "SessionFinished"})
+ORPHAN_TTL_S = 600.0  # how long a verdict whose caller died is kept for the one who asks again
+ORPHANS_KEPT = 256
+
+
+def judgement_key(payload: agent_worker_pb2.Payload) -> str | None:
+    """What an evaluation request asks judged (task, code, target, size, timing), or None for any other."""
+    if not payload.data_type.endswith("EvalRequest"):
+        return None
+    try:
+        body = json.loads(payload.data)
+    except ValueError:
+        return None
+    draft = body.get("draft") or {}
+    plan = draft.get("plan") or {}
+    what = [draft.get("task_id"), draft.get("source"), plan.get("target"), plan.get("size"), body.get("timing", True)]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()
+
+
+def readdressed(kept: agent_worker_pb2.RpcResponse, request: agent_worker_pb2.RpcRequest) -> agent_worker_pb2.RpcResponse:
+    """A kept verdict as the answer to ``request``: its report, with the ids and draft of the new request."""
+    from maxkernel.messages import new_id
+
+    body, asked = json.loads(kept.payload.data), json.loads(request.payload.data)
+    body |= {k: asked.get(k) for k in ("session_id", "task_id", "candidate_id", "parent_id")}
+    body |= {"draft": asked.get("draft"), "message_id": new_id()}
+    return agent_worker_pb2.RpcResponse(
+        request_id=request.request_id,
+        payload=agent_worker_pb2.Payload(data_type=kept.payload.data_type,
+                                         data_content_type=kept.payload.data_content_type,
+                                         data=json.dumps(body).encode()))
 
 
 @dataclass
@@ -44,6 +82,7 @@ class Delivery:
     request: agent_worker_pb2.RpcRequest | None = None
     event: cloudevent_pb2.CloudEvent | None = None
     origin: str | None = None  # the client waiting for the response of a request
+    wire_id: str = ""  # the id the request was passed on under (unique to this host)
     reported: cloudevent_pb2.CloudEvent | None = None  # the report the worker published before answering
     tries: int = 0
     future: asyncio.Future[Any] | None = field(default=None, repr=False)
@@ -67,6 +106,9 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         self.answered_from_report = 0
         self.wanted: dict[str, list[Any]] = {}  # client -> the subscriptions it asked for
         self._turn = itertools.count()
+        self._wire_ids = itertools.count(1)
+        self.orphans: dict[str, tuple[float, agent_worker_pb2.RpcResponse]] = {}
+        self.answered_from_orphan = 0
 
     # -- registration ---------------------------------------------------------------------------
 
@@ -106,6 +148,8 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
     async def _on_client_disconnect(self, client_id: str) -> None:
         log.info("host.disconnected", client=client_id)
         await super()._on_client_disconnect(client_id)
+        for future in self._pending_responses.pop(client_id, {}).values():
+            future.cancel()  # its relay ends; the request itself is redelivered below
         self.wanted.pop(client_id, None)
         await self._resubscribe()
         async with self._agent_type_to_client_id_lock:
@@ -158,9 +202,13 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         assert delivery.request is not None
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         delivery.future = future
-        self._pending_responses.setdefault(target, {})[delivery.request.request_id] = future
-        self.inflight.setdefault(target, {})[f"request:{delivery.request.request_id}"] = delivery
-        await connection.send(agent_worker_pb2.Message(request=delivery.request))
+        delivery.wire_id = f"host-{next(self._wire_ids)}"
+        forwarded = agent_worker_pb2.RpcRequest()
+        forwarded.CopyFrom(delivery.request)
+        forwarded.request_id = delivery.wire_id
+        self._pending_responses.setdefault(target, {})[delivery.wire_id] = future
+        self.inflight.setdefault(target, {})[f"request:{delivery.wire_id}"] = delivery
+        await connection.send(agent_worker_pb2.Message(request=forwarded))
         task = asyncio.create_task(self._relay(delivery, target, future))
         self._background_tasks.add(task)
         task.add_done_callback(self._background_tasks.discard)
@@ -181,8 +229,30 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         except asyncio.CancelledError:
             return
         assert delivery.request is not None
-        self.inflight.get(target, {}).pop(f"request:{delivery.request.request_id}", None)
-        await self._send_to(delivery.origin, agent_worker_pb2.Message(response=response))
+        self.inflight.get(target, {}).pop(f"request:{delivery.wire_id}", None)
+        answer = agent_worker_pb2.RpcResponse()
+        answer.CopyFrom(response)
+        answer.request_id = delivery.request.request_id  # the caller's own id again
+        if not await self._send_to(delivery.origin, agent_worker_pb2.Message(response=answer)):
+            self._keep_orphan(delivery.request, answer)
+
+    def _keep_orphan(self, request: agent_worker_pb2.RpcRequest, answer: agent_worker_pb2.RpcResponse) -> None:
+        key = judgement_key(request.payload)
+        if key is None or answer.error or not answer.payload.data:
+            return
+        now = time.monotonic()
+        self.orphans = {k: v for k, v in self.orphans.items() if now - v[0] < ORPHAN_TTL_S}
+        while len(self.orphans) >= ORPHANS_KEPT:
+            self.orphans.pop(next(iter(self.orphans)))
+        self.orphans[key] = (now, answer)
+        log.info("host.kept_orphan_verdict", request=request.request_id)
+
+    def _orphan_for(self, request: agent_worker_pb2.RpcRequest) -> agent_worker_pb2.RpcResponse | None:
+        key = judgement_key(request.payload)
+        kept = self.orphans.pop(key, None) if key is not None else None
+        if kept is None or time.monotonic() - kept[0] >= ORPHAN_TTL_S:
+            return None
+        return readdressed(kept[1], request)
 
     async def _answer_from_report(self, delivery: Delivery) -> None:
         assert delivery.request is not None and delivery.reported is not None
@@ -198,12 +268,14 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
                 data=report.binary_data))
         await self._send_to(delivery.origin, agent_worker_pb2.Message(response=response))
 
-    async def _send_to(self, client_id: str | None, message: agent_worker_pb2.Message) -> None:
+    async def _send_to(self, client_id: str | None, message: agent_worker_pb2.Message) -> bool:
+        """Send to a client; False when it is gone."""
         connection = self._data_connections.get(client_id or "")
         if connection is None:
             log.warning("host.caller_gone", client=client_id)
-            return
+            return False
         await connection.send(message)
+        return True
 
     # -- the base servicer's entry points -------------------------------------------------------
 
@@ -228,10 +300,22 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
                 delivery.reported = event
                 return
 
+    async def _process_response(self, response: agent_worker_pb2.RpcResponse, client_id: str) -> None:
+        future = self._pending_responses.get(client_id, {}).pop(response.request_id, None)
+        if future is None or future.done():  # an answer nobody waits for any more (its caller went)
+            log.warning("host.unexpected_response", client=client_id, request=response.request_id)
+            return
+        future.set_result(response)
+
     async def _process_request(self, request: agent_worker_pb2.RpcRequest, client_id: str) -> None:
         agent_type = request.target.type
         if agent_type not in self.pools:
             await super()._process_request(request, client_id)
+            return
+        if agent_type in self.balanced and (kept := self._orphan_for(request)) is not None:
+            self.answered_from_orphan += 1
+            log.info("host.answered_from_orphan", source=request.target.key, request=request.request_id)
+            await self._send_to(client_id, agent_worker_pb2.Message(response=kept))
             return
         await self._dispatch(Delivery(kind="request", agent_type=agent_type, source=request.target.key,
                                       request=request, origin=client_id))

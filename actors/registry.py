@@ -33,7 +33,7 @@ async def register_actors(runtime: Any, services: Services, roles: Iterable[str]
     add_serializers(runtime)
     registered = []
     for role in roles:
-        cls = ACTORS[role]
+        cls = services.actor_classes.get(role, ACTORS[role])
         if role == RECORDER:
             await cls.register(runtime, role, lambda cls=cls: cls(services))
         else:

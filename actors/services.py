@@ -27,8 +27,11 @@ log = structlog.get_logger("actors.services")
 
 class Services:
     def __init__(self, config: ActorConfig, *, evaluator: "Evaluator | None" = None,
-                 memory: "Memory | None" = None, store: "Store | None" = None) -> None:
+                 memory: "Memory | None" = None, store: "Store | None" = None,
+                 actors: dict[str, type] | None = None) -> None:
         self.config = config
+        # A role served by another class in this process (a daemon's tester that hands drafts to the fleet).
+        self.actor_classes: dict[str, type] = dict(actors or {})
         self.settings: Settings = load_settings(
             data_dir=config.data_dir, store_url=config.store_url, eval_timing_rounds=config.eval_timing_rounds,
             eval_correctness_seeds=config.eval_correctness_seeds, eval_timeout_s=config.eval_timeout_s)
@@ -87,10 +90,14 @@ class Services:
     def memory(self) -> "Memory":
         with self._lock:
             if self._memory is None:
-                from memory import Memory
-
-                self._memory = Memory.open(self.settings)
+                self._memory = self.open_memory()
             return self._memory
+
+    def open_memory(self) -> "Memory":
+        """Open the memory of the settings (a daemon's waits out a restarting Chroma server)."""
+        from memory import Memory
+
+        return Memory.open(self.settings)
 
     def ledger(self, session_id: str, budget: Budget) -> Ledger:
         """The session's ledger, booking to the store's so that its budget binds every process."""

@@ -4,10 +4,16 @@ the Chroma server, restarting each; then the same number of jobs without kills, 
     python benchmarks/fleet_chaos.py --jobs 20 --kills 30 --json chaos.json
 
 Loopback only (``orchestrators.fleet``), bounded in count (``--jobs``, ``--kills``) and time
-(``--deadline``). It reports ``lost`` (jobs not done by the end), ``duplicated`` (kernels a job judged
-again in a later attempt although an earlier attempt had recorded their verdict: an evaluation cut off
-by a kill and run again counts once) and ``throughput_ratio`` (jobs per minute with
-kills over without).
+(``--deadline``). The daemons' jobs are judged by the supervised tester workers through the gRPC host.
+Once the fleet is up and a few uncounted jobs have warmed every process, the jobs with kills run, then as
+many without (what memory learns meanwhile favours the second). It reports ``lost`` (jobs that ended
+without being done), ``unfinished`` (jobs still queued or running at the deadline), ``duplicated`` (a
+candidate's verdict recorded twice in a session, or a kernel judged again in a later attempt of a job
+although an earlier attempt had recorded its verdict: an evaluation cut off by a kill and run again
+counts once; the confirmation runs that a resumed job makes again are counted apart, as
+``reconfirmed``), whether the memory is consistent (every kernel and note in SQL has its vector on the
+Chroma server and every vector its record) and ``throughput_ratio`` (jobs per minute with kills over
+without, each phase's jobs done within it over its length).
 """
 
 from __future__ import annotations
@@ -65,40 +71,71 @@ def _wait_done(store_url: str, ids: list[str], deadline: float, tick: Any = None
     return time.monotonic()
 
 
+def _verdicts(store: Any, session_id: str) -> tuple[Counter[str], set[str]]:
+    """A session's tester verdicts: per candidate, the judgements (confirmation runs aside), and the
+    candidates it confirmed."""
+    from actors.policy import CONFIRM
+
+    judged: Counter[str] = Counter()
+    confirmed: set[str] = set()
+    for event in store.events(session_id=session_id):
+        if event.message_type not in ("EvalReport", "FixRequest") or not event.candidate_id:
+            continue
+        if event.payload.get("sender") != "tester":
+            continue
+        if (event.payload.get("draft") or {}).get("produced_by") == CONFIRM:
+            confirmed.add(event.candidate_id)
+        else:
+            judged[event.candidate_id] += 1
+    return judged, confirmed
+
+
 def _audit(store_url: str, ids: list[str]) -> dict[str, Any]:
-    """Jobs not done, and kernels a job judged again in a later attempt although an earlier attempt had
-    recorded their verdict (the engine's own confirmation runs inside one session are not repeats)."""
+    """Jobs not done; verdicts recorded twice in a session, and kernels a job judged again in a later
+    attempt although an earlier attempt had recorded their verdict; confirmation runs made again."""
     import sqlalchemy as sa
 
     from memory import Store
     from memory.schema import CandidateRow
     from orchestrators.jobs import JobQueue
 
+    def shas(store: Store, candidates: set[str]) -> set[str]:
+        if not candidates:
+            return set()
+        with store.engine.connect() as conn:
+            return set(conn.execute(sa.select(CandidateRow.code_sha).where(CandidateRow.id.in_(candidates))).scalars())
+
     with Store.open(store_url) as store:
         queue = JobQueue(store.engine)
         jobs = [queue.get(i) for i in ids]
-        duplicated = 0
+        duplicated = reconfirmed = evaluations = 0
         for job in jobs:
             earlier: set[str] = set()
+            earlier_confirmed: set[str] = set()
             for session_id in job.sessions:
-                events = [e for e in store.events(session_id=session_id)
-                          if e.message_type in ("EvalReport", "FixRequest") and e.candidate_id]
-                with store.engine.connect() as conn:
-                    shas = set(conn.execute(sa.select(CandidateRow.code_sha).where(
-                        CandidateRow.id.in_({e.candidate_id for e in events}))).scalars()) if events else set()
-                duplicated += len(shas & earlier)
-                earlier |= shas
+                judged, confirmed = _verdicts(store, session_id)
+                evaluations += sum(judged.values()) + len(confirmed)
+                duplicated += sum(n - 1 for n in judged.values())
+                kernels, confirmed_kernels = shas(store, set(judged)), shas(store, confirmed)
+                duplicated += len(kernels & earlier)
+                reconfirmed += len(confirmed_kernels & earlier_confirmed)
+                earlier |= kernels
+                earlier_confirmed |= confirmed_kernels
         statuses = Counter(j.status for j in jobs)
-    return {"lost": sum(1 for j in jobs if j.status != "done"), "duplicated": duplicated, "statuses": dict(statuses),
-            "attempts": sum(j.attempts for j in jobs)}
+    return {"lost": sum(1 for j in jobs if j.status != "done"), "duplicated": duplicated, "reconfirmed": reconfirmed,
+            "unfinished": sum(1 for j in jobs if j.status in ("queued", "running", "cancelling")),
+            "evaluations": evaluations, "statuses": dict(statuses), "attempts": sum(j.attempts for j in jobs),
+            "taken_over": sum(1 for j in jobs if j.attempts > 1)}
 
 
 class Killer:
     """SIGKILLs a seeded random daemon, tester worker or the Chroma server every ``every_s`` seconds and
     starts the daemon or Chroma server again (the supervisor restarts the worker itself)."""
 
-    def __init__(self, state: fleet.FleetState, seed: int, kills: int, every_s: float, lease_s: float) -> None:
+    def __init__(self, state: fleet.FleetState, seed: int, kills: int, every_s: float, lease_s: float,
+                 concurrency: int) -> None:
         self.state, self.rng, self.left, self.every_s, self.lease_s = state, random.Random(seed), kills, every_s, lease_s
+        self.concurrency = concurrency
         self.next_at = time.monotonic() + every_s
         self.done: Counter[str] = Counter()
 
@@ -116,7 +153,8 @@ class Killer:
             victim = self.rng.choice(daemons)
             os.killpg(victim.pid, signal.SIGKILL)
             index = int(victim.name.split("-")[1])
-            procs[procs.index(victim)] = fleet.start_daemon(self.state, index, lease_s=self.lease_s)
+            procs[procs.index(victim)] = fleet.start_daemon(self.state, index, lease_s=self.lease_s,
+                                                            concurrency=self.concurrency, testers=supervisor is not None)
         elif kind == "worker":
             os.killpg(self.rng.choice(workers), signal.SIGKILL)
         else:
@@ -131,33 +169,54 @@ class Killer:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="maxkernel-chaos-"))
-    state = fleet.up(root, daemons=args.daemons, testers=args.testers)
+    # Every process of the fleet inherits these: small evaluations, since what is measured is the fleet.
+    os.environ["MAXKERNEL_EVAL_TIMING_ROUNDS"] = str(args.timing_rounds)
+    os.environ["MAXKERNEL_EVAL_CORRECTNESS_SEEDS"] = str(args.seeds)
+    began = time.monotonic()
+    state = fleet.up(root, daemons=args.daemons, testers=args.testers, concurrency=args.concurrency)
     lease_s = 10.0
     try:
-        hard_end = time.monotonic() + args.deadline
-        # Without kills first, then with: each phase's jobs are its own.
-        calm_ids = _submit(state.store_url, args.jobs, args.seed, args.evals, args.job_seconds)
-        start = time.monotonic()
-        calm_end = _wait_done(state.store_url, calm_ids, start + (hard_end - start) / 2)
-        calm_rate = args.jobs / max(calm_end - start, 1e-9) * 60
-        calm_complete = _audit(state.store_url, calm_ids)["lost"] == 0  # else its rate is a lower bound
-        killer = Killer(state, args.seed, args.kills, args.every, lease_s)
+        hard_end = began + args.deadline
+        fleet.wait_ready(state, testers=args.testers, timeout_s=max(hard_end - time.monotonic(), 1))
+        # A few jobs first, not counted: every process's first compilations are paid before either phase.
+        warm_ids = _submit(state.store_url, args.warmup, args.seed + 2, args.evals, args.job_seconds)
+        _wait_done(state.store_url, warm_ids, hard_end)
+        # With kills, then without: each phase's jobs are its own, and what memory learns favours the second.
+        killer = Killer(state, args.seed, args.kills, args.every, lease_s, args.concurrency)
         chaos_ids = _submit(state.store_url, args.jobs, args.seed + 1, args.evals, args.job_seconds)
         start = time.monotonic()
-        chaos_end = _wait_done(state.store_url, chaos_ids, hard_end, killer.tick)
-        chaos_rate = args.jobs / max(chaos_end - start, 1e-9) * 60
+        calm_reserve = max(90.0, 0.25 * (hard_end - start))
+        chaos_end = _wait_done(state.store_url, chaos_ids, hard_end - calm_reserve, killer.tick)
+        chaos_done = args.jobs - _audit(state.store_url, chaos_ids)["lost"]  # jobs done within the phase
+        chaos_rate = chaos_done / max(chaos_end - start, 1e-9) * 60
+        calm_ids = _submit(state.store_url, args.jobs, args.seed, args.evals, args.job_seconds)
+        start = time.monotonic()
+        calm_end = _wait_done(state.store_url, calm_ids, hard_end)
+        calm_done = args.jobs - _audit(state.store_url, calm_ids)["lost"]
+        calm_rate = calm_done / max(calm_end - start, 1e-9) * 60  # a phase cut off at the deadline: no tail
         calm, chaos = _audit(state.store_url, calm_ids), _audit(state.store_url, chaos_ids)
+        warm = _audit(state.store_url, warm_ids)
+        memory = fleet.memory_audit(state.store_url, state.chroma_url)
     finally:
         try:
             fleet.down(root)
         except fleet.FleetError:  # every process already gone
             pass
+    # Lost: a job that ended without being done (failed, cancelled); one still queued or running when the
+    # deadline came is counted apart, as unfinished (the run was cut off, or the job is stuck).
+    phases = (chaos, calm, warm)
     return {"jobs": args.jobs, "kills": sum(killer.done.values()), "kills_by_kind": dict(killer.done),
-            "lost": chaos["lost"] + calm["lost"], "duplicated": chaos["duplicated"] + calm["duplicated"],
+            "lost": sum(p["lost"] - p["unfinished"] for p in phases),
+            "unfinished": {"with_kills": chaos["unfinished"], "without_kills": calm["unfinished"],
+                           "warmup": warm["unfinished"]},
+            "duplicated": chaos["duplicated"] + calm["duplicated"] + warm["duplicated"],
+            "reconfirmed": chaos["reconfirmed"] + calm["reconfirmed"],
+            "memory_consistent": memory.consistent, "memory": memory.model_dump(),
             "jobs_per_min_without_kills": round(calm_rate, 3), "jobs_per_min_with_kills": round(chaos_rate, 3),
             "throughput_ratio": round(chaos_rate / calm_rate, 3) if calm_rate else None,
-            "calm_phase_complete": calm_complete,
-            "without_kills": calm, "with_kills": chaos, "folder": str(root)}
+            "done_in_phase": {"with_kills": chaos_done, "without_kills": calm_done},
+            "seconds": round(time.monotonic() - began, 1),
+            "without_kills": calm, "with_kills": chaos, "warmup": warm, "folder": str(root)}
 
 
 def main() -> int:
@@ -167,19 +226,26 @@ def main() -> int:
     parser.add_argument("--every", type=float, default=4.0, help="seconds between kills")
     parser.add_argument("--daemons", type=int, default=2)
     parser.add_argument("--testers", type=int, default=3)
-    parser.add_argument("--evals", type=int, default=3, help="evaluations each job may spend")
-    parser.add_argument("--job-seconds", type=float, default=30.0, help="time budget of each job")
-    parser.add_argument("--deadline", type=float, default=600.0, help="seconds the whole run may take")
+    parser.add_argument("--concurrency", type=int, default=2, help="jobs each daemon runs at once")
+    parser.add_argument("--timing-rounds", type=int, default=3, help="timing rounds of each evaluation")
+    parser.add_argument("--seeds", type=int, default=1, help="correctness input sets of each evaluation")
+    parser.add_argument("--evals", type=int, default=2, help="evaluations each job may spend")
+    parser.add_argument("--job-seconds", type=float, default=20.0, help="time budget of each job")
+    parser.add_argument("--deadline", type=float, default=560.0, help="seconds the phases may take (the fleet's "
+                        "start included; stopping it and the audit come after)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=2, help="jobs run first and not counted")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if min(args.jobs, args.daemons) < 1 or args.kills < 0:
-        parser.error("--jobs and --daemons must be at least 1, --kills at least 0")
+    if min(args.jobs, args.daemons, args.concurrency) < 1 or args.kills < 0:
+        parser.error("--jobs, --daemons and --concurrency must be at least 1, --kills at least 0")
     result = run(args)
     print(json.dumps({k: v for k, v in result.items() if k not in ("without_kills", "with_kills")}, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
-    return 0 if result["lost"] == 0 and result["duplicated"] == 0 else 1
+    passed = (result["lost"] == 0 and result["duplicated"] == 0 and result["memory_consistent"]
+              and result["unfinished"]["with_kills"] == 0)
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ memory when it ends, so later jobs start from it. Jobs live in the store (``orch
 daemon claims jobs under a lease it renews (``orchestrators.claims``), so many daemons share one queue and a
 dead one's jobs are taken over when their leases end; a job run again carries on from
 what its earlier sessions evaluated (``AutoRun.restore``); SIGTERM stops it gracefully (running
-jobs are cancelled and queued again, the HTTP API closes, the state file goes). ``python -m
-orchestrators.daemon`` is the process ``maxkernel daemon start`` spawns.
+jobs are cancelled and queued again, the HTTP API closes, the state file goes). With ``--testers HOST``
+the jobs' evaluations go through that gRPC host to the fleet's tester workers
+(``orchestrators.fleet_tester``) instead of this process's evaluator. ``python -m orchestrators.daemon``
+is the process ``maxkernel daemon start`` spawns.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ from pydantic import BaseModel
 from actors.services import Services
 from maxkernel.config import Settings, load_settings
 from maxkernel.messages import new_id
+from maxkernel.runtime import TESTER
 from orchestrators.auto import messages_of, run_auto
-from orchestrators.httpapi import ApiServer
+from orchestrators.httpapi import ApiServer, BindRefused, auth_headers
 from orchestrators.claims import DEFAULT_LEASE_S, Claimer
+from orchestrators.daemon_memory import DaemonServices
+from orchestrators.fleet_tester import FleetLink, FleetUnreachable, fleet_tester
 from orchestrators.jobs import JobInfo, JobQueue
 
 log = structlog.get_logger("orchestrators.daemon")
@@ -69,8 +74,10 @@ def read_state(settings: Settings) -> DaemonState | None:
 
 class Daemon:
     def __init__(self, settings: Settings, *, concurrency: int = 2, port: int = 0, poll_s: float = 0.5,
-                 lease_s: float = DEFAULT_LEASE_S) -> None:
+                 lease_s: float = DEFAULT_LEASE_S, testers: str | None = None, bind: str = "127.0.0.1") -> None:
         self.settings, self.concurrency, self.port, self.poll_s = settings, concurrency, port, poll_s
+        self.bind = bind
+        self.link = FleetLink(testers, token=settings.token) if testers else None
         self.lease_s, self._renewed_at = lease_s, 0.0
         self.running: dict[str, asyncio.Task[None]] = {}
         self.peak_running = 0
@@ -87,15 +94,19 @@ class Daemon:
             from actors.session import config_for_brain
 
             config = config_for_brain(brain).model_copy(update={"remember": False, "data_dir": self.settings.data_dir or None})
+            actors = {TESTER: fleet_tester(self.link)} if self.link is not None else None
             base = self._services.get("rules")
             if base is None:
-                self._services[brain] = Services(config)
+                self._services[brain] = DaemonServices(config, actors=actors)
             else:
-                self._services[brain] = Services(config, evaluator=base.evaluator, memory=base.memory, store=base.store)
+                self._services[brain] = DaemonServices(config, evaluator=base.evaluator, memory=base.memory,
+                                                       store=base.store, actors=actors)
         return self._services[brain]
 
     def status(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "concurrency": self.concurrency, "running": sorted(self.running),
+                "testers": self.link.address if self.link is not None else "local",
+                "sent_to_testers": self.link.sent if self.link is not None else 0,
                 "peak_running": self.peak_running, "finished": self.finished, "jobs": self.queue.counts(),
                 "started_at": self.started_at.isoformat()}
 
@@ -154,11 +165,13 @@ class Daemon:
 
     async def _keep_leases(self) -> None:
         """Renew the leases of the running jobs (at most every third of a lease); a job another daemon
-        took over meanwhile (this one stalled past its lease) is stopped here without writing to it."""
+        took over meanwhile (this one stalled past its lease) is stopped here without writing to it. The
+        jobs of a daemon of this host that died are made claimable at once, not when their leases end."""
         now = time.monotonic()
         if now - self._renewed_at < self.lease_s / 3:
             return
         self._renewed_at = now
+        await asyncio.to_thread(self.claims.expire_dead_here)
         lost = await asyncio.to_thread(self.claims.renew, set(self.running))
         for job_id in lost & set(self.running):
             task = self.running[job_id]
@@ -178,7 +191,14 @@ class Daemon:
         await asyncio.to_thread(self.claims.expire_dead_here)
         from orchestrators.dashboard import Dashboard
 
-        api = ApiServer(self.queue, self.status, self.port, pages=Dashboard(self.queue, services.store))
+        api = ApiServer(self.queue, self.status, self.port, pages=Dashboard(self.queue, services.store),
+                        host=self.bind, token=self.settings.token)
+        if self.link is not None:
+            try:
+                await self.link.open()
+            except FleetUnreachable:
+                api.httpd.server_close()
+                raise
         api.start()
         state = DaemonState(pid=os.getpid(), port=api.port, concurrency=self.concurrency, started_at=self.started_at)
         path = state_path(self.settings)
@@ -210,6 +230,8 @@ class Daemon:
         api.stop()
         for brain in sorted(self._services, key=lambda b: b == "rules"):  # the owner of the shared parts last
             await self._services[brain].aclose()
+        if self.link is not None:
+            await self.link.close()
         try:
             if json.loads(path.read_text()).get("pid") == os.getpid():
                 path.unlink()
@@ -224,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--poll", type=float, default=0.5)
     parser.add_argument("--lease", type=float, default=DEFAULT_LEASE_S)
+    parser.add_argument("--testers", help="gRPC host of the fleet's tester workers (default: judge in this process)")
+    parser.add_argument("--bind", default="127.0.0.1", help="address of the HTTP API (beyond loopback: needs a token)")
     args = parser.parse_args(argv)
     from maxkernel.logging import configure
 
@@ -232,8 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     if read_state(settings) is not None:
         print(f"error: a daemon is already running for {settings.data_path}", file=sys.stderr)
         return 2
-    asyncio.run(Daemon(settings, concurrency=args.concurrency, port=args.port, poll_s=args.poll,
-                       lease_s=args.lease).serve())
+    try:
+        asyncio.run(Daemon(settings, concurrency=args.concurrency, port=args.port, poll_s=args.poll,
+                           lease_s=args.lease, testers=args.testers, bind=args.bind).serve())
+    except (BindRefused, FleetUnreachable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -254,7 +282,9 @@ def spawn(settings: Settings, *, concurrency: int = 2, port: int = 0, wait_s: fl
         state = read_state(settings)
         if state is not None and state.pid == proc.pid:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{state.port}/status", timeout=5).read()
+                probe = urllib.request.Request(f"http://127.0.0.1:{state.port}/status",
+                                               headers=auth_headers(settings.token))
+                urllib.request.urlopen(probe, timeout=5).read()
                 return state
             except OSError:
                 pass

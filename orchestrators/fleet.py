@@ -3,12 +3,14 @@
 One folder holds everything (the PostgreSQL cluster goes to a folder of its own in /tmp when run as root,
 since the server then runs as ``postgres``): a PostgreSQL cluster (the system's binaries), a Chroma server, the gRPC host,
 N daemons (each with its own data folder, all on the one store and Chroma server) and a supervisor that
-keeps M tester workers alive. ``fleet.json`` in that folder lists every process, so ``status`` and
-``down`` work from any shell; every server binds 127.0.0.1.
+keeps M tester workers alive; the daemons' jobs are judged by those workers through the host. ``fleet.json``
+in that folder lists every process, so ``status`` and ``down`` work from any shell; every server binds
+127.0.0.1.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -180,13 +182,15 @@ def daemon_env(state: FleetState, data_dir: Path) -> dict[str, str]:
 
 
 def start_daemon(state: FleetState, index: int, *, concurrency: int = 1, lease_s: float = 10.0,
-                 extra_env: dict[str, str] | None = None) -> Proc:
+                 extra_env: dict[str, str] | None = None, testers: bool = True) -> Proc:
+    """Daemon ``index`` on the fleet's store and Chroma; with ``testers`` its jobs are judged by the fleet's
+    tester workers through the host, else by its own evaluator."""
     root = Path(state.root)
     data_dir = root / f"daemon-{index}"
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "daemon.json").unlink(missing_ok=True)
     return _spawn(f"daemon-{index}", [sys.executable, "-m", "orchestrators.daemon", "--concurrency", str(concurrency),
-                                      "--lease", str(lease_s)], root,
+                                      "--lease", str(lease_s), *(["--testers", state.host] if testers else [])], root,
                   env={**daemon_env(state, data_dir), **(extra_env or {})}, data_dir=str(data_dir))
 
 
@@ -216,7 +220,7 @@ def up(root: Path, *, daemons: int = 2, testers: int = 2, concurrency: int = 1) 
 
         Store.open(store_url).close()  # migrate once, before the daemons race to
         for i in range(daemons):
-            started.append(start_daemon(state, i, concurrency=concurrency))
+            started.append(start_daemon(state, i, concurrency=concurrency, testers=testers > 0))
         if testers:
             started.append(start_testers(state, testers))
         state.procs = started
@@ -291,13 +295,82 @@ def status(root: Path) -> list[dict[str, Any]]:
 
 
 def _daemon_doing(data_dir: Path) -> str:
-    import json
+    from maxkernel.config import load_settings
+    from orchestrators.httpapi import auth_headers
 
     try:
         port = json.loads((data_dir / "daemon.json").read_text())["port"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=3) as response:
+        probe = urllib.request.Request(f"http://127.0.0.1:{port}/status", headers=auth_headers(load_settings().token))
+        with urllib.request.urlopen(probe, timeout=3) as response:
             info = json.loads(response.read())
     except (OSError, ValueError, KeyError):
         return "starting"
     running = info.get("running") or []
-    return f"running {', '.join(j[:8] for j in running)}" if running else f"idle ({info.get('finished', 0)} finished)"
+    sent = f", {info.get('sent_to_testers', 0)} sent to testers"
+    return (f"running {', '.join(j[:8] for j in running)}" if running else f"idle ({info.get('finished', 0)} finished)") + sent
+
+
+class MemoryAudit(BaseModel):
+    """SQL's kernels and notes against the Chroma server's vectors: each record has its vector and each
+    vector its record."""
+
+    kernels: int
+    notes: int
+    missing_vectors: list[str]  # records in SQL whose vector Chroma lacks
+    orphan_vectors: list[str]  # vectors in Chroma whose record SQL lacks
+
+    @property
+    def consistent(self) -> bool:
+        return not self.missing_vectors and not self.orphan_vectors
+
+
+def memory_audit(store_url: str, chroma_url: str) -> MemoryAudit:
+    """Compare the ids of the memory's records in the store with those of the vectors on the Chroma server."""
+    from urllib.parse import urlparse
+
+    import chromadb
+    import sqlalchemy as sa
+
+    from memory import Store
+    from memory.schema import KernelRow, NoteRow
+    from memory.vectors import KERNELS, NOTES
+
+    with Store.open(store_url) as store, store.engine.connect() as conn:
+        sql = {KERNELS: set(conn.execute(sa.select(KernelRow.id)).scalars()),
+               NOTES: set(conn.execute(sa.select(NoteRow.id)).scalars())}
+    parsed = urlparse(chroma_url)
+    client = chromadb.HttpClient(host=parsed.hostname or "127.0.0.1", port=parsed.port or 8000,
+                                 settings=chromadb.Settings(anonymized_telemetry=False))
+    names = {c.name if hasattr(c, "name") else str(c) for c in client.list_collections()}
+    vectors = {name: set(client.get_collection(name).get(include=[])["ids"]) if name in names else set()
+               for name in sql}
+    return MemoryAudit(kernels=len(sql[KERNELS]), notes=len(sql[NOTES]),
+                       missing_vectors=sorted(i for n in sql for i in sql[n] - vectors[n]),
+                       orphan_vectors=sorted(i for n in sql for i in vectors[n] - sql[n]))
+
+
+def wait_ready(state: FleetState, *, testers: int, timeout_s: float = 180.0) -> None:
+    """Wait until every daemon serves its API and ``testers`` tester workers have said they are ready."""
+    deadline = time.monotonic() + timeout_s
+    daemons = [p for p in state.procs if p.name.startswith("daemon-") and p.data_dir]
+    supervisor = next((p for p in state.procs if p.name == "testers"), None)
+
+    def ready() -> bool:
+        for proc in daemons:
+            try:
+                if json.loads((Path(proc.data_dir or "") / "daemon.json").read_text()).get("pid") != proc.pid:
+                    return False
+            except (OSError, ValueError, AttributeError):
+                return False
+        if supervisor is None or not testers:
+            return True
+        seen = Path(supervisor.log).read_text(errors="replace").splitlines()
+        return len({line.split()[1] for line in seen if line.startswith("ready ")}) >= testers
+
+    while not ready():
+        dead = [p.name for p in state.procs if not alive(p.pid)]
+        if dead:
+            raise FleetError(f"{', '.join(dead)} exited while the fleet was starting; see {state.root}/logs")
+        if time.monotonic() > deadline:
+            raise FleetError(f"the fleet in {state.root} was not ready within {timeout_s:.0f} s; see its logs")
+        time.sleep(0.2)

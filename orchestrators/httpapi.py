@@ -1,7 +1,9 @@
 """A small HTTP API on loopback for other tools: submit, list, status, result, cancel.
 
 Standard library only (``ThreadingHTTPServer`` in a thread beside the daemon's event loop): every request
-goes straight to the job table in the store, which is the queue the daemon works from.
+goes straight to the job table in the store, which is the queue the daemon works from. Bound beyond
+loopback it refuses to start without the settings' token, and then answers 401 to every request (the
+dashboard's pages included) that does not carry ``Authorization: Bearer <token>``.
 """
 
 from __future__ import annotations
@@ -15,18 +17,49 @@ from typing import Any, Callable
 import structlog
 from pydantic import ValidationError
 
+from maxkernel.auth import is_loopback, matches
 from orchestrators.jobs import BadJob, JobNotActive, JobQueue, JobSpec, UnknownJob, check_spec
 
 log = structlog.get_logger("orchestrators.http")
 
 _JOB = re.compile(r"^/jobs/([^/?]{1,64})(/result|/cancel)?$")
+BEARER = "Bearer "
+
+
+class BindRefused(ValueError):
+    """An address beyond loopback without a token to guard it."""
+
+
+def bearer(header: str | None) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header, or ''."""
+    return header[len(BEARER):].strip() if header and header.startswith(BEARER) else ""
+
+
+def auth_headers(token: str) -> dict[str, str]:
+    """What a client of this API sends to present ``token`` (nothing when there is none)."""
+    return {"Authorization": f"{BEARER}{token}"} if token else {}
 
 
 def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]],
-                 pages: Any = None) -> type[BaseHTTPRequestHandler]:
-    """``pages``: an ``orchestrators.dashboard.Dashboard`` answering ``/`` and ``/ui/...`` (None: JSON only)."""
+                 pages: Any = None, token: str = "") -> type[BaseHTTPRequestHandler]:
+    """``pages``: an ``orchestrators.dashboard.Dashboard`` answering ``/`` and ``/ui/...`` (None: JSON only);
+    ``token``: when set, what every request must present."""
     class Handler(BaseHTTPRequestHandler):
         server_version = "maxkernel-daemon"
+
+        def _refused(self) -> bool:
+            """Answer 401 to a request without the token; True when it was refused."""
+            if not token or matches(bearer(self.headers.get("Authorization")), token):
+                return False
+            log.warning("http.refused", path=self.path.split("?")[0], client=self.client_address[0])
+            data = json.dumps({"error": "a valid token is required (Authorization: Bearer <token>)"}).encode()
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", "Bearer")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return True
 
         def log_message(self, fmt: str, *args: Any) -> None:
             log.debug("http.request", line=fmt % args)
@@ -61,7 +94,7 @@ def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]],
             return True
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            if self._page("GET"):
+            if self._refused() or self._page("GET"):
                 return
             try:
                 if self.path == "/status":
@@ -82,7 +115,7 @@ def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]],
                 self._reply(404, {"error": str(exc)})
 
         def do_POST(self) -> None:  # noqa: N802
-            if self._page("POST"):
+            if self._refused() or self._page("POST"):
                 return
             try:
                 if self.path == "/jobs":
@@ -105,10 +138,15 @@ def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]],
 
 
 class ApiServer:
-    """The HTTP server on 127.0.0.1 (port 0: the system picks one), served from a daemon thread."""
+    """The HTTP server on ``host`` (127.0.0.1 unless told otherwise; port 0: the system picks one), served
+    from a daemon thread. Beyond loopback it needs ``token`` and requires it of every request."""
 
-    def __init__(self, queue: JobQueue, status: Callable[[], dict[str, Any]], port: int = 0, pages: Any = None) -> None:
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), make_handler(queue, status, pages))
+    def __init__(self, queue: JobQueue, status: Callable[[], dict[str, Any]], port: int = 0, pages: Any = None,
+                 *, host: str = "127.0.0.1", token: str = "") -> None:
+        if not is_loopback(f"{host}:{port}") and not token:
+            raise BindRefused(f"the HTTP API on {host}:{port} is reachable beyond this machine: set a token "
+                              "(MAXKERNEL_TOKEN or `token:` in the config) or bind 127.0.0.1")
+        self.httpd = ThreadingHTTPServer((host, port), make_handler(queue, status, pages, token))
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="maxkernel-http", daemon=True)
 
     @property

@@ -14,7 +14,8 @@ from rich.table import Table
 def fleet_command(
     action: str = typer.Argument(..., help="up | down | status"),
     daemons: int = typer.Option(2, help="daemons on the shared queue"),
-    testers: int = typer.Option(2, help="tester workers kept alive on the gRPC host"),
+    testers: int = typer.Option(2, help="tester workers kept alive on the gRPC host; they judge the daemons' jobs "
+                                        "(0: each daemon judges its own)"),
     concurrency: int = typer.Option(1, help="jobs each daemon runs at once"),
     dir: Optional[Path] = typer.Option(None, "--dir", help="the fleet's folder (default: <data dir>/fleet)"),
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 _spec = importlib.util.spec_from_file_location("memory_test_fixtures", Path(__file__).parent.parent / "memory" / "conftest.py")
 assert _spec is not None and _spec.loader is not None
@@ -15,3 +16,19 @@ pg_url = _memory.pg_url
 store_url = _memory.store_url
 _isolated_env = _memory._isolated_env
 free_port = _memory.free_port
+
+
+def stop_all(procs: list[Any]) -> None:
+    """SIGTERM the processes a test started, newest first; SIGKILL the group of any that lingers."""
+    import os
+    import signal
+    import subprocess
+
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -1,5 +1,5 @@
-"""Servers bound beyond loopback need a token: the gRPC host refuses to start without one, and with one
-refuses every worker that does not present it."""
+"""Servers bound beyond loopback need a token: the gRPC host and the daemon's HTTP API refuse to start
+without one, and with one refuse every worker or request that does not present it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -59,3 +60,53 @@ def test_a_host_with_a_token_refuses_workers_without_it() -> None:
             await host.stop()
 
     asyncio.run(scenario())
+
+
+def _call(port: int, method: str, path: str, token: str | None = None, body: Any = None) -> tuple[int, Any]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token is not None else {})}
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def test_the_http_api_beyond_loopback_needs_a_token_and_refuses_requests_without_it(tmp_path: Path) -> None:
+    from memory import Store
+    from orchestrators.httpapi import ApiServer
+    from orchestrators.httpapi import BindRefused as HttpBindRefused
+    from orchestrators.jobs import JobQueue
+
+    with Store.open(f"sqlite:///{tmp_path / 'api.db'}") as store:
+        queue = JobQueue(store.engine)
+        with pytest.raises(HttpBindRefused, match="set a token"):
+            ApiServer(queue, lambda: {"ok": True}, free_port(), host="0.0.0.0")
+        api = ApiServer(queue, lambda: {"ok": True}, free_port(), host="0.0.0.0", token="s3cret")
+        api.start()
+        try:
+            for wrong in (None, "", "guess"):
+                for method, path, body in (("GET", "/status", None), ("GET", "/jobs", None), ("GET", "/", None),
+                                           ("POST", "/jobs", {"task": "12p_RMSNorm"})):
+                    code, reply = _call(api.port, method, path, wrong, body)
+                    assert code == 401 and "token" in reply["error"], (method, path, wrong)
+            assert queue.list() == []  # nothing was submitted by the refused requests
+            assert _call(api.port, "GET", "/status", "s3cret") == (200, {"ok": True})
+            code, job = _call(api.port, "POST", "/jobs", "s3cret", {"task": "12p_RMSNorm"})
+            assert code == 201 and [j.id for j in queue.list()] == [job["id"]]
+            assert _call(api.port, "GET", f"/jobs/{job['id']}", "s3cret")[1]["status"] == "queued"
+        finally:
+            api.stop()
+
+
+def test_a_daemon_bound_beyond_loopback_without_a_token_does_not_start(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MAXKERNEL_TOKEN": "", "MAXKERNEL_DATA_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "orchestrators.daemon", "--bind", "0.0.0.0"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 2 and run.stderr.strip().splitlines()[-1].startswith("error: the HTTP API on 0.0.0.0")
+    assert not (tmp_path / "daemon.json").exists()

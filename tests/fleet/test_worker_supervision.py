@@ -18,13 +18,15 @@ from actors.distributed import run_remote_session
 from maxkernel.messages import Budget
 from memory import Store
 
+from conftest import stop_all
+
 ROOT = Path(__file__).resolve().parents[2]
 TASK = "41k_Gemm_Add_ReLU"
 
 
-def _spawn(args: list[str], log: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    full = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=full, stdout=subprocess.PIPE,
                             stderr=log.open("w"), text=True, start_new_session=True)
 
 
@@ -53,6 +55,18 @@ class Lines:
         raise AssertionError(f"no {count} x {prefix!r} after {timeout_s} s: {self.seen} {self.log.read_text()[-3000:]}")
 
 
+def host_and_testers(folder: Path, address: str, count: int, config_file: Path,
+                     procs: list[subprocess.Popen[str]]) -> "Lines":
+    """The gRPC host (listening) and a supervisor of ``count`` tester workers; the supervisor's lines."""
+    host = spawn(["actors.host", address], folder / "host.log")
+    procs.append(host)
+    Lines(host, folder / "host.log").wait_for("host listening", 60)
+    testers = spawn(["actors.worker", "--supervise", "--count", str(count), "--host", address, "--roles", "tester",
+                     "--config", str(config_file)], folder / "testers.log")
+    procs.append(testers)
+    return Lines(testers, folder / "testers.log")
+
+
 def _free_port() -> int:
     import socket
 
@@ -72,16 +86,11 @@ def test_a_worker_killed_mid_evaluation_is_replaced_and_the_evaluation_rerun_onc
     Store.open(store_url).close()
     procs: list[subprocess.Popen[str]] = []
     try:
-        host = _spawn(["actors.host", address], tmp_path / "host.log")
-        procs.append(host)
-        Lines(host, tmp_path / "host.log").wait_for("host listening", 60)
-        testers = _spawn(["actors.worker", "--supervise", "--count", "2", "--host", address, "--roles", "tester",
-                          "--config", str(config_file)], tmp_path / "testers.log")
-        rest = _spawn(["actors.worker", "--host", address, "--roles",
-                       "planner,coder,debugger,profiler,tuner,librarian,recorder", "--config", str(config_file)],
-                      tmp_path / "rest.log")
-        procs += [testers, rest]
-        supervised = Lines(testers, tmp_path / "testers.log")
+        supervised = host_and_testers(tmp_path, address, 2, config_file, procs)
+        rest = spawn(["actors.worker", "--host", address, "--roles",
+                      "planner,coder,debugger,profiler,tuner,librarian,recorder", "--config", str(config_file)],
+                     tmp_path / "rest.log")
+        procs.append(rest)
         supervised.wait_for("ready ", count=2)
         Lines(rest, tmp_path / "rest.log").wait_for("ready ")
         first = {line.split()[1]: int(line.split()[2]) for line in supervised.wait_for("started ", count=2)}
@@ -116,11 +125,4 @@ def test_a_worker_killed_mid_evaluation_is_replaced_and_the_evaluation_rerun_onc
         assert drafts and set(verdicts) == drafts  # every draft judged, the killed one included
         assert set(verdicts.values()) == {1}  # and none twice
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_all(procs)
