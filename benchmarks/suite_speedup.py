@@ -3,6 +3,7 @@
 
     python benchmarks/suite_speedup.py [--tasks 12p_RMSNorm 21k_...] [--budget 120] [--json FILE]
     python benchmarks/suite_speedup.py --target tpu-v6e [--tasks ...] [--budget 30] [--json FILE]
+    python benchmarks/suite_speedup.py --from-json A.json B.json   # one table from runs split over processes
 
 ``--target tpu-v5e|tpu-v6e|...``: each task is one ``orchestrators.api.optimize`` session for that target,
 in a process of its own with a bounded address space (what a render allocates must not take the machine).
@@ -50,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     parser.add_argument("--target", default="cpu", help="cpu (measured) or a TPU, e.g. tpu-v6e (modelled)")
+    parser.add_argument("--from-json", nargs="+", type=Path, metavar="FILE",
+                        help="print the TPU table and counts from the rows of earlier --target tpu-* runs (no run)")
     args = parser.parse_args(argv)
+    if args.from_json:
+        return _tpu_from_json(args.from_json)
     from maxkernel.targets.names import TargetError, parse_target
 
     try:
@@ -178,6 +183,30 @@ def _tpu_main(args: argparse.Namespace) -> int:
             args.json.write_text(json.dumps({"target": args.target, "budget_s": args.budget, "rows": rows,
                                              "summary": tpu_summary(rows)}, indent=2))
     _print_tpu(console, rows, args.target, args.budget)
+    return 0
+
+
+def _tpu_from_json(paths: list[Path]) -> int:
+    """One table over the rows that earlier TPU runs wrote (a run split over processes, or resumed)."""
+    rows: list[dict[str, Any]] = []
+    targets, budgets = set(), set()
+    for path in paths:
+        try:
+            saved = json.loads(path.read_text())
+            rows += saved["rows"]
+            targets.add(saved["target"])
+            budgets.add(saved["budget_s"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: {path}: not the JSON of a --target tpu-* run ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return 2
+    if len(targets) != 1 or len(budgets) != 1:
+        print(f"error: the files mix targets {sorted(targets)} or budgets {sorted(budgets)}", file=sys.stderr)
+        return 2
+    from jaxbench.task import list_tasks
+
+    order = {t.id: i for i, t in enumerate(list_tasks())}
+    rows.sort(key=lambda r: order.get(r["task"], len(order)))
+    _print_tpu(Console(width=200), rows, targets.pop(), budgets.pop())
     return 0
 
 
