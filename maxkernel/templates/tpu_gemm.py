@@ -256,18 +256,13 @@ def _epilogue_source(p: GemmPlan) -> str:
     """The emitted tail, and ``_epilogue_for(extents)``, the lookup the kernel uses."""
     if () in p.epilogues:
         return p.epilogues[()] + "\n\n\ndef _epilogue_for(extents):\n    return _epilogue\n\n"
-    table = ", ".join(f"{key}: {_epilogue_name(key)}" for key in sorted(p.epilogues))
+    checks = "".join(f"    if extents == {key}:\n        return {_epilogue_name(key)}\n" for key in sorted(p.epilogues))
     return "\n\n".join(p.epilogues[key] for key in sorted(p.epilogues)) + f'''
 
 
-# Constants of the epilogue follow the product's extents: one function for each it was written for.
-_EPILOGUES = {{{table}}}
-
-
 def _epilogue_for(extents):
-    if extents not in _EPILOGUES:
-        raise ValueError(f"the epilogue is written for extents {{sorted(_EPILOGUES)}} only, not {{extents}}")
-    return _EPILOGUES[extents]
+    """Constants of the epilogue follow the product's extents: the function written for these."""
+{checks}    raise ValueError(f"the epilogue is written for extents {sorted(p.epilogues)} only, not {{extents}}")
 
 '''
 

@@ -59,7 +59,8 @@ def test_an_epilogue_whose_constants_follow_the_row_width_is_written_per_width()
     source = TPU_GEMM.render(task, {"block_m": 512, "block_n": 1024, "block_k": 512, "passes": 3, "block_rows": 64},
                              ("cpu", "full"))
     module = _module(source)
-    assert sorted(module._EPILOGUES) == [(1024,), (4096,)]
+    assert module._epilogue_for((1024,)) is module._epilogue_1024
+    assert module._epilogue_for((4096,)) is module._epilogue_4096
     with pytest.raises(ValueError, match="written for extents"):
         module._epilogue_for((2048,))
 
@@ -72,7 +73,7 @@ def test_statistics_over_the_batch_run_in_xla_on_the_product_written_per_extent(
     module = _module(source)
     full = plan(task, ("full",))
     assert not isinstance(full, str) and full.placement == "xla"
-    assert (full.m, full.n) in module._EPILOGUES and len(module._EPILOGUES) == 2
+    assert module._epilogue_for((full.m, full.n)) is getattr(module, f"_epilogue_{full.m}x{full.n}")
 
 
 def test_the_template_is_offered_on_tpu_targets_only() -> None:
