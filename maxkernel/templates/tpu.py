@@ -4,5 +4,6 @@ from __future__ import annotations
 
 from maxkernel.templates.base import Template
 from maxkernel.templates.tpu_gemm import TPU_GEMM
+from maxkernel.templates.tpu_rows import TPU_ROWS
 
-TPU_TEMPLATES: tuple[Template, ...] = (TPU_GEMM,)
+TPU_TEMPLATES: tuple[Template, ...] = (TPU_GEMM, TPU_ROWS)
