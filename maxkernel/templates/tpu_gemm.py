@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from maxkernel.analysis.graph import ELEMENTWISE
-from maxkernel.analysis.program import Node, Program, Var, arg_names, trace_program
+from maxkernel.analysis.program import Node, Program, Var, arg_names, static_args, trace_program
 from maxkernel.rewrites.activations import cheaper_activations
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
 from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, tpu_target
@@ -213,7 +213,7 @@ class TpuGemmTemplate:
                  _epilogue_source(p), _gemm_source(p)]
         if p.placement == "rows":
             parts.append(_rows_source(p))
-        parts.append(_kernel_source(p, names))
+        parts.append(_kernel_source(p, names, _size_statics(static_args(task, sizes[0]))))
         return "\n".join(parts)
 
 
@@ -231,7 +231,7 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> GemmPlan | str:
         if reason is not None:
             return reason
         p.placement = placement(task, p)
-        key = (p.m, p.n) if p.placement == "xla" else (p.n,)
+        key = _extents(p, static_args(task, size))
         text = emit_function(p.tail, _epilogue_name(key), f"The reference after its matmul, for {_extent(key)}.")
         if texts.setdefault(key, text) != text:
             return "the computation after the matmul is written differently for the same extents"
@@ -244,12 +244,23 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> GemmPlan | str:
     return found[-1]
 
 
+def _size_statics(static: dict[str, Any]) -> list[str]:
+    """The static arguments that are sizes (integers): the epilogue's reshapes and constants may follow them."""
+    return sorted(k for k, v in static.items() if isinstance(v, int) and not isinstance(v, bool))
+
+
+def _extents(p: GemmPlan, static: dict[str, Any]) -> tuple[int, ...]:
+    """What the epilogue's constants may follow: the row width (and the rows, when XLA runs it on the whole
+    product), then every integer static argument (a group count)."""
+    return ((p.m, p.n) if p.placement == "xla" else (p.n,)) + tuple(int(static[k]) for k in _size_statics(static))
+
+
 def _epilogue_name(key: tuple[int, ...]) -> str:
     return "_epilogue_" + "x".join(str(d) for d in key)
 
 
 def _extent(key: tuple[int, ...]) -> str:
-    return f"rows of {key[0]}" if len(key) == 1 else f"a {key[0]} x {key[1]} product"
+    return "extents " + " x ".join(str(d) for d in key)
 
 
 def _epilogue_source(p: GemmPlan) -> str:
@@ -275,6 +286,8 @@ def placement(task: "Task", p: GemmPlan) -> str:
 
     if p.tileable:
         return "tile"
+    if any(n.prim.startswith("random") for n in p.tail.nodes):
+        return "xla"  # random bits drawn per block would not be the reference's draws over the whole product
     out = p.out
     rows = row_layout(task, "cpu")
     if rows is not None and rows.independent and rows.row_dims == 1 and out.shape and out.shape[0] == p.m:
@@ -368,8 +381,10 @@ def _whole(a):
 '''
 
 
-def _kernel_source(p: GemmPlan, names: list[str]) -> str:
+def _kernel_source(p: GemmPlan, names: list[str], statics: list[str]) -> str:
     x, w = p.x.name, p.w.name
+    dims = ["m", "n"] if p.placement == "xla" else ["n"]
+    extents = "(" + ", ".join(dims + [f"static[{k!r}]" for k in statics]) + ("," if len(dims) + len(statics) == 1 else "") + ")"
     others = [v.name for v in p.tail.inputs[1:]]
     w_spec = ("pl.BlockSpec((block_n, block_k), lambda i, j, kk: (j, kk))" if p.w_nk
               else "pl.BlockSpec((block_k, block_n), lambda i, j, kk: (kk, j))")
@@ -397,7 +412,7 @@ def _kernel_source(p: GemmPlan, names: list[str]) -> str:
         "    # is raised to it, with headroom for Mosaic's own temporaries.",
         f"    planned = 2 * (block_m * block_k + block_k * block_n) * {item} + 2 * block_m * block_n * 4 * 2"
         " + 4 * (block_m * block_k + block_k * block_n) + block_m * block_n * 4",
-        f"    epilogue = _epilogue_for({'(m, n)' if p.placement == 'xla' else '(n,)'})",
+        f"    epilogue = _epilogue_for({extents})",
         "    h = pl.pallas_call(",
         f"        functools.partial(_gemm_kernel, epilogue={'epilogue' if p.placement == 'tile' else 'None'}),",
         f"        out_shape=jax.ShapeDtypeStruct((m, n), {gemm_out}),",

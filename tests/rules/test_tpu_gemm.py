@@ -59,10 +59,16 @@ def test_an_epilogue_whose_constants_follow_the_row_width_is_written_per_width()
     source = TPU_GEMM.render(task, {"block_m": 512, "block_n": 1024, "block_k": 512, "passes": 3, "block_rows": 64},
                              ("cpu", "full"))
     module = _module(source)
-    assert module._epilogue_for((1024,)) is module._epilogue_1024
-    assert module._epilogue_for((4096,)) is module._epilogue_4096
+    assert module._epilogue_for((1024, 64)) is module._epilogue_1024x64  # (row width, num_groups)
+    assert module._epilogue_for((4096, 64)) is module._epilogue_4096x64
     with pytest.raises(ValueError, match="written for extents"):
-        module._epilogue_for((2048,))
+        module._epilogue_for((4096, 32))  # another group count: its reshape differs
+
+
+def test_dropout_draws_over_the_whole_product_in_xla() -> None:
+    task = load_task("38k_Matmul_Dropout_Softmax")  # random bits per row block would not be the reference's
+    full = plan(task, ("full",))
+    assert not isinstance(full, str) and full.placement == "xla"
 
 
 def test_statistics_over_the_batch_run_in_xla_on_the_product_written_per_extent() -> None:
