@@ -1,7 +1,16 @@
 """Speedups of the one engine (``maxkernel optimize``: an Auto session on the actors) over the suite at
-``cpu`` size (a benchmark, not a test).
+``cpu`` size, or modelled on a TPU (a benchmark, not a test).
 
     python benchmarks/suite_speedup.py [--tasks 12p_RMSNorm 21k_...] [--budget 120] [--json FILE]
+    python benchmarks/suite_speedup.py --target tpu-v6e [--tasks ...] [--budget 30] [--json FILE]
+    python benchmarks/suite_speedup.py --from-json A.json B.json   # one table from runs split over processes
+
+``--target tpu-v5e|tpu-v6e|...``: each task is one ``orchestrators.api.optimize`` session for that target,
+in a process of its own with a bounded address space (what a render allocates must not take the machine).
+Per task: what won, its label (pallas-kernel or jax), the modelled speedup at ``full`` size (1.0x when the
+reference is returned), the Pallas strategies tried and how they ended. At the end: the tasks whose best is
+a Pallas kernel that lowers and is modelled faster than the reference, and the geometric mean of the
+modelled speedups (a task returning the reference, or whose session failed, counts 1.0x).
 
 Per task: reference ms, best ms, the confirmed speedup, what produced it (rewrite, or template with
 parameters), and "ref as cand.": the judge's speedup of the reference itself evaluated as a candidate
@@ -41,7 +50,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=120.0, help="seconds per task")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
+    parser.add_argument("--target", default="cpu", help="cpu (measured) or a TPU, e.g. tpu-v6e (modelled)")
+    parser.add_argument("--from-json", nargs="+", type=Path, metavar="FILE",
+                        help="print the TPU table and counts from the rows of earlier --target tpu-* runs (no run)")
     args = parser.parse_args(argv)
+    if args.from_json:
+        return _tpu_from_json(args.from_json)
+    from maxkernel.targets.names import TargetError, parse_target
+
+    try:
+        kind, _ = parse_target(args.target)
+        if kind not in ("cpu", "tpu"):
+            raise TargetError(f"target {args.target!r}: this benchmark runs on cpu or a TPU target")
+    except TargetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if kind == "tpu":
+        return _tpu_main(args)
 
     os.environ["MAXKERNEL_DATA_DIR"] = tempfile.mkdtemp(prefix="suite_speedup_")
     from actors.config import ActorConfig
@@ -133,6 +158,116 @@ def _print(console: Console, rows: list[dict[str, Any]], budget: float) -> None:
     console.print(f"returned non-reference kernels passing the unseen size: {unseen_ok}/{len(returned)}   "
                   f"unchecked (task declares no free size): {sum(1 for r in returned if r.get('unseen_passed') is None)}",
                   markup=False)
+
+
+def _tpu_main(args: argparse.Namespace) -> int:
+    """Every task as one bounded optimization session for the TPU target, rows kept as they come."""
+    from benchmarks.tpu_vs_expert import ours_bounded
+    from jaxbench.task import TaskError, list_tasks, load_task
+    from maxkernel.logging import configure
+
+    os.environ["MAXKERNEL_DATA_DIR"] = tempfile.mkdtemp(prefix="suite_speedup_")  # nothing recalled from earlier runs
+    configure("warning")
+    try:
+        tasks = [load_task(t) for t in args.tasks] if args.tasks else list_tasks()
+    except TaskError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    console = Console(width=200)
+    rows: list[dict[str, Any]] = []
+    for task in tasks:
+        ours = ours_bounded(task.id, args.target, args.budget)
+        rows.append(tpu_row(task.id, ours.model_dump()))
+        console.print(f"{task.id}: {_tpu_cell(rows[-1])} ({ours.seconds:.0f}s)", markup=False, highlight=False)
+        if args.json:
+            args.json.write_text(json.dumps({"target": args.target, "budget_s": args.budget, "rows": rows,
+                                             "summary": tpu_summary(rows)}, indent=2))
+    _print_tpu(console, rows, args.target, args.budget)
+    return 0
+
+
+def _tpu_from_json(paths: list[Path]) -> int:
+    """One table over the rows that earlier TPU runs wrote (a run split over processes, or resumed)."""
+    rows: list[dict[str, Any]] = []
+    targets, budgets = set(), set()
+    for path in paths:
+        try:
+            saved = json.loads(path.read_text())
+            rows += saved["rows"]
+            targets.add(saved["target"])
+            budgets.add(saved["budget_s"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: {path}: not the JSON of a --target tpu-* run ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return 2
+    if len(targets) != 1 or len(budgets) != 1:
+        print(f"error: the files mix targets {sorted(targets)} or budgets {sorted(budgets)}", file=sys.stderr)
+        return 2
+    from jaxbench.task import list_tasks
+
+    order = {t.id: i for i, t in enumerate(list_tasks())}
+    rows.sort(key=lambda r: order.get(r["task"], len(order)))
+    _print_tpu(Console(width=200), rows, targets.pop(), budgets.pop())
+    return 0
+
+
+def tpu_row(task_id: str, ours: dict[str, Any]) -> dict[str, Any]:
+    """One task's row from what its session returned: the winner, and how each Pallas strategy fared."""
+    pallas: dict[str, list[str]] = {}
+    for trial in ours.get("trials", []):
+        if trial.startswith("template:"):  # "template:NAME {params}: STATUS ..."
+            name, _, rest = trial.partition(" ")
+            status = rest.rpartition("}: ")[2].split(" ", 1)[0]
+            pallas.setdefault(name.removeprefix("template:"), []).append(status)
+    return {"task": task_id, "strategy": ours.get("strategy", "error"), "params": ours.get("params", {}),
+            "label": ours.get("label"), "status": ours.get("status"), "beat_reference": bool(ours.get("beat_reference")),
+            "speedup": ours.get("speedup"), "seconds": ours.get("seconds"), "note": ours.get("note", ""),
+            "pallas_tried": pallas, "trials": list(ours.get("trials", []))}
+
+
+def pallas_faster(row: dict[str, Any]) -> bool:
+    """The returned kernel is a Pallas kernel (it lowered: the evaluator refuses one that does not) and is
+    modelled faster than the reference."""
+    return row.get("label") == "pallas-kernel" and bool(row.get("beat_reference")) and float(row.get("speedup") or 0.0) > 1.0
+
+
+def tpu_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    speedups = [max(float(r.get("speedup") or 1.0), 1e-9) for r in rows]
+    geo = math.exp(sum(math.log(v) for v in speedups) / len(speedups)) if speedups else None
+    return {"tasks": len(rows), "pallas_faster": sum(1 for r in rows if pallas_faster(r)),
+            "jax_faster": sum(1 for r in rows if r.get("label") == "jax" and r.get("beat_reference")),
+            "errors": sum(1 for r in rows if r.get("status") == "error"), "geomean": geo}
+
+
+def _tpu_cell(row: dict[str, Any]) -> str:
+    if row.get("status") == "error":
+        return f"session failed: {row.get('note', '')[:120]}"
+    params = f" {row['params']}" if row.get("params") else ""
+    return f"{row['strategy']}{params} [{row.get('label') or '-'}] {float(row.get('speedup') or 1.0):.2f}x"
+
+
+def _print_tpu(console: Console, rows: list[dict[str, Any]], target: str, budget: float) -> None:
+    table = Table(title=f"maxkernel optimize (one engine), {target}, modelled at full size, {budget:g} s per task")
+    for col in ("task", "best", "label", "speedup", "Pallas templates tried", "s"):
+        table.add_column(col, justify="right" if col in ("speedup", "s") else "left", overflow="fold")
+    for r in rows:
+        best = f"failed: {r['note'][:80]}" if r.get("status") == "error" else r["strategy"] + (f" {r['params']}" if r["params"] else "")
+        table.add_row(r["task"], best, r.get("label") or "-", f"{float(r.get('speedup') or 1.0):.2f}x",
+                      _tried(r["pallas_tried"]), f"{r['seconds']:.0f}")
+    console.print(table)
+    s = tpu_summary(rows)
+    geo = f"{s['geomean']:.2f}x" if s["geomean"] else "-"
+    console.print(f"tasks: {s['tasks']}   best is a Pallas kernel modelled faster than the reference: {s['pallas_faster']}"
+                  f"/{s['tasks']}   best is plain JAX and faster: {s['jax_faster']}   sessions failed: {s['errors']}   "
+                  f"geomean modelled speedup: {geo}", markup=False)
+
+
+def _tried(pallas: dict[str, list[str]]) -> str:
+    """Each Pallas template tried, with how its trials ended (``rowblock: ok 2, rejected 1``)."""
+    parts = []
+    for name, statuses in pallas.items():
+        counts = {s: statuses.count(s) for s in dict.fromkeys(statuses)}
+        parts.append(f"{name}: " + ", ".join(f"{s} {n}" for s, n in counts.items()))
+    return "; ".join(parts) or "-"
 
 
 def _unseen(row: dict[str, Any]) -> str:

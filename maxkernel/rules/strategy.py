@@ -8,9 +8,10 @@ from pydantic import BaseModel, Field
 
 from maxkernel.rewrites.structural import structural_rewrites
 from maxkernel.templates import TEMPLATES
-from maxkernel.templates.base import sizes_for
+from maxkernel.templates.base import sizes_for, tpu_target
 from maxkernel.templates.gpu import GPU_TEMPLATES
 from maxkernel.templates.gpu_base import gpu_sizes, gpu_target
+from maxkernel.templates.tpu import TPU_TEMPLATES
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -62,8 +63,11 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
 
 
 def templates_for(target: str) -> tuple[Any, ...]:
-    """GPU targets get the GPU Pallas templates (the TPU ones emit Mosaic TPU code); the rest the default ones."""
-    return GPU_TEMPLATES if gpu_target(target) else TEMPLATES
+    """GPU targets get the GPU Pallas templates (the TPU ones emit Mosaic TPU code); TPU targets the default
+    ones and those written for TPU only; the rest the default ones."""
+    if gpu_target(target):
+        return GPU_TEMPLATES
+    return TPU_TEMPLATES + TEMPLATES if tpu_target(target) else TEMPLATES
 
 
 def render(task: "Task", strategy: Strategy, params: dict[str, Any] | None = None) -> str:

@@ -10,7 +10,8 @@ What an expert writes, and why:
 - MXU operands in the input dtype (bf16 in, f32 accumulate through ``preferred_element_type``): the f32
   rate is a sixth of bf16's. f32 inputs keep f32 operands at full precision.
 - a query block holds every query head that shares one kv head, so each kv block is loaded once per group;
-- the softmax scale is applied once per query block (kept scaled in VMEM), not to every score block;
+- the softmax scale multiplies the f32 scores, as JAX's flash attention does (a scaled bf16 copy of the
+  query block would round every query: outside a bf16 task's tolerance on shifted inputs);
 - masked scores take a large finite value (no ``inf - inf``), and the output is normalised once, after the
   row's last key block;
 - ``dimension_semantics``: batch and kv heads are parallel, the step axis carries the accumulators.
@@ -164,7 +165,7 @@ def vmem_bytes(a: AttentionShape, block_q: int, block_k: int) -> int:
     item, out = a.in_dtype.itemsize, a.out_dtype.itemsize
     q_rows = a.group * block_q
     blocks = 2 * (q_rows * a.head_dim * (item + out) + 2 * block_k * a.head_dim * item)
-    scratch = q_rows * a.head_dim * (4 + item) + 2 * q_rows * 128 * 4
+    scratch = q_rows * a.head_dim * 4 + 2 * q_rows * 128 * 4
     tiles = 0
     if a.bias is not None:  # every distance's tile, double-buffered (see bias.TILES_SOURCE)
         tiles = 2 * a.group * (bias_tile_count(a.buckets, block_q) * block_q * block_k * item)
@@ -287,14 +288,13 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
         "    return tuple(jnp.asarray(np.asarray(x, dtype=np.int32)) for x in (q_blocks, kv_blocks, flags))",
         "",
         "",
-        f"def _flash_kernel(q_blocks_ref, kv_blocks_ref, flags_ref, q_ref, k_ref, v_ref,{bias_ref} o_ref, qs_ref, m_ref, l_ref,",
+        f"def _flash_kernel(q_blocks_ref, kv_blocks_ref, flags_ref, q_ref, k_ref, v_ref,{bias_ref} o_ref, m_ref, l_ref,",
         f"                  acc_ref, *, block_q, block_k, scale{', far' if table else ''}{static}):",
         "    t = pl.program_id(2)",
         "    flags = flags_ref[t]",
         "",
         "    @pl.when((flags & FIRST) != 0)",
-        "    def _init():  # a new query block: scale it once, reset the running statistics",
-        "        qs_ref[...] = (q_ref[...].astype(jnp.float32) * scale).astype(qs_ref.dtype)",
+        "    def _init():  # a new query block: reset the running statistics",
         "        m_ref[...] = jnp.full(m_ref.shape, M_START, jnp.float32)",
         "        l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)",
         "        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)",
@@ -314,8 +314,9 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
     lines += [
         *(["        distance = jnp.clip(q_blocks_ref[t] - kv_blocks_ref[t], -1, far) + 1  # the bias tile"] if table else []),
         "        for h in range(q_ref.shape[0]):  # the query heads that share this kv head",
-        "            s = jax.lax.dot_general(qs_ref[h], k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32"
+        "            s = jax.lax.dot_general(q_ref[h], k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32"
         f"{precision})",
+        "            s = s * scale  # on the f32 scores: a scaled copy of a bf16 q would round every query",
     ]
     if table:
         lines += ["            s = s + bias_ref[h, distance].astype(jnp.float32)  # this block distance's bias tile"]
@@ -376,7 +377,6 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
         "        ],",
         "        out_specs=pl.BlockSpec((None, group, block_q, head_dim), lambda b, g, t, qb, kb, f: (b, g, qb[t], 0)),",
         "        scratch_shapes=[",
-        f"            pltpu.VMEM((group, block_q, head_dim), {q}.dtype),  # the scaled query block",
         "            pltpu.VMEM((group, block_q, 1), jnp.float32),  # running row max",
         "            pltpu.VMEM((group, block_q, 1), jnp.float32),  # running row sum",
         "            pltpu.VMEM((group, block_q, head_dim), jnp.float32),  # unnormalised output",

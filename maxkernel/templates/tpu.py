@@ -1,0 +1,9 @@
+"""The Pallas templates written for TPU targets only (Mosaic TPU kernels with TPU block rules)."""
+
+from __future__ import annotations
+
+from maxkernel.templates.base import Template
+from maxkernel.templates.tpu_gemm import TPU_GEMM
+from maxkernel.templates.tpu_rows import TPU_ROWS
+
+TPU_TEMPLATES: tuple[Template, ...] = (TPU_GEMM, TPU_ROWS)

@@ -1,0 +1,89 @@
+"""The TPU GEMM template: bf16 MXU passes, the epilogue fused or over whole rows, one body for every size."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from jaxbench.task import load_task
+from maxkernel.analysis import analyze_task
+from maxkernel.rules.strategy import propose_strategies
+from maxkernel.targets import validate_tpu
+from maxkernel.templates.tpu_gemm import TPU_GEMM, gemm_vmem_bytes, plan
+
+SMALL = {"block_m": 256, "block_n": 512, "block_k": 512}  # two or more steps on every grid axis at cpu size
+
+
+def _module(source: str) -> types.ModuleType:
+    module = types.ModuleType("candidate")
+    exec(compile(source, "candidate.py", "exec"), module.__dict__)
+    return module
+
+
+def test_row_epilogue_in_three_bf16_passes_is_correct_and_lowers(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
+    task = load_task("50k_Matmul_GELU_Softmax")  # softmax over the features: the epilogue needs whole rows
+    assert TPU_GEMM.applies(task, analyze_task(task)) is None
+    source = TPU_GEMM.render(task, {**SMALL, "passes": 3, "block_rows": 64}, ("cpu", "full"))
+    assert "_rows_kernel" in source and "Precision.HIGHEST" not in source and "jnp.bfloat16" in source
+    assert "erfc" not in source  # exact GELU's erfc has no Mosaic lowering: written as 1 - erf
+    report = declared_size_evaluator.evaluate(task, source)
+    assert report.passed and report.label == "pallas-kernel", report.reason
+
+    analysis = analyze_task(task, "tpu-v6e")
+    space = TPU_GEMM.space(task, analysis, "tpu-v6e")
+    full = plan(task, ("full",))
+    assert not isinstance(full, str)
+    assert space.space["passes"] == [3, 6]
+    for bm in space.space["block_m"]:
+        for bn in space.space["block_n"]:
+            for bk in space.space["block_k"]:
+                assert full.m % bm == 0 and full.n % bn == 0 and full.k % bk == 0
+                assert bm % 8 == 0 and bn % 128 == 0 and bk % 128 == 0
+                assert gemm_vmem_bytes(full, bm, bn, bk, 3) <= 0.4 * 128 * 2**20
+    result = validate_tpu(TPU_GEMM.render(task, space.defaults, ("cpu", "full")), task, "v6e")
+    assert result.ok, result.reason
+    assert result.vmem_bytes is not None and result.vmem_bytes <= result.vmem_budget_bytes
+
+
+def test_elementwise_epilogue_is_fused_into_the_gemm_at_full_precision(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
+    task = load_task("41k_Gemm_Add_ReLU")
+    source = TPU_GEMM.render(task, {**SMALL, "passes": 6}, ("cpu", "full"))
+    assert "_rows_kernel" not in source and "Precision.HIGHEST" in source
+    report = declared_size_evaluator.evaluate(task, source)
+    assert report.passed and report.label == "pallas-kernel", report.reason
+
+
+def test_an_epilogue_whose_constants_follow_the_row_width_is_written_per_width() -> None:
+    task = load_task("29k_Matmul_Swish_Sum_GroupNorm")  # group norm: divides by the group's width
+    source = TPU_GEMM.render(task, {"block_m": 512, "block_n": 1024, "block_k": 512, "passes": 3, "block_rows": 64},
+                             ("cpu", "full"))
+    module = _module(source)
+    assert module._epilogue_for((1024, 64)) is module._epilogue_1024x64  # (row width, num_groups)
+    assert module._epilogue_for((4096, 64)) is module._epilogue_4096x64
+    with pytest.raises(ValueError, match="written for extents"):
+        module._epilogue_for((4096, 32))  # another group count: its reshape differs
+
+
+def test_dropout_draws_over_the_whole_product_in_xla() -> None:
+    task = load_task("38k_Matmul_Dropout_Softmax")  # random bits per row block would not be the reference's
+    full = plan(task, ("full",))
+    assert not isinstance(full, str) and full.placement == "xla"
+
+
+def test_statistics_over_the_batch_run_in_xla_on_the_product_written_per_extent() -> None:
+    task = load_task("31k_Gemm_BatchNorm_GELU_ReLU")  # batch norm: a mean over the rows, divided by the batch
+    assert TPU_GEMM.applies(task, analyze_task(task)) is None
+    source = TPU_GEMM.render(task, {"block_m": 512, "block_n": 1024, "block_k": 512, "passes": 3}, ("cpu", "full"))
+    assert "_rows_kernel" not in source and "return epilogue(h" in source
+    module = _module(source)
+    full = plan(task, ("full",))
+    assert not isinstance(full, str) and full.placement == "xla"
+    assert module._epilogue_for((full.m, full.n)) is getattr(module, f"_epilogue_{full.m}x{full.n}")
+
+
+def test_the_template_is_offered_on_tpu_targets_only() -> None:
+    task = load_task("41k_Gemm_Add_ReLU")
+    on_tpu = [s.name for s in propose_strategies(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")]
+    on_cpu = [s.name for s in propose_strategies(task, analyze_task(task), "cpu")]
+    assert "template:tpu_gemm" in on_tpu and "template:tpu_gemm" not in on_cpu
