@@ -8,9 +8,10 @@ from pydantic import BaseModel, Field
 
 from maxkernel.rewrites.structural import structural_rewrites
 from maxkernel.templates import TEMPLATES
-from maxkernel.templates.base import sizes_for
+from maxkernel.templates.base import sizes_for, tpu_target
 from maxkernel.templates.gpu import GPU_TEMPLATES
 from maxkernel.templates.gpu_base import gpu_sizes, gpu_target
+from maxkernel.templates.paged import PAGED_ATTENTION
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -61,9 +62,16 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
     return found
 
 
+# Templates whose kernels need TPU features (manual DMAs from HBM, DMA semaphores): TPU targets only.
+TPU_ONLY_TEMPLATES: tuple[Any, ...] = (PAGED_ATTENTION,)
+
+
 def templates_for(target: str) -> tuple[Any, ...]:
-    """GPU targets get the GPU Pallas templates (the TPU ones emit Mosaic TPU code); the rest the default ones."""
-    return GPU_TEMPLATES if gpu_target(target) else TEMPLATES
+    """GPU targets get the GPU Pallas templates (the TPU ones emit Mosaic TPU code); TPU targets also the
+    TPU-only ones; the rest the default ones."""
+    if gpu_target(target):
+        return GPU_TEMPLATES
+    return TEMPLATES + TPU_ONLY_TEMPLATES if tpu_target(target) else TEMPLATES
 
 
 def render(task: "Task", strategy: Strategy, params: dict[str, Any] | None = None) -> str:
