@@ -62,16 +62,17 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
     return found
 
 
-# Templates whose kernels need TPU features (manual DMAs from HBM, DMA semaphores): TPU targets only.
+# Templates whose kernels need TPU features (manual DMAs from HBM, DMA semaphores): TPU targets only. They
+# are written for one task family each, so they come before the general templates.
 TPU_ONLY_TEMPLATES: tuple[Any, ...] = (PAGED_ATTENTION,)
 
 
 def templates_for(target: str) -> tuple[Any, ...]:
-    """GPU targets get the GPU Pallas templates (the TPU ones emit Mosaic TPU code); TPU targets also the
-    TPU-only ones; the rest the default ones."""
+    """GPU targets get the GPU Pallas templates (the TPU ones emit Mosaic TPU code); TPU targets the TPU-only
+    ones first, then the default ones; the rest the default ones."""
     if gpu_target(target):
         return GPU_TEMPLATES
-    return TEMPLATES + TPU_ONLY_TEMPLATES if tpu_target(target) else TEMPLATES
+    return TPU_ONLY_TEMPLATES + TEMPLATES if tpu_target(target) else TEMPLATES
 
 
 def render(task: "Task", strategy: Strategy, params: dict[str, Any] | None = None) -> str:

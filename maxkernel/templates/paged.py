@@ -109,8 +109,9 @@ class PagedDecodeTemplate:
             options = [p for p in TPU_PAGES_PER_BLOCK
                        if a.pages_per_seq % p == 0 and (p * a.page_size) % 128 == 0
                        and vmem_bytes(a, p) <= TPU_VMEM_BUDGET]
-            # Default: 1024 keys a block (few grid steps, little waste past the length), else the largest.
-            default = next((p for p in options if p * a.page_size == 1024), max(options, default=0))
+            # Default: the largest block. Pages past the length are never copied, so a larger block costs only
+            # masked scores in its last block, and saves grid steps (each a fixed overhead).
+            default = max(options, default=0)
             return TemplateSpace(defaults={"pages_per_block": default}, space={"pages_per_block": options})
         # CPU (interpret mode): grid steps are expensive, so only a few large blocks are worth trying.
         options = sorted(d for d in divisors(a.pages_per_seq) if a.pages_per_seq // d <= 4)
