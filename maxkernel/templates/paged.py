@@ -30,7 +30,7 @@ import numpy as np
 
 from maxkernel.analysis.program import arg_names, trace_program
 from maxkernel.rewrites.emit import EmitError, dtype_expr, scalar_text
-from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
+from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, analysed_at, divisors, tpu_target
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -118,13 +118,7 @@ class PagedDecodeTemplate:
         return TemplateSpace(defaults={"pages_per_block": options[-1]}, space={"pages_per_block": options})
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
-        shapes = [analyse(task, size) for size in sizes]
-        failed = next((s for s in shapes if isinstance(s, str)), None)
-        if failed is not None:
-            raise EmitError(failed)
-        found = [s for s in shapes if not isinstance(s, str)]
-        if len({(s.dtype, s.out_dtype, tuple(s.names.items())) for s in found}) != 1:
-            raise EmitError("argument roles or dtypes that change with size")
+        found = analysed_at(task, sizes, analyse, lambda s: (s.dtype, s.out_dtype, tuple(s.names.items())))
         scale = _scale_text(found)
         if scale is None:
             raise EmitError("a score scale that changes with size but is not 1/sqrt(head_dim)")
