@@ -103,8 +103,11 @@ def _floor(task: Task, name: str, cpu: dict[str, Any]) -> tuple[Any, int]:
     return max(free.min, free.multiple_of), free.multiple_of
 
 
-def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSize:
-    """The check size of this candidate (see the module docstring); ``refusal`` says why there is none."""
+def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec, interpreted: bool = False) -> CheckSize:
+    """The check size of this candidate (see the module docstring); ``refusal`` says why there is none.
+
+    ``interpreted``: the check runs in TPU interpret mode, whose memory operations are host callbacks: they
+    are estimated (``interpreted_ops``) and bound the check's time."""
     full = task.size("full")
     priced = trace_at(module, task, full, spec)
     configuration = Configuration.of(priced)
@@ -148,7 +151,8 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSiz
     assert not isinstance(checked, str)  # every chosen size traced (full itself was traced first)
     calls = find_pallas_calls(checked)
     steps = sum(_steps(c.eqn.params["grid_mapping"].grid) for c in calls)
-    ops = sum(int(c.count * _steps(c.eqn.params["grid_mapping"].grid) * _ops_per_step(c.eqn)) for c in calls)
+    ops = sum(int(c.count * _steps(c.eqn.params["grid_mapping"].grid) * _ops_per_step(c.eqn)) for c in calls) \
+        if interpreted else 0
     result = CheckSize(name=size_name(chosen), values=chosen, grid_steps=steps, interpreted_ops=ops, smaller=stopped)
     result.reference_bytes, result.reference_flops = reference_cost(task, chosen)
     over = []

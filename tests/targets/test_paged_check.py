@@ -66,17 +66,17 @@ def _unrescaled(source: str) -> str:
 
 def test_free_parameter_goes_below_its_cpu_value(paged_task: Task, tmp_path: Path) -> None:
     source = _template_source(paged_task)
-    check = derive_check_size(load_candidate(source), paged_task, V5E)
+    check = derive_check_size(load_candidate(source), paged_task, V5E, interpreted=True)
     # batch halves to 2 (two grid steps), below cpu's 4; pages_per_seq keeps two 8-page blocks.
     assert check.refusal is None and check.values["batch"] == 2 and check.values["pages_per_seq"] == 16
     assert check.grid_steps == 2 * 2 * 2
     fixed = _paged_task(tmp_path / "fixed", free=False)
-    assert derive_check_size(load_candidate(source), fixed, V5E).values["batch"] == 4
+    assert derive_check_size(load_candidate(source), fixed, V5E, interpreted=True).values["batch"] == 4
 
 
 def test_interpreted_operations_follow_the_pages_copied(paged_task: Task) -> None:
-    small = derive_check_size(load_candidate(_template_source(paged_task, 8)), paged_task, V5E)
-    large = derive_check_size(load_candidate(_template_source(paged_task, 16)), paged_task, V5E)
+    small = derive_check_size(load_candidate(_template_source(paged_task, 8)), paged_task, V5E, True)
+    large = derive_check_size(load_candidate(_template_source(paged_task, 16)), paged_task, V5E, True)
     # Each step starts and waits two DMAs per page (k and v): twice the pages a block, about twice the
     # operations a step, on half the kv blocks.
     assert small.interpreted_ops > 8 * small.grid_steps * 2
@@ -96,8 +96,12 @@ def test_correctness_timeout_grows_with_interpreted_operations_and_is_capped() -
 def test_a_check_with_too_many_interpreted_operations_is_refused(paged_task: Task,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(check_size, "CHECK_TIMEOUT_CAP_S", 1.0)
-    check = derive_check_size(load_candidate(_template_source(paged_task)), paged_task, V5E)
+    module = load_candidate(_template_source(paged_task))
+    check = derive_check_size(module, paged_task, V5E, interpreted=True)
     assert check.refusal is not None and "interpreted memory operations a run" in check.refusal
+    # A check that does not run in TPU interpret mode (the GPU targets' plain interpreter) is not bound by them.
+    plain = derive_check_size(module, paged_task, V5E)
+    assert plain.refusal is None and plain.interpreted_ops == 0
 
 
 # --- end to end through evaluate_candidate (sandboxed lowering and check size, TPU interpret mode) ---------
