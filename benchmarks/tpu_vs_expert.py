@@ -403,7 +403,8 @@ def merge_rows(paths: list[Path]) -> list[ExpertRow]:
 
 
 def markdown_table(rows: list[ExpertRow]) -> str:
-    """One line a task, the targets side by side: expert, ours, ours/expert."""
+    """One line a task, the targets side by side: expert, ours, ours/expert (a failed expert by its status
+    and the first part of its reason: the check that failed)."""
     targets = list(dict.fromkeys(r.target for r in rows))
     head = ["task", "expert kernel"] + [f"{col} {t.removeprefix('tpu-')}" for t in targets
                                           for col in ("expert", "ours", "ours/expert")]
@@ -417,7 +418,9 @@ def markdown_table(rows: list[ExpertRow]) -> str:
             if row is None:
                 cells += ["not run", "not run", "-"]
                 continue
-            cells += [_expert_cell(row).replace("|", "/"), _ours_cell(row.ours).replace("|", "/"),
+            expert = (f"{row.status} ({row.reason.split(':')[0][:40]})" if row.provable and row.status != "ok"
+                      else _expert_cell(row))
+            cells += [expert.replace("|", "/"), _ours_cell(row.ours).replace("|", "/"),
                       "-" if row.ratio is None else f"{row.ratio:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

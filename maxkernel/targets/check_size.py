@@ -131,7 +131,8 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec, interpreted
         jaxpr = traced(values)
         if isinstance(jaxpr, str):
             return jaxpr
-        return configuration_difference(configuration, Configuration.of(jaxpr)) or twin_difference(priced, jaxpr, filename)
+        return (configuration_difference(configuration, Configuration.of(jaxpr))
+                or scratch_difference(priced, jaxpr) or twin_difference(priced, jaxpr, filename))
 
     cpu = task.size("cpu")
     chosen = dict(full)
@@ -170,6 +171,25 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec, interpreted
                           f"{result.name}, needs {' and '.join(over)} to check; smaller sizes differ: "
                           + ("; ".join(stopped[:2]) or "no size parameter can be halved"))
     return result
+
+
+def scratch_difference(priced: core.Jaxpr, checked: core.Jaxpr) -> str | None:
+    """Why ``checked``'s kernels do not use ``priced``'s scratch buffers (VMEM blocks that manual DMAs fill,
+    accumulators), or None: a kernel that sizes them from a shape (pages a block shrunk to fit a shorter page
+    table) runs another block configuration there."""
+    for n, (full, check) in enumerate(zip(find_pallas_calls(priced), find_pallas_calls(checked)), start=1):
+        wanted, found = _scratch_shapes(full.eqn), _scratch_shapes(check.eqn)
+        for k, (a, b) in enumerate(zip(wanted, found)):
+            if a != b:
+                return (f"kernel {full.name} (pallas_call {n}): scratch buffer {k} is {a} at full size but {b} at "
+                        "the check size")
+    return None
+
+
+def _scratch_shapes(eqn: core.JaxprEqn) -> list[tuple[int, ...]]:
+    count = eqn.params["grid_mapping"].num_scratch_operands
+    refs = eqn.params["jaxpr"].invars[len(eqn.params["jaxpr"].invars) - count:] if count else []
+    return [tuple(getattr(v.aval, "shape", ())) for v in refs]
 
 
 def check_timeout_s(check: CheckSize, runs: int, default_s: float) -> float:
