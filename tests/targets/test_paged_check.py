@@ -74,6 +74,16 @@ def test_free_parameter_goes_below_its_cpu_value(paged_task: Task, tmp_path: Pat
     assert derive_check_size(load_candidate(source), fixed, V5E, interpreted=True).values["batch"] == 4
 
 
+def test_a_block_shrunk_to_fit_a_smaller_page_table_is_another_configuration() -> None:
+    # 6p, 256 pages a block: one block a sequence at full size; at 128 pages a sequence the block would
+    # shrink to 128 pages (its VMEM slots too), a configuration that is never priced.
+    task = load_task("6p_Paged_Attention")
+    check = derive_check_size(load_candidate(_template_source(task, 256)), task, V5E)
+    assert check.refusal is None and check.values["pages_per_seq"] == 256 and check.values["batch"] == 2
+    assert any("pages_per_seq=128: kernel _paged_kernel (pallas_call 1): scratch buffer 0 is (2, 256, 16, 128) "
+               "at full size but (2, 128, 16, 128) at the check size" in why for why in check.smaller)
+
+
 def test_interpreted_operations_follow_the_pages_copied(paged_task: Task) -> None:
     small = derive_check_size(load_candidate(_template_source(paged_task, 8)), paged_task, V5E, True)
     large = derive_check_size(load_candidate(_template_source(paged_task, 16)), paged_task, V5E, True)
