@@ -356,7 +356,8 @@ def _ours_cell(ours: Ours | None) -> str:
         return "-"
     if ours.status == "error":
         return f"optimizer failed: {ours.note[:100]}"
-    params = f" {ours.params}" if ours.params else ""
+    shown = {k: v for k, v in ours.params.items() if k != "source"}  # a recalled kernel carries its source
+    params = f" {shown}" if shown else ""
     return f"{ours.strategy}{params} [{ours.label or '-'}] {_x(ours.speedup)}"
 
 
