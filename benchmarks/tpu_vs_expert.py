@@ -3,6 +3,7 @@
     python benchmarks/tpu_vs_expert.py [--targets tpu-v5e,tpu-v6e] [--tasks 1p,6p] [--budget S]
                                        [--experts-only] [--json FILE]
     python benchmarks/tpu_vs_expert.py --suite [--tasks ...] [--budget S] [--json FILE]
+    python benchmarks/tpu_vs_expert.py --merge A.json,B.json [--markdown] [--json FILE]
 
 For every suite task that an expert kernel covers, ``benchmarks/experts/<task>.py`` is a candidate
 (our wrapper around a kernel of ``jax.experimental.pallas.ops.tpu``) that the evaluator checks and prices
@@ -10,6 +11,9 @@ exactly like ours; beside it, our optimizer's best for the same target. The tabl
 speedups over the reference and ours/expert. An expert that JAX's TPU interpret mode cannot run under
 the pinned JAX cannot be proven correct here: its row says "not provable here" and is left out of the
 summary (our optimizer is not run for it either).
+
+``--merge``: the rows of earlier runs' JSON files (one task or target each, when a whole run is too slow
+for a loaded machine) as one table and summary; ``--markdown`` prints the table as Markdown.
 
 ``--suite``: the whole suite on tpu-v6e instead: per task our best, its label (pallas-kernel or jax) and
 modelled speedup; how many Pallas winners are modelled faster than the reference; the geometric mean
@@ -352,7 +356,8 @@ def _ours_cell(ours: Ours | None) -> str:
         return "-"
     if ours.status == "error":
         return f"optimizer failed: {ours.note[:100]}"
-    params = f" {ours.params}" if ours.params else ""
+    shown = {k: v for k, v in ours.params.items() if k != "source"}  # a recalled kernel carries its source
+    params = f" {shown}" if shown else ""
     return f"{ours.strategy}{params} [{ours.label or '-'}] {_x(ours.speedup)}"
 
 
@@ -364,10 +369,14 @@ def print_experts(console: Console, rows: list[ExpertRow], budget_s: float) -> N
         table.add_row(row.task, row.target, row.kernel, escape(_expert_cell(row)), escape(_ours_cell(row.ours)),
                       "-" if row.ratio is None else f"{row.ratio:.2f}")
     console.print(table)
-    for target, s in expert_summary(rows).items():
-        console.print(f"{target}: covered {s['covered']} (not provable here: {', '.join(s['not_provable']) or 'none'}); "
-                      f"expert priced {s['expert_priced']}; ours >= expert on {s['ours_at_least_expert']}/{s['compared']}; "
-                      f"geomean ours/expert {_x(s['geomean_ratio'])}", markup=False)
+    for line in summary_lines(rows):
+        console.print(line, markup=False)
+
+
+def summary_lines(rows: list[ExpertRow]) -> list[str]:
+    return [f"{target}: covered {s['covered']} (not provable here: {', '.join(s['not_provable']) or 'none'}); "
+            f"expert priced {s['expert_priced']}; ours >= expert on {s['ours_at_least_expert']}/{s['compared']}; "
+            f"geomean ours/expert {_x(s['geomean_ratio'])}" for target, s in expert_summary(rows).items()]
 
 
 def print_suite(console: Console, rows: list[SuiteRow], budget_s: float) -> None:
@@ -383,6 +392,41 @@ def print_suite(console: Console, rows: list[SuiteRow], budget_s: float) -> None
                   f"geomean: {_x(s['geomean'])}", markup=False)
 
 
+def merge_rows(paths: list[Path]) -> list[ExpertRow]:
+    """The expert rows of earlier runs' JSON files, in the order given (a later file's row for the same task
+    and target replaces an earlier one)."""
+    rows: dict[tuple[str, str], ExpertRow] = {}
+    for path in paths:
+        for raw in json.loads(path.read_text()).get("rows", []):
+            row = ExpertRow.model_validate({k: v for k, v in raw.items() if k not in ("ratio", "priced")})
+            rows[(row.task, row.target)] = row
+    return list(rows.values())
+
+
+def markdown_table(rows: list[ExpertRow]) -> str:
+    """One line a task, the targets side by side: expert, ours, ours/expert (a failed expert by its status
+    and the first part of its reason: the check that failed)."""
+    targets = list(dict.fromkeys(r.target for r in rows))
+    head = ["task", "expert kernel"] + [f"{col} {t.removeprefix('tpu-')}" for t in targets
+                                          for col in ("expert", "ours", "ours/expert")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for task in dict.fromkeys(r.task for r in rows):
+        mine = {r.target: r for r in rows if r.task == task}
+        first = next(iter(mine.values()))
+        cells = [task.split("_")[0], first.kernel]
+        for target in targets:
+            row = mine.get(target)
+            if row is None:
+                cells += ["not run", "not run", "-"]
+                continue
+            expert = (f"{row.status} ({row.reason.split(':')[0][:40]})" if row.provable and row.status != "ok"
+                      else _expert_cell(row))
+            cells += [expert.replace("|", "/"), _ours_cell(row.ours).replace("|", "/"),
+                      "-" if row.ratio is None else f"{row.ratio:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 app = typer.Typer(add_completion=False)
 
 
@@ -394,6 +438,8 @@ def main(
     experts_only: bool = typer.Option(False, "--experts-only", help="price the experts only; do not run our optimizer"),
     suite: bool = typer.Option(False, "--suite", help=f"the whole suite on {SUITE_TARGET} (our best per task)"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write every figure as JSON"),
+    merge: Optional[str] = typer.Option(None, help="comma-separated JSON files of earlier runs: one table of their rows"),
+    markdown: bool = typer.Option(False, "--markdown", help="with --merge: print the table as Markdown"),
 ) -> None:
     """Our optimizer against JAX's expert Pallas TPU kernels, both priced by the cost model."""
     from jaxbench.evaluate import Evaluator
@@ -403,6 +449,22 @@ def main(
 
     configure("warning")
     console = Console(width=200)
+    if merge:
+        paths = [Path(p.strip()) for p in merge.split(",") if p.strip()]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing or not paths:
+            Console(stderr=True).print(f"error: no such JSON file: {', '.join(missing) or merge}", markup=False)
+            raise typer.Exit(2)
+        merged = merge_rows(paths)
+        if json_path:
+            json_path.write_text(json.dumps({"merged_from": [str(p) for p in paths],
+                                             "rows": [dict(r.model_dump(), ratio=r.ratio, priced=r.priced) for r in merged],
+                                             "summary": expert_summary(merged)}, indent=2))
+        if markdown:
+            print(markdown_table(merged) + "\n\n" + "\n".join(summary_lines(merged)))
+        else:
+            print_experts(console, merged, budget)
+        return
     names = [n.strip() for n in tasks.split(",") if n.strip()] if tasks else None
     try:
         chosen_targets = _targets(targets)

@@ -159,14 +159,18 @@ def _check_and_price(task: "Task", source: str, target: str, filename: str, ev: 
         report.checks += [lowered, CheckResult(name="priced_is_checked", passed=False, detail=reason)]
         return report
 
-    previous_timing = ev.config.timing
+    from maxkernel.targets.check_size import check_timeout_s
+
+    previous_timing, previous_timeout = ev.config.timing, ev.config.timeout_s
     ev.config.timing = on_device  # interpreted semantics on a CPU say nothing about accelerator speed
+    if not on_device:  # interpreted memory operations, not grid steps, bound the run (page-by-page DMAs)
+        ev.config.timeout_s = check_timeout_s(check, ev.config.correctness_seeds + 2, previous_timeout)
     note(f"checking at {check.name}")
     try:
         report = ev.evaluate(task.with_size(check.name, check.values), source, target=target, size=check.name,
                              filename=filename, progress=progress)
     finally:
-        ev.config.timing = previous_timing
+        ev.config.timing, ev.config.timeout_s = previous_timing, previous_timeout
     report.size = "check"  # the values are in the priced_is_checked detail; sizes are short names in the store
     why_this_size = f"; smaller sizes differ: {'; '.join(check.smaller[:2])}" if check.smaller else ""
     report.checks.insert(1, lowered)

@@ -132,8 +132,34 @@ def test_suite_summary_counts_pallas_winners_and_geomean() -> None:
     assert summary["geomean"] == pytest.approx(8.0 ** (1 / 3))
 
 
+def test_runs_per_task_and_target_merge_into_one_table(tmp_path: Path) -> None:
+    import json
+
+    plain = bench.Expert(task="6p_Paged_Attention", kernel="paged_attention")
+    first = bench._expert_row(plain, "tpu-v5e", _report("ok", speedup=4.0), 1.0)
+    first.ours = _ours(2.0)
+    again = bench._expert_row(plain, "tpu-v5e", _report("ok", speedup=5.0), 1.0)
+    again.ours = _ours(6.0)
+    other = bench._expert_row(bench.Expert(task="1p_Flash_Attention", kernel="flash"), "tpu-v6e",
+                              _report("ok", speedup=8.0), 1.0)
+    failed = bench._expert_row(bench.Expert(task="2p_GQA_Attention", kernel="splash"), "tpu-v5e",
+                               _report("incorrect", reason="inputs_shifted: output 0: 3 of 9 element(s)"), 1.0)
+    for name, rows in (("a.json", [first]), ("b.json", [again, other, failed])):
+        (tmp_path / name).write_text(json.dumps({"rows": [dict(r.model_dump(), ratio=r.ratio) for r in rows]}))
+    merged = bench.merge_rows([tmp_path / "a.json", tmp_path / "b.json"])
+    assert [(r.task, r.target, r.speedup) for r in merged] == [("6p_Paged_Attention", "tpu-v5e", 5.0),
+                                                               ("1p_Flash_Attention", "tpu-v6e", 8.0),
+                                                               ("2p_GQA_Attention", "tpu-v5e", None)]
+    table = bench.markdown_table(merged).splitlines()
+    assert table[0] == ("| task | expert kernel | expert v5e | ours v5e | ours/expert v5e | expert v6e | ours v6e "
+                        "| ours/expert v6e |")
+    assert table[2].startswith("| 6p | paged_attention | 5.00x | flash [-] 6.00x | 1.20 | not run | not run | - |")
+    assert table[3] == "| 1p | flash | not run | not run | - | 8.00x | - | - |"
+    assert table[4] == "| 2p | splash | incorrect (inputs_shifted) | - | - | not run | not run | - |"
+
+
 @pytest.mark.parametrize("argv", [["--targets", "cpu"], ["--targets", "tpu-v9"], ["--tasks", "99p"],
-                                  ["--budget", "0"]])
+                                  ["--budget", "0"], ["--merge", "no/such/run.json"]])
 def test_bad_input_is_one_line_and_exit_code_2(argv: list[str]) -> None:
     from typer.testing import CliRunner
 

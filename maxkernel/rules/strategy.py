@@ -63,8 +63,8 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
 
 
 def templates_for(target: str) -> tuple[Any, ...]:
-    """GPU targets get the GPU Pallas templates (the TPU ones emit Mosaic TPU code); TPU targets the default
-    ones and those written for TPU only; the rest the default ones."""
+    """GPU targets get the GPU Pallas templates (the TPU ones emit Mosaic TPU code); TPU targets the TPU-only
+    ones first, then the default ones; the rest the default ones."""
     if gpu_target(target):
         return GPU_TEMPLATES
     return TPU_TEMPLATES + TEMPLATES if tpu_target(target) else TEMPLATES

@@ -5,7 +5,10 @@ Starting from ``full``, each integer size parameter is halved while the candidat
 of its ``full`` trace (:mod:`maxkernel.targets.twins`: the same kernels, bodies, block shapes and XLA code,
 at least two grid steps along each axis that has two or more at ``full``, at least two trips of each static
 loop that makes two or more); a parameter is never taken below its ``cpu`` value (the smallest size the
-task is known to work at), and the ``cpu`` size itself is used when it is a twin. A candidate that runs
+task is known to work at) unless the task declares it ``free`` (served at any value: batch, tokens), which
+goes down to its declared minimum; the ``cpu`` size itself is used when it is a twin. Free parameters matter
+for kernels whose grid steps are expensive to interpret, such as paged attention's page-by-page DMAs: the
+sequences a check runs are fewer, their pages and block configuration are those priced. A candidate that runs
 other code at smaller sizes is therefore checked at a larger one, up to ``full``: it is refused only when
 checking there would not fit in memory (the judge draws inputs and runs the reference at that size in its
 own process) or in the evaluator's time, and the refusal names what differs at each smaller size. Tracing
@@ -24,7 +27,7 @@ from pydantic import BaseModel, Field
 from jaxbench.task import Task
 from jaxbench.task_check import full_shapes
 from maxkernel.targets.device import tpu_device
-from maxkernel.targets.jaxpr_walk import find_pallas_calls
+from maxkernel.targets.jaxpr_walk import find_pallas_calls, sub_jaxprs
 from maxkernel.targets.specs import TpuSpec
 from maxkernel.targets.twins import Configuration, configuration_difference, static_steps, twin_difference
 
@@ -35,6 +38,21 @@ CHECK_MEMORY_BYTES = 3 << 30
 # gather kernel).
 CHECK_FLOPS = 1e11
 CHECK_GRID_STEPS = 1024
+# TPU interpret mode answers every ref access, DMA and semaphore operation of a kernel body with a host
+# callback. Measured: JAX's paged_attention at its check size (16 grid steps of 64-page DMAs) makes about
+# 8.5k such callbacks a run and takes 10-28 s a run on the 2 shared cores here (load 2-9): about 3 ms each
+# at the worst. Kernels that copy pages one by one are dominated by this, not by their grid steps.
+INTERPRET_OP_S = 3e-3
+# The correctness run's fixed part: the worker compiles the candidate in TPU interpret mode (10-20 s
+# measured for paged attention) while the judge draws inputs and runs the reference.
+CHECK_BASE_S = 60.0
+# Trips assumed for a kernel loop whose trip count is read from the data (not known from shapes).
+DATA_LOOP_TRIPS = 2
+# Beyond this the correctness run would not finish in a few minutes: the candidate is refused.
+CHECK_TIMEOUT_CAP_S = 900.0
+# Memory-touching primitives of a kernel body, each one host callback in TPU interpret mode.
+INTERPRETED_PRIMITIVES = frozenset({"get", "swap", "addupdate", "dma_start", "dma_wait", "semaphore_signal",
+                                    "semaphore_wait", "semaphore_read"})
 
 
 class CheckSize(BaseModel):
@@ -43,6 +61,8 @@ class CheckSize(BaseModel):
     name: str = Field(description="size name used in reports, e.g. 'check(batch=2, seq=2048)'")
     values: dict[str, Any]
     grid_steps: int = Field(description="grid steps of all pallas_calls at the check size")
+    interpreted_ops: int = Field(default=0, description="estimated host callbacks of one run in TPU interpret "
+                                                         "mode (ref accesses, DMAs, semaphores, block copies)")
     reference_bytes: int | None = Field(default=None, description="reference memory at the check size (XLA:CPU)")
     reference_flops: float | None = Field(default=None, description="reference FLOPs at the check size (XLA:CPU)")
     refusal: str | None = Field(default=None, description="why the priced code cannot be checked")
@@ -61,20 +81,33 @@ def trace_at(module: ModuleType, task: Task, values: dict[str, Any], spec: TpuSp
         return jax.jit(partial(module.kernel, **static)).trace(*arg_shapes).jaxpr.jaxpr
 
 
-def _ladder(value: Any, floor: Any) -> list[int]:
-    """Smaller values to try for one size parameter: halvings of ``value`` down to its ``cpu`` value."""
+def _ladder(value: Any, floor: Any, multiple_of: int = 1) -> list[int]:
+    """Smaller values to try for one size parameter: halvings of ``value`` down to ``floor`` (its ``cpu``
+    value, or a free parameter's minimum), each a multiple of ``multiple_of``."""
     if not isinstance(value, int) or isinstance(value, bool):
         return []
     lowest = floor if isinstance(floor, int) and not isinstance(floor, bool) and 1 <= floor <= value else 1
     rungs, current = [], value
-    while current % 2 == 0 and current // 2 >= lowest:
+    while current % 2 == 0 and current // 2 >= lowest and (current // 2) % multiple_of == 0:
         current //= 2
         rungs.append(current)
     return rungs
 
 
-def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSize:
-    """The check size of this candidate (see the module docstring); ``refusal`` says why there is none."""
+def _floor(task: Task, name: str, cpu: dict[str, Any]) -> tuple[Any, int]:
+    """(lowest value, step) a size parameter may take at a check size: a free parameter's declared minimum,
+    else the parameter's ``cpu`` value."""
+    free = task.spec.free.get(name)
+    if free is None:
+        return cpu.get(name), 1
+    return max(free.min, free.multiple_of), free.multiple_of
+
+
+def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec, interpreted: bool = False) -> CheckSize:
+    """The check size of this candidate (see the module docstring); ``refusal`` says why there is none.
+
+    ``interpreted``: the check runs in TPU interpret mode, whose memory operations are host callbacks: they
+    are estimated (``interpreted_ops``) and bound the check's time."""
     full = task.size("full")
     priced = trace_at(module, task, full, spec)
     configuration = Configuration.of(priced)
@@ -98,7 +131,8 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSiz
         jaxpr = traced(values)
         if isinstance(jaxpr, str):
             return jaxpr
-        return configuration_difference(configuration, Configuration.of(jaxpr)) or twin_difference(priced, jaxpr, filename)
+        return (configuration_difference(configuration, Configuration.of(jaxpr))
+                or scratch_difference(priced, jaxpr) or twin_difference(priced, jaxpr, filename))
 
     cpu = task.size("cpu")
     chosen = dict(full)
@@ -107,7 +141,7 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSiz
         chosen = cpu
     else:
         for name, value in full.items():
-            for smaller in _ladder(value, cpu.get(name)):
+            for smaller in _ladder(value, *_floor(task, name, cpu)):
                 trial = {**chosen, name: smaller}
                 why = kept(trial)
                 if why is not None:
@@ -116,8 +150,11 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSiz
                 chosen = trial
     checked = traced(chosen)
     assert not isinstance(checked, str)  # every chosen size traced (full itself was traced first)
-    steps = sum(_steps(c.eqn.params["grid_mapping"].grid) for c in find_pallas_calls(checked))
-    result = CheckSize(name=size_name(chosen), values=chosen, grid_steps=steps, smaller=stopped)
+    calls = find_pallas_calls(checked)
+    steps = sum(_steps(c.eqn.params["grid_mapping"].grid) for c in calls)
+    ops = sum(int(c.count * _steps(c.eqn.params["grid_mapping"].grid) * _ops_per_step(c.eqn)) for c in calls) \
+        if interpreted else 0
+    result = CheckSize(name=size_name(chosen), values=chosen, grid_steps=steps, interpreted_ops=ops, smaller=stopped)
     result.reference_bytes, result.reference_flops = reference_cost(task, chosen)
     over = []
     if result.reference_bytes > CHECK_MEMORY_BYTES:
@@ -126,11 +163,76 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec) -> CheckSiz
         over.append(f"{result.reference_flops:.2g} reference FLOPs (limit {CHECK_FLOPS:.0e})")
     if steps > CHECK_GRID_STEPS:
         over.append(f"{steps} grid steps in TPU interpret mode (limit {CHECK_GRID_STEPS})")
+    if ops * INTERPRET_OP_S > CHECK_TIMEOUT_CAP_S:
+        over.append(f"about {ops} interpreted memory operations a run, {ops * INTERPRET_OP_S:.0f} s "
+                    f"(limit {CHECK_TIMEOUT_CAP_S:.0f} s)")
     if over:
         result.refusal = (f"priced code has no checked twin small enough to run: the smallest size that runs it, "
                           f"{result.name}, needs {' and '.join(over)} to check; smaller sizes differ: "
                           + ("; ".join(stopped[:2]) or "no size parameter can be halved"))
     return result
+
+
+def scratch_difference(priced: core.Jaxpr, checked: core.Jaxpr) -> str | None:
+    """Why ``checked``'s kernels do not use ``priced``'s scratch buffers (VMEM blocks that manual DMAs fill,
+    accumulators), or None: a kernel that sizes them from a shape (pages a block shrunk to fit a shorter page
+    table) runs another block configuration there."""
+    for n, (full, check) in enumerate(zip(find_pallas_calls(priced), find_pallas_calls(checked)), start=1):
+        wanted, found = _scratch_shapes(full.eqn), _scratch_shapes(check.eqn)
+        for k, (a, b) in enumerate(zip(wanted, found)):
+            if a != b:
+                return (f"kernel {full.name} (pallas_call {n}): scratch buffer {k} is {a} at full size but {b} at "
+                        "the check size")
+    return None
+
+
+def _scratch_shapes(eqn: core.JaxprEqn) -> list[tuple[int, ...]]:
+    count = eqn.params["grid_mapping"].num_scratch_operands
+    refs = eqn.params["jaxpr"].invars[len(eqn.params["jaxpr"].invars) - count:] if count else []
+    return [tuple(getattr(v.aval, "shape", ())) for v in refs]
+
+
+def check_timeout_s(check: CheckSize, runs: int, default_s: float) -> float:
+    """Wall-clock seconds the correctness run at ``check`` may take: ``default_s``, or more when ``runs``
+    interpreted runs of its memory operations need it (capped: larger checks are refused beforehand)."""
+    needed = CHECK_BASE_S + runs * check.interpreted_ops * INTERPRET_OP_S
+    return max(default_s, min(needed, CHECK_TIMEOUT_CAP_S + CHECK_BASE_S))
+
+
+def _ops_per_step(eqn: core.JaxprEqn) -> float:
+    """Host callbacks of one grid step of a pallas_call in TPU interpret mode: its body's memory operations
+    plus the copy of each blocked operand in and out."""
+    grid_mapping = eqn.params["grid_mapping"]
+    return _interpreted(eqn.params["jaxpr"]) + 2 * len(grid_mapping.block_mappings)
+
+
+def _interpreted(jaxpr: core.Jaxpr) -> float:
+    """Memory operations one run of ``jaxpr`` makes: loops multiplied by their trips, the heavier branch
+    of a cond."""
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in INTERPRETED_PRIMITIVES:
+            total += 1
+        elif name == "cond":
+            total += max((_interpreted(branch.jaxpr) for branch in eqn.params["branches"]), default=0.0)
+        elif name == "scan":
+            total += eqn.params["length"] * _interpreted(eqn.params["jaxpr"].jaxpr)
+        elif name == "while":
+            body = eqn.params["body_jaxpr"].jaxpr
+            total += _fori_trips(eqn) * (_interpreted(body) + _interpreted(eqn.params["cond_jaxpr"].jaxpr))
+        else:
+            total += sum(_interpreted(sub) for _, sub in sub_jaxprs(eqn))
+    return total
+
+
+def _fori_trips(eqn: core.JaxprEqn) -> float:
+    """A while loop's trips when it is a fori_loop over literal bounds, else DATA_LOOP_TRIPS."""
+    bounds = eqn.invars[eqn.params["cond_nconsts"] + eqn.params["body_nconsts"]:][:3]
+    if len(bounds) == 3 and all(isinstance(v, core.Literal) for v in bounds[:2]):
+        low, high = (int(v.val) for v in bounds[:2])
+        return float(max(high - low, 0))
+    return float(DATA_LOOP_TRIPS)
 
 
 def reference_cost(task: Task, values: dict[str, Any]) -> tuple[int, float | None]:

@@ -107,7 +107,7 @@ def _tpu_stage(request: dict[str, Any], task: "Task", result: TpuStageResult) ->
     lowering = validate_tpu(request["source"], task, request["generation"])
     result.lowering = lowering.model_dump(mode="json")
     if lowering.ok:
-        result.check = _check_size(request["source"], task, request["generation"])
+        result.check = _check_size(request["source"], task, request["generation"], interpreted=True)
     if lowering.ok and result.check is not None and result.check.refusal is None:
         try:
             result.model = model_candidate(request["source"], task, request["generation"]).as_report_fields()
@@ -115,13 +115,14 @@ def _tpu_stage(request: dict[str, Any], task: "Task", result: TpuStageResult) ->
             result.model_error = str(exc)
 
 
-def _check_size(source: str, task: "Task", generation: str) -> CheckSize:
+def _check_size(source: str, task: "Task", generation: str, interpreted: bool = False) -> CheckSize:
+    """The candidate's check size; ``interpreted`` when the check runs in TPU interpret mode."""
     from maxkernel.targets.check_size import derive_check_size
     from maxkernel.targets.loader import load_candidate
     from maxkernel.targets.specs import load_tpu_spec
 
     try:
-        return derive_check_size(load_candidate(source), task, load_tpu_spec(generation))
+        return derive_check_size(load_candidate(source), task, load_tpu_spec(generation), interpreted)
     except Exception as exc:  # the candidate lowered at full size, so this is its own doing at another size
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return CheckSize(name="check", values={}, grid_steps=0,

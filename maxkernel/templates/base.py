@@ -7,13 +7,15 @@ choice of values. It never sets ``interpret=``: the evaluator decides how Pallas
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
     from maxkernel.analysis import TaskAnalysis
+
+Shape = TypeVar("Shape")
 
 # VMEM a template plans to use on TPU (leaves headroom under v5e's 16 MiB scoped default).
 TPU_VMEM_BUDGET = 12 * 2**20
@@ -65,3 +67,20 @@ def pick_block(extent: int, options: list[int], preferred: int) -> int:
     """The legal block closest to ``preferred`` from below (or the smallest legal one)."""
     fitting = [o for o in options if o <= preferred and extent % o == 0]
     return max(fitting) if fitting else min(options)
+
+
+def analysed_at(task: "Task", sizes: tuple[str, ...], analyse: Callable[["Task", str], "Shape | str"],
+                consistent: Callable[["Shape"], Any]) -> list["Shape"]:
+    """``analyse`` at every rendered size, whose ``consistent`` key (argument roles, dtypes) must not change
+    with size; EmitError with the first reason the template does not apply."""
+    from maxkernel.rewrites.emit import EmitError
+
+    found = []
+    for size in sizes:
+        shape = analyse(task, size)
+        if isinstance(shape, str):
+            raise EmitError(shape)
+        found.append(shape)
+    if len({consistent(shape) for shape in found}) > 1:
+        raise EmitError("argument roles or dtypes that change with size")
+    return found

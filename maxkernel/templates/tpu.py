@@ -1,9 +1,11 @@
-"""The Pallas templates written for TPU targets only (Mosaic TPU kernels with TPU block rules)."""
+"""The Pallas templates written for TPU targets only (Mosaic TPU kernels with TPU block rules, manual DMAs
+from HBM, DMA semaphores). The family-specific paged decode kernel comes first."""
 
 from __future__ import annotations
 
 from maxkernel.templates.base import Template
+from maxkernel.templates.paged import PAGED_ATTENTION
 from maxkernel.templates.tpu_gemm import TPU_GEMM
 from maxkernel.templates.tpu_rows import TPU_ROWS
 
-TPU_TEMPLATES: tuple[Template, ...] = (TPU_GEMM, TPU_ROWS)
+TPU_TEMPLATES: tuple[Template, ...] = (PAGED_ATTENTION, TPU_GEMM, TPU_ROWS)
