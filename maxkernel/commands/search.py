@@ -121,8 +121,9 @@ def results_table(results: list[Any], algo: str, seed: int) -> Table:
     for col in ("search", "task"):  # ids are copied into other commands: whole, on one line
         table.add_column(col, no_wrap=True)
     for col in ("evals", "speedup", "best"):
-        # folded, never cut: the strategy and its params are copied
-        table.add_column(col, overflow="fold")
+        # folded, never cut: the strategy and its params are copied; the speedup's words
+        # ("confirmed", its interval) are never split
+        table.add_column(col, overflow="fold", min_width=len("confirmed") if col == "speedup" else None)
     for r in results:
         speed = (format_speedup(r.best_speedup, r.best_speedup_ci) + f" {r.claim}"
                  + (" confirmed" if r.confirmed else "")) if r.best_speedup else "-"
