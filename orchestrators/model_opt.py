@@ -52,6 +52,8 @@ class ModelResult(BaseModel):
     amdahl_bound: float = Field(1.0, description="layer speedup the kept region speedups imply, by their shares")
     regions: list[RegionRow] = Field(default_factory=list)
     kernel_path: str | None = None
+    returned_reference: bool = Field(False, description="nothing made the layer faster: the file is the reference")
+    judged_speedup: float | None = Field(None, description="the re-joined layer's own reading, whatever was returned")
     notes: list[str] = Field(default_factory=list)
     seconds: float = 0.0
 
@@ -113,13 +115,30 @@ def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, eval
     if report is not None and report.correct:
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"{layer.id}_{target}.py"
-        path.write_text(report_source(layer, extraction, kernels))
+        path.write_text(settle(layer, extraction, kernels, report, result))
         result.kernel_path = str(path)
-        result.correct, result.basis = True, report.basis
-        result.ref_ms, result.kernel_ms, result.speedup = report.ref_ms, report.kernel_ms, report.speedup
-        result.speedup_ci = report.interval
+        result.correct = True
     result.seconds = time.perf_counter() - started
     return result
+
+
+def settle(layer: Task, extraction: Extraction, kernels: dict[int, str], report: Any, result: ModelResult) -> str:
+    """The layer file to hand back, as the one engine does for a task: the re-joined layer only when its
+    judged interval clears 1.0 (``faster``), else the reference itself, said so."""
+    from actors.policy import claim
+    from maxkernel.rules.strategy import reference_source
+
+    result.basis, result.ref_ms, result.judged_speedup = report.basis, report.ref_ms, report.speedup
+    verdict = claim(report.interval) if kernels else "not tried"
+    if verdict == "faster":
+        result.kernel_ms, result.speedup, result.speedup_ci = report.kernel_ms, report.speedup, report.interval
+        return report_source(layer, extraction, kernels)
+    why = ("no region kernel was kept" if not kernels
+           else f"the re-joined layer is {verdict} ({report.speedup:.2f}x)" if report.speedup else "no reading")
+    result.notes.append(f"{why}: the reference itself is returned")
+    result.returned_reference = True
+    result.kernel_ms, result.speedup, result.speedup_ci = report.ref_ms, 1.0, None
+    return reference_source(layer)
 
 
 def report_source(layer: Task, extraction: Extraction, kernels: dict[int, str]) -> str:

@@ -87,4 +87,5 @@ def _print(result: object) -> None:
     else:
         console.print("[red]no correct layer candidate[/]")
     if result.kernel_path:
-        console.print(f"layer kernel written to {result.kernel_path}", highlight=False)
+        what = "the reference itself" if result.returned_reference else "layer kernel"
+        console.print(f"{what} written to {result.kernel_path}", highlight=False)

@@ -7,7 +7,7 @@ from pathlib import Path
 from jaxbench.task import load_task
 from maxkernel.evaluation import evaluate_candidate
 from maxkernel.extract import extract_task
-from orchestrators.model_opt import ModelResult, RegionRow, _judge, amdahl, optimize_model
+from orchestrators.model_opt import ModelResult, RegionRow, _judge, amdahl, optimize_model, settle
 
 SMALLEST = "mamba2_block"  # three regions
 
@@ -38,6 +38,11 @@ def test_a_region_kernel_that_breaks_the_layer_is_dropped(tmp_path):
     report = _judge(layer, extraction, kernels, result, "cpu", evaluate_candidate)
     assert report.correct and kernels == {}
     assert result.regions[-1].status == "dropped" and "breaks the whole layer" in result.regions[-1].note
+    # With no region kernel left, the layer handed back is the reference itself, and the result says so.
+    source = settle(layer, extraction, kernels, report, result)
+    assert result.returned_reference and result.speedup == 1.0 and result.judged_speedup == report.speedup
+    assert source.rstrip().endswith("return reference(*args, **static)")
+    assert any("no region kernel was kept: the reference itself is returned" in n for n in result.notes)
 
 
 def test_amdahl_bound_counts_only_kept_regions():
