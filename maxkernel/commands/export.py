@@ -328,7 +328,8 @@ def _print(package: Path, done: list[Exported]) -> None:
     console = Console()
     table = Table(title=f"exported to {package}")
     for col in ("task", "function", "strategy", "speedup", "shapes", "dtypes", "chips", "gradients"):
-        table.add_column(col, overflow="fold")
+        # the task id and the module name are copied into other commands: whole, on one line
+        table.add_column(col, overflow="fold", no_wrap=col in ("task", "function"))
     for e in done:
         s = e.supports
         table.add_row(e.task_id, e.module, escape(e.strategy), f"{e.speedup:.2f}x" if e.speedup else "-",
