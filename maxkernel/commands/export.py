@@ -325,14 +325,19 @@ if __name__ == "__main__":
 
 
 def _print(package: Path, done: list[Exported]) -> None:
+    """One two-column table per kernel (what, value): the ids and module names a user copies stay whole and on
+    one line at 80 columns, which eight columns side by side cannot promise."""
     console = Console()
-    table = Table(title=f"exported to {package}")
-    for col in ("task", "function", "strategy", "speedup", "shapes", "dtypes", "chips", "gradients"):
-        # the task id and the module name are copied into other commands: whole, on one line
-        table.add_column(col, overflow="fold", no_wrap=col in ("task", "function"))
+    console.print(f"exported to {package}", highlight=False, soft_wrap=True)
     for e in done:
         s = e.supports
-        table.add_row(e.task_id, e.module, escape(e.strategy), f"{e.speedup:.2f}x" if e.speedup else "-",
-                      escape(s.shapes), ", ".join(s.dtypes), ", ".join(s.chips), "forward only")
-    console.print(table)
+        table = Table(show_header=False)
+        table.add_column("what", no_wrap=True)
+        table.add_column("value", overflow="fold")
+        for what, value in (("task", e.task_id), ("function", e.module), ("strategy", e.strategy),
+                            ("speedup", f"{e.speedup:.2f}x" if e.speedup else "-"), ("shapes", s.shapes),
+                            ("dtypes", ", ".join(s.dtypes)), ("chips", ", ".join(s.chips)),
+                            ("gradients", "forward only")):
+            table.add_row(what, escape(value))
+        console.print(table)
     console.print(f"test: python -m {package.name}.test_{done[0].function} (from {package.parent})", highlight=False)
