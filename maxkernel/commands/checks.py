@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from maxkernel.clierrors import UserError
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
 
 
 def check_writable(path: Path, flag: str) -> None:
@@ -67,6 +70,25 @@ def check_store() -> None:
     from memory import Store
 
     Store.open(load_settings().resolved_store_url).close()
+
+
+def check_run(task: str, brain: str, budget: Optional[float], evals: Optional[int], target: str, out: Path,
+              json_out: Optional[Path]) -> "Task":
+    """Everything an optimizing command checks before work starts (brain, limits, target, task, output paths,
+    store), in one order for every such command; returns the loaded task."""
+    from actors.session import BRAINS
+    from jaxbench.task import load_task
+
+    if brain not in BRAINS:
+        raise UserError(f"--brain {brain}: choose one of {', '.join(BRAINS)}")
+    check_limits(budget, evals)
+    check_target(target)
+    loaded = load_task(task)
+    check_folder(out, "--out")
+    if json_out is not None:
+        check_writable(json_out, "--json")
+    check_store()
+    return loaded
 
 
 def check_address(address: str, flag: str) -> tuple[str, int]:

@@ -31,22 +31,12 @@ def optimize_model_command(
 
 def _optimize_model(task: str, budget: float, evals: Optional[int], target: str, brain: str, out: Path,
                     json_out: Optional[Path], seed: int) -> None:
-    from actors.session import BRAINS
-    from jaxbench.task import load_task
     from maxkernel.cli import UserError
-    from maxkernel.commands.checks import check_folder, check_limits, check_store, check_target, check_writable
+    from maxkernel.commands.checks import check_run
     from maxkernel.extract import ExtractError
     from orchestrators.model_opt import optimize_model
 
-    if brain not in BRAINS:
-        raise UserError(f"--brain {brain}: choose one of {', '.join(BRAINS)}")
-    check_limits(budget, evals)
-    check_target(target)
-    loaded = load_task(task)
-    check_folder(out, "--out")
-    if json_out is not None:
-        check_writable(json_out, "--json")
-    check_store()
+    loaded = check_run(task, brain, budget, evals, target, out, json_out)
     err = Console(stderr=True)
 
     def said(row: object) -> None:

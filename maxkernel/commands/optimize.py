@@ -39,21 +39,10 @@ def optimize_command(
 def _optimize(task: str, brain: str, budget: float, evals: Optional[int], out: Path, json_out: Optional[Path],
               target: str, seed: int, model: Optional[str], base_url: Optional[str], transcript: Optional[Path],
               record: Optional[Path], max_tokens: Optional[int], max_cost: Optional[float]) -> None:
-    from actors.session import BRAINS
-    from jaxbench.task import load_task
-    from maxkernel.cli import UserError
-    from maxkernel.commands.checks import check_folder, check_limits, check_store, check_target, check_writable
+    from maxkernel.commands.checks import check_run
     from orchestrators.api import optimize
 
-    if brain not in BRAINS:
-        raise UserError(f"--brain {brain}: choose one of {', '.join(BRAINS)}")
-    check_limits(budget, evals)
-    check_target(target)
-    loaded = load_task(task)
-    check_folder(out, "--out")
-    if json_out is not None:
-        check_writable(json_out, "--json")
-    check_store()
+    loaded = check_run(task, brain, budget, evals, target, out, json_out)
     err = Console(stderr=True)
     with _Progress(err, loaded.id, budget) as on_event:
         result = optimize(task, target=target, budget_s=budget, evals=evals, brain=brain, seed=seed, model=model,
