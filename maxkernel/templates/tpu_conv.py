@@ -5,7 +5,7 @@ stride-1 convolution of the stride-dilated input, which is how the references wr
 - XLA lays the input out first: the convolution's padding and input dilation applied, channels last, the
   spatial axes flattened into rows. An output position ``p`` then reads input row ``p + shift`` for each
   kernel offset, ``shift`` fixed by the offset, when each output row spans the padded input's full width
-  (the columns past the true output width are computed and dropped by XLA afterwards);
+  (the columns past the true output width are computed, and dropped in VMEM before the one write);
 - the grid steps over blocks of ``BLOCK_D`` output planes (rows in 2-D) of each sample; a step's input is
   its planes plus the halo the kernel reaches, gathered by XLA into overlapping slabs (the halo is read
   twice: priced as XLA's gather). No im2col buffer: each offset's window is a static slice of the slab in
@@ -197,10 +197,16 @@ def _round_up(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
+def _unit(rest: int, nd: int) -> int:
+    """Planes a step computes are a multiple of this: its positions fill whole lanes of the accumulator, and
+    in 2-D the output block's rows fill whole sublanes (the kernel derives the same)."""
+    return math.lcm(LANES // math.gcd(rest, LANES), SUBLANES if nd == 2 else 1)
+
+
 def step_shape(p: ConvPlan, block_d: int) -> tuple[int, int, int]:
     """Planes a step computes, its output positions and its slab's input rows (as the kernel derives them)."""
     rest = math.prod(p.padded[1:])
-    unit = LANES // math.gcd(rest, LANES)  # the step's positions fill whole lanes
+    unit = _unit(rest, p.nd)
     planes = _round_up(min(block_d, p.out_spatial[0]), unit)
     rows = planes * rest
     shift = sum((t - 1) * math.prod(p.padded[i + 1:]) for i, t in enumerate(p.taps))
@@ -292,16 +298,16 @@ def _conv_source(p: ConvPlan) -> str:
     extras = [v.name for v in p.tail.inputs[1:]] if p.tileable else []
     refs = "".join(f"{name}_ref, " for name in extras)
     if p.tileable:
-        loads = ", ".join(["acc.reshape(tile)"] + [f"{name}_ref[...].reshape((acc.shape[0],) + shapes[{i}])"
-                                                   for i, name in enumerate(extras)])
-        store = f"o_ref[...] = epilogue({loads}).reshape(o_ref.shape).astype(o_ref.dtype)"
+        loads = ", ".join(["y"] + [f"{name}_ref[...].reshape((acc.shape[0],) + shapes[{i}])"
+                                   for i, name in enumerate(extras)])
+        store = f"o_ref[...] = epilogue({loads}).astype(o_ref.dtype)"
         doc = "the reference's epilogue on the last in-channel step, one write"
     else:
-        store = "o_ref[...] = acc.reshape(o_ref.shape).astype(o_ref.dtype)"
+        store = "o_ref[...] = y.astype(o_ref.dtype)"
         doc = "written once on the last in-channel step"
-    return f'''def _conv_kernel(x_ref, w_ref, {refs}o_ref, acc_ref, *, shifts, epilogue, shapes, tile):
+    return f'''def _conv_kernel(x_ref, w_ref, {refs}o_ref, acc_ref, *, shifts, epilogue, shapes, tile, crop):
     """Sum over kernel offsets of weight tile @ shifted window of the slab, into an f32 tile of
-    [BLOCK_N channels, positions]; {doc}."""
+    [BLOCK_N channels, positions]; cropped to the output's extents in VMEM, {doc}."""
     c = pl.program_id(3)
 
     @pl.when(c == 0)
@@ -317,6 +323,8 @@ def _conv_source(p: ConvPlan) -> str:
     @pl.when(c == pl.num_programs(3) - 1)
     def _store():
         acc = acc_ref[...]
+        # The step's planes at the padded input's extents, the columns past the output width dropped.
+        y = acc.reshape(tile)[(Ellipsis,) + tuple(slice(0, e) for e in crop)]
         {store}
 
 '''
@@ -352,37 +360,36 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
         "    # Every output row spans the padded width, so each kernel offset is one fixed row shift.",
         "    shifts = tuple(sum(i * math.prod(spatial[a + 1:]) for a, i in enumerate(offset))",
         "                   for offset in itertools.product(*(range(t) for t in taps)))",
-        "    unit = 128 // math.gcd(rest, 128)",
+        "    # Planes a step: its positions fill whole lanes; in 2-D its output rows fill whole sublanes.",
+        "    unit = math.lcm(128 // math.gcd(rest, 128), 8 if len(taps) == 2 else 1)",
         "    planes = -(-min(BLOCK_D, out[0]) // unit) * unit",
         "    steps = -(-out[0] // planes)",
         "    rows = planes * rest",
         "    span = -(-(rows + shifts[-1]) // 8) * 8",
         "    block_n, block_c = _fit(BLOCK_N, o), _fit(BLOCK_C, c)",
         "    flat = jnp.moveaxis(xp, 1, -1).reshape((n, -1, c))",
-        "    flat = jnp.pad(flat, ((0, 0), (0, (steps - 1) * rows + span - flat.shape[1]), (0, 0)))",
-        "    # Each step's slab: its output planes' rows and the halo the kernel reaches past them.",
+        "    # Each step's slab: its output planes' rows and the halo the kernel reaches past them (zeros past",
+        "    # the input's end).",
         "    index = (jnp.arange(steps) * rows)[:, None] + jnp.arange(span)[None, :]",
-        "    slabs = flat[:, index]",
+        "    slabs = jnp.take(flat, index, axis=1, mode=\"fill\", fill_value=0)",
         "    w_taps = jnp.moveaxis(w.reshape((o, c, -1)), 2, 0)  # [offsets, O, C]",
-        "    tile = (1, block_n) + (1,) * (len(taps) - 1) + (rows,)",
+        "    tile = (1, block_n, planes) + spatial[1:]",
         f"    epilogue = _epilogue_for({extents})",
         f"    planned = 2 * (span * max(block_c, 128) + len(shifts) * block_n * max(block_c, 128)) * {item}"
         " + 3 * block_n * rows * 4 + 5 * rows * max(block_c, 128) * 4",
         "    h = pl.pallas_call(",
         f"        functools.partial(_conv_kernel, shifts=shifts, epilogue={'epilogue' if p.tileable else 'None'}, "
-        f"shapes={shapes}, tile=tile),",
-        f"        out_shape=jax.ShapeDtypeStruct((n, o, steps * rows), {out_dtype}),",
+        f"shapes={shapes}, tile=tile, crop=out[1:]),",
+        f"        out_shape=jax.ShapeDtypeStruct((n, o) + out, {out_dtype}),",
         "        grid=(n, steps, o // block_n, c // block_c),",
         "        in_specs=[" + ", ".join(in_specs) + "],",
-        "        out_specs=pl.BlockSpec((1, block_n, rows), lambda b, s, j, cc: (b, j, s)),",
+        "        # The last step's planes past the output are not written (a partial edge block).",
+        "        out_specs=pl.BlockSpec((1, block_n, planes) + out[1:], lambda b, s, j, cc: (b, j, s) + (0,) * (len(out) - 1)),",
         "        scratch_shapes=[pltpu.VMEM((block_n, rows), jnp.float32)],",
         "        compiler_params=pltpu.CompilerParams(",
         '            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),',
         "            vmem_limit_bytes=max(32 << 20, planned + (planned >> 1))),",
         f"    )({', '.join(operands)})",
-        "    # Drop the planes past the output and the columns past the output width.",
-        "    h = h.reshape((n, o, steps * planes) + spatial[1:])",
-        "    h = h[(slice(None), slice(None)) + tuple(slice(0, e) for e in out)]",
     ]
     if p.tileable:
         lines.append("    return h")
