@@ -2,20 +2,21 @@
 
 What an expert writes for ``epilogue(conv(x, w))`` (2-D or 3-D, stride 1; a transposed convolution is the
 stride-1 convolution of the stride-dilated input, which is how the references write it):
-- XLA lays the input out first: the convolution's padding and input dilation applied, channels last, the
-  spatial axes flattened into rows. An output position ``p`` then reads input row ``p + shift`` for each
-  kernel offset, ``shift`` fixed by the offset, when each output row spans the padded input's full width
+- XLA lays the input out first: the convolution's padding and input dilation applied, the spatial axes
+  flattened (channels stay first, no transpose). An output position ``p`` then reads input position
+  ``p + shift`` for each kernel offset, ``shift`` fixed by the offset, when each output row spans the
+  padded input's full width
   (the columns past the true output width are computed, and dropped in VMEM before the one write);
 - the grid steps over blocks of ``BLOCK_D`` output planes (rows in 2-D) of each sample; a step's input is
   its planes plus the halo the kernel reaches, gathered by XLA into overlapping slabs (the halo is read
   twice: priced as XLA's gather). No im2col buffer: each offset's window is a static slice of the slab in
-  VMEM;
+  VMEM, [in-channels on sublanes, positions on lanes];
 - the output tile [``BLOCK_N`` out-channels x the step's output positions] accumulates in f32 over the
   (kernel offsets x ``BLOCK_C`` in-channel blocks) reduction, the in-channel blocks on the innermost grid
   axis; MXU operands bf16 with f32 accumulation, for f32 inputs at full precision the 3-pass bf16 split or
   ``HIGHEST`` (both in the tuning space, as in :mod:`maxkernel.templates.tpu_gemm`, whose product source
-  this template reuses). Channels on the tile's rows, positions on its lanes: the output is written in the
-  reference's channels-first layout, no transpose back;
+  this template reuses): weight tile [BLOCK_N, BLOCK_C] @ window [BLOCK_C, positions]. Channels on the
+  tile's rows, positions on its lanes: the output is written in the reference's channels-first layout;
 - an elementwise epilogue with per-channel operands (biases, scales) runs on the accumulator on the last
   in-channel step; any other epilogue (norms over positions or groups, pooling, reductions over channels)
   runs in XLA on the convolution's output, as the GEMM template does for epilogues that couple rows.
@@ -69,7 +70,7 @@ class ConvPlan:
     tail: Program  # inputs: the convolution's output ``h`` then the other inputs it reads
     tileable: bool  # elementwise, every other operand per output channel
     epilogues: dict[tuple[int, ...], str] = field(default_factory=dict)
-    w_nk: bool = True  # the product contracts the [BLOCK_N, BLOCK_C] weight tile with the [positions, BLOCK_C] window
+    w_nk: bool = False  # the product is weight tile [BLOCK_N, BLOCK_C] @ window [BLOCK_C, positions]
 
     @property
     def out(self) -> Var:
@@ -210,7 +211,7 @@ def step_shape(p: ConvPlan, block_d: int) -> tuple[int, int, int]:
     planes = _round_up(min(block_d, p.out_spatial[0]), unit)
     rows = planes * rest
     shift = sum((t - 1) * math.prod(p.padded[i + 1:]) for i, t in enumerate(p.taps))
-    return planes, rows, _round_up(rows + shift, SUBLANES)
+    return planes, rows, _round_up(rows + shift, LANES)
 
 
 def conv_vmem_bytes(p: ConvPlan, block_n: int, block_c: int, block_d: int, passes: int) -> int:
@@ -219,11 +220,11 @@ def conv_vmem_bytes(p: ConvPlan, block_n: int, block_c: int, block_d: int, passe
     _, rows, span = step_shape(p, block_d)
     item = p.in_dtype.itemsize
     taps = math.prod(p.taps)
-    lanes_c, subl_n = _round_up(block_c, LANES), _round_up(block_n, SUBLANES)
+    subl_c, lanes_c, subl_n = _round_up(block_c, SUBLANES), _round_up(block_c, LANES), _round_up(block_n, SUBLANES)
     out_item = np.dtype(p.out.dtype).itemsize if p.tileable else 4
-    blocks = 2 * (span * lanes_c * item + taps * subl_n * lanes_c * item + subl_n * rows * out_item)
-    window = rows * lanes_c * 4
-    split = 2 * 2 * (rows * lanes_c + taps * subl_n * lanes_c) if passes == 3 else 0
+    blocks = 2 * (subl_c * span * item + taps * subl_n * lanes_c * item + subl_n * rows * out_item)
+    window = subl_c * rows * 4
+    split = 2 * 2 * (subl_c * rows + taps * subl_n * lanes_c) if passes == 3 else 0
     return blocks + subl_n * rows * 4 + window + split
 
 
@@ -235,7 +236,7 @@ def _legal(extent: int, options: tuple[int, ...]) -> list[int]:
 class TpuConvTemplate:
     name = "tpu_conv"
     description = ("convolution as implicit GEMM on the MXU (kernel offsets x in-channel blocks accumulated in "
-                   "f32 from a halo'd channels-last slab), the reference's epilogue fused or left to XLA")
+                   "f32 from a halo'd slab), the reference's epilogue fused or left to XLA")
 
     def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
         found = plan(task, ("cpu", "full"))
@@ -317,7 +318,7 @@ def _conv_source(p: ConvPlan) -> str:
     rows = acc_ref.shape[1]
     acc = acc_ref[...]
     for t, shift in enumerate(shifts):
-        acc = acc + _product(w_ref[t], x_ref[0, 0, shift:shift + rows, :])
+        acc = acc + _product(w_ref[t], x_ref[0, :, shift:shift + rows])
     acc_ref[...] = acc
 
     @pl.when(c == pl.num_programs(3) - 1)
@@ -337,7 +338,7 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
     extents = "(" + ", ".join(["o", "*out"] + [f"static[{k!r}]" for k in statics]) + ")"
     out_dtype = dtype_expr(np.dtype(p.out.dtype)) if p.tileable else dtype_expr(np.dtype(p.tail.inputs[0].dtype))
     item = p.in_dtype.itemsize
-    in_specs = ["pl.BlockSpec((1, 1, span, block_c), lambda b, s, j, cc: (b, s, 0, cc))",
+    in_specs = ["pl.BlockSpec((1, block_c, span), lambda b, s, j, cc: (b, cc, s))",
                 "pl.BlockSpec((len(shifts), block_n, block_c), lambda b, s, j, cc: (0, j, cc))"]
     operands = ["slabs", "w_taps"]
     shapes = "()"
@@ -351,7 +352,7 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
         f"    n, c = {x}.shape[:2]",
         "    o, taps = w.shape[0], w.shape[2:]",
         "    # XLA lays the input out for the kernel: the convolution's padding and input dilation applied,",
-        "    # channels last, the spatial axes flattened into rows.",
+        "    # the spatial axes flattened.",
         (f"    xp = jax.lax.pad({x}, jnp.zeros((), {x}.dtype), ((0, 0, 0), (0, 0, 0)) + {p.pads!r})"
          if any(any(q) for q in p.pads) else f"    xp = {x}"),
         "    spatial = xp.shape[2:]",
@@ -365,18 +366,18 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
         "    planes = -(-min(BLOCK_D, out[0]) // unit) * unit",
         "    steps = -(-out[0] // planes)",
         "    rows = planes * rest",
-        "    span = -(-(rows + shifts[-1]) // 8) * 8",
+        "    span = -(-(rows + shifts[-1]) // 128) * 128",
         "    block_n, block_c = _fit(BLOCK_N, o), _fit(BLOCK_C, c)",
-        "    flat = jnp.moveaxis(xp, 1, -1).reshape((n, -1, c))",
+        "    flat = xp.reshape((n, c, -1))",
         "    # Each step's slab: its output planes' rows and the halo the kernel reaches past them (zeros past",
         "    # the input's end).",
         "    index = (jnp.arange(steps) * rows)[:, None] + jnp.arange(span)[None, :]",
-        "    slabs = jnp.take(flat, index, axis=1, mode=\"fill\", fill_value=0)",
+        "    slabs = jnp.take(flat, index.reshape(-1), axis=2, mode=\"fill\", fill_value=0)  # [n, c, steps * span]",
         "    w_taps = jnp.moveaxis(w.reshape((o, c, -1)), 2, 0)  # [offsets, O, C]",
         "    tile = (1, block_n, planes) + spatial[1:]",
         f"    epilogue = _epilogue_for({extents})",
-        f"    planned = 2 * (span * max(block_c, 128) + len(shifts) * block_n * max(block_c, 128)) * {item}"
-        " + 3 * block_n * rows * 4 + 5 * rows * max(block_c, 128) * 4",
+        f"    planned = 2 * (max(block_c, 8) * span + len(shifts) * block_n * max(block_c, 128)) * {item}"
+        " + 3 * block_n * rows * 4 + 5 * max(block_c, 8) * rows * 4",
         "    h = pl.pallas_call(",
         f"        functools.partial(_conv_kernel, shifts=shifts, epilogue={'epilogue' if p.tileable else 'None'}, "
         f"shapes={shapes}, tile=tile, crop=out[1:]),",
