@@ -26,6 +26,8 @@ smaller extent, so the body priced at ``full`` is the body checked at a smaller 
 
 from __future__ import annotations
 
+import inspect
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -48,7 +50,7 @@ TPU_BLOCKS_C = (128, 256, 512)
 TPU_BLOCKS_D = (1, 2, 4, 8, 16, 32, 64)
 # Output positions a step computes at most: the accumulator and one window stay a few MiB of VMEM.
 MAX_STEP_POSITIONS = 8192
-LANES, SUBLANES = 128, 8
+LANES, SUBLANES = 128, 8  # the (sublane, lane) tile of a 32-bit VMEM array
 
 
 @dataclass
@@ -198,20 +200,37 @@ def _round_up(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
-def _unit(rest: int, nd: int) -> int:
-    """Planes a step computes are a multiple of this: its positions fill whole lanes of the accumulator, and
-    in 2-D the output block's rows fill whole sublanes (the kernel derives the same)."""
-    return math.lcm(LANES // math.gcd(rest, LANES), SUBLANES if nd == 2 else 1)
+def _step_layout(spatial, taps, block_d, max_positions):  # type: ignore[no-untyped-def]
+    """How a step tiles the padded input of extents ``spatial``: the extents it is laid out at, the output
+    planes (rows in 2-D) a step computes, its positions, its slab's length and each kernel offset's shift.
+
+    Every output row spans the laid-out width, so each kernel offset is one fixed shift along the flattened
+    positions. A step's positions fill whole lanes, and in 2-D its output rows whole sublanes; where one
+    such unit of planes would exceed ``max_positions``, the innermost axis is widened with zero columns
+    until a single plane fills whole lanes."""
+    sublanes = 8 if len(taps) == 2 else 1
+
+    def unit(extents):  # type: ignore[no-untyped-def]
+        return math.lcm(128 // math.gcd(math.prod(extents[1:]), 128), sublanes)
+
+    if unit(spatial) * math.prod(spatial[1:]) > max_positions:
+        lanes = 128 // math.gcd(math.prod(spatial[1:-1]), 128)
+        spatial = tuple(spatial[:-1]) + (-(-spatial[-1] // lanes) * lanes,)
+    out = spatial[0] - taps[0] + 1
+    planes = -(-min(block_d, out) // unit(spatial)) * unit(spatial)
+    rows = planes * math.prod(spatial[1:])
+    shifts = tuple(sum(i * math.prod(spatial[a + 1:]) for a, i in enumerate(offset))
+                   for offset in itertools.product(*(range(t) for t in taps)))
+    return tuple(spatial), planes, rows, -(-(rows + shifts[-1]) // 128) * 128, shifts
+
+
+LAYOUT_SOURCE = inspect.getsource(_step_layout).replace("  # type: ignore[no-untyped-def]", "") + "\n"
 
 
 def step_shape(p: ConvPlan, block_d: int) -> tuple[int, int, int]:
-    """Planes a step computes, its output positions and its slab's input rows (as the kernel derives them)."""
-    rest = math.prod(p.padded[1:])
-    unit = _unit(rest, p.nd)
-    planes = _round_up(min(block_d, p.out_spatial[0]), unit)
-    rows = planes * rest
-    shift = sum((t - 1) * math.prod(p.padded[i + 1:]) for i, t in enumerate(p.taps))
-    return planes, rows, _round_up(rows + shift, LANES)
+    """Planes a step computes, its output positions and its slab's length, as the kernel derives them."""
+    _, planes, rows, span, _ = _step_layout(p.padded, p.taps, block_d, MAX_STEP_POSITIONS)
+    return planes, rows, span
 
 
 def conv_vmem_bytes(p: ConvPlan, block_n: int, block_c: int, block_d: int, passes: int) -> int:
@@ -251,8 +270,10 @@ class TpuConvTemplate:
         worst = min(_passes(p))
         bn_options = [b for b in _legal(p.o, TPU_BLOCKS_N) if b % SUBLANES == 0 or b == p.o]
         bc_options = _legal(p.c, TPU_BLOCKS_C)
+        least = step_shape(p, 1)[0]  # the fewest planes a step can compute
         fits = [(bn, bc, bd) for bn in bn_options for bc in bc_options for bd in TPU_BLOCKS_D
-                if bd <= p.out_spatial[0] and step_shape(p, bd)[1] <= MAX_STEP_POSITIONS
+                if bd <= max(p.out_spatial[0], least)
+                and (step_shape(p, bd)[1] <= MAX_STEP_POSITIONS or step_shape(p, bd)[0] == least)
                 and conv_vmem_bytes(p, bn, bc, bd, worst) <= cap]
         if not fits:
             return TemplateSpace(defaults={"block_n": 0}, space={"block_n": []})
@@ -279,7 +300,7 @@ class TpuConvTemplate:
                f"reduction step, {passes} MXU pass{'es' if passes > 1 else ''} per product, the epilogue "
                + ("fused" if p.tileable else "left to XLA (it reduces or couples positions)") + '.\n"""\n')
         parts = [doc, HEADER.replace("import math\n", "import itertools\nimport math\n"), _constants(params), FIT_SOURCE, "", _mxu_source(p, passes),  # type: ignore[arg-type]
-                 _epilogue_source(p)]  # type: ignore[arg-type]
+                 _epilogue_source(p), LAYOUT_SOURCE]  # type: ignore[arg-type]
         if p.rhs is not None:
             parts.append(emit_function(p.rhs, "_conv_weight", "The kernel the reference convolves with, from its inputs.")
                          + "\n\n")
@@ -292,6 +313,7 @@ def _constants(params: dict[str, Any]) -> str:
         f"BLOCK_N = {int(params['block_n'])}  # output channels per tile (the tile's rows)",
         f"BLOCK_C = {int(params['block_c'])}  # input channels per reduction step (innermost, accumulated)",
         f"BLOCK_D = {int(params['block_d'])}  # output planes (rows in 2-D) per step, rounded up to fill lanes",
+        f"MAX_STEP_POSITIONS = {MAX_STEP_POSITIONS}  # output positions a step computes at most",
     ]) + "\n"
 
 
@@ -355,18 +377,11 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
         "    # the spatial axes flattened.",
         (f"    xp = jax.lax.pad({x}, jnp.zeros((), {x}.dtype), ((0, 0, 0), (0, 0, 0)) + {p.pads!r})"
          if any(any(q) for q in p.pads) else f"    xp = {x}"),
-        "    spatial = xp.shape[2:]",
-        "    out = tuple(e - t + 1 for e, t in zip(spatial, taps))",
-        "    rest = math.prod(spatial[1:])",
-        "    # Every output row spans the padded width, so each kernel offset is one fixed row shift.",
-        "    shifts = tuple(sum(i * math.prod(spatial[a + 1:]) for a, i in enumerate(offset))",
-        "                   for offset in itertools.product(*(range(t) for t in taps)))",
-        "    # Planes a step: its positions fill whole lanes; in 2-D its output rows fill whole sublanes.",
-        "    unit = math.lcm(128 // math.gcd(rest, 128), 8 if len(taps) == 2 else 1)",
-        "    planes = -(-min(BLOCK_D, out[0]) // unit) * unit",
+        "    out = tuple(e - t + 1 for e, t in zip(xp.shape[2:], taps))",
+        "    spatial, planes, rows, span, shifts = _step_layout(xp.shape[2:], taps, BLOCK_D, MAX_STEP_POSITIONS)",
+        "    if spatial != xp.shape[2:]:  # widened with zero columns: one plane fills whole lanes",
+        "        xp = jnp.pad(xp, ((0, 0), (0, 0)) + tuple((0, e - d) for e, d in zip(spatial, xp.shape[2:])))",
         "    steps = -(-out[0] // planes)",
-        "    rows = planes * rest",
-        "    span = -(-(rows + shifts[-1]) // 128) * 128",
         "    block_n, block_c = _fit(BLOCK_N, o), _fit(BLOCK_C, c)",
         "    flat = xp.reshape((n, c, -1))",
         "    # Each step's slab: its output planes' rows and the halo the kernel reaches past them (zeros past",
