@@ -32,11 +32,13 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import jax
 import numpy as np
 
 from maxkernel.analysis.graph import ELEMENTWISE
-from maxkernel.analysis.program import Node, Program, Var, arg_names, static_args, trace_program
-from maxkernel.rewrites.activations import cheaper_activations
+from maxkernel.analysis.program import Node, Program, Var, arg_names, input_shapes, static_args, trace_program
+from maxkernel.rewrites.activations import _one_minus_erf
+from maxkernel.rewrites.build import splice_traced
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
 from maxkernel.templates.base import FIT_SOURCE, TemplateSpace, tpu_target
 from maxkernel.templates.tpu_gemm import HEADER, HIGHEST, _epilogue_name, _epilogue_source, _extent, _mxu_source, _passes, _size_statics, _vmem_cap
@@ -116,6 +118,15 @@ def _per_channel(tail: Program, v: Var, o: int) -> bool:
     return bool(users) and int(np.prod(v.shape)) == o
 
 
+def _erfc_as_erf(tail: Program) -> None:
+    """erfc (exact GELU) has no Mosaic lowering; 1 - erf has. Only this substitution: the cheaper Mish of
+    ``cheaper_activations`` is proven on values up to a size, so it would write the tail differently at
+    ``full`` and at a smaller check size."""
+    for node in list(tail.nodes):
+        if node.prim == "erfc" and isinstance(node.ins[0], Var) and node.out.dtype == np.float32:
+            splice_traced(tail, node, _one_minus_erf)
+
+
 def match(program: Program) -> ConvPlan | str:
     """The convolution-then-tail structure of ``program``, or why it has none."""
     convs = [n for n in program.nodes if n.prim == "conv_general_dilated"]
@@ -148,7 +159,7 @@ def match(program: Program) -> ConvPlan | str:
     tail = Program([h] + others, [Node(nd.primitive, list(nd.ins), list(nd.outs), dict(nd.params)) for nd in nodes],
                    list(program.outputs), program.out_tree)
     tail.substitute(conv.out, h)
-    cheaper_activations(tail)  # erfc (exact GELU) has no Mosaic lowering; 1 - erf has
+    _erfc_as_erf(tail)
     tail.dce()
     prologue = None
     if upstream:
@@ -192,8 +203,29 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
         return "a convolution laid out differently at different sizes"
     generic = {text.replace(_epilogue_name(key), "_epilogue").replace(f", for {_extent(key)}.", ".")
                for key, text in texts.items()}
-    found[-1].epilogues = {(): generic.pop()} if len(generic) == 1 else texts
+    one = generic.pop() if len(generic) == 1 else None
+    found[-1].epilogues = {(): one} if one is not None and one == _probe_text(task, found[0]) else texts
     return found[-1]
+
+
+def _probe_text(task: "Task", p: ConvPlan) -> str | None:
+    """The tail emitted from a trace whose output extents all differ (None when the reference does not
+    trace there). Emission reads each constant's extent from an operand dimension of the same value; where
+    two extents coincide at every rendered size (square images) it may read the wrong one, which the
+    probe shows as a different text: then one function is written per extent instead."""
+    shapes = list(input_shapes(task, "cpu"))
+    index = arg_names(task).index(p.x.name)
+    x = shapes[index]
+    spatial = tuple(e + 1 + 2 * k for k, e in enumerate(x.shape[2:]))
+    out = [e - t + 1 for e, t in zip(spatial, p.taps)]
+    if len(set(out) | {p.n, p.o}) != len(out) + len({p.n, p.o}):
+        return None
+    shapes[index] = jax.ShapeDtypeStruct(x.shape[:2] + spatial, x.dtype)
+    try:
+        probe = match(trace_program(task, "cpu", shapes).dce())
+    except Exception:  # the reference ties its extents together (a norm over a width equal to the channels)
+        return None
+    return None if isinstance(probe, str) else emit_function(probe.tail, "_epilogue", "The reference after its convolution.")
 
 
 def _round_up(a: int, b: int) -> int:
