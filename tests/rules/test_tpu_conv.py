@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import types
+
+import pytest
+
 from jaxbench.task import load_task
 from maxkernel.analysis import analyze_task
 from maxkernel.rules.strategy import propose_strategies
@@ -32,7 +36,7 @@ def _space_is_legal(task_id: str) -> dict[str, object]:
 def test_2d_convolution_with_its_bias_relu_epilogue_fused_is_correct_and_lowers(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("18k_Conv2D_ReLU_BiasAdd")
     assert TPU_CONV.applies(task, analyze_task(task)) is None
-    source = TPU_CONV.render(task, {"block_n": 32, "block_c": 16, "block_d": 8, "passes": 3}, ("cpu", "full"))
+    source = TPU_CONV.render(task, {"block_n": 32, "block_c": 16, "block_d": 32, "passes": 3}, ("cpu", "full"))
     # No convolution left to XLA and no im2col: the taps are shifted windows of one slab in VMEM.
     assert "conv_general_dilated" not in source and "shift:shift + rows" in source
     assert "jnp.bfloat16" in source and "Precision.HIGHEST" not in source
@@ -64,6 +68,19 @@ def test_an_epilogue_that_reduces_over_positions_runs_in_xla_on_the_output() -> 
     assert not isinstance(full, str) and not full.tileable
     source = TPU_CONV.render(task, _space_is_legal(task.id), ("cpu", "full"))
     assert "return epilogue(h, conv_bias, gamma, beta)" in source and "epilogue=None" in source
+
+
+def test_an_epilogue_that_divides_by_a_square_image_is_written_per_extent() -> None:
+    task = load_task("39k_Conv2d_GELU_GlobalAvgPool")  # the mean over H x W, and H == W at every size
+    full = plan(task, ("cpu", "full"))
+    assert not isinstance(full, str)
+    # Written once, it would divide by the height twice: wrong wherever a check size halves the height only.
+    assert () not in full.epilogues and len(full.epilogues) == 2
+    source = TPU_CONV.render(task, _space_is_legal(task.id), ("cpu", "full"))
+    module = types.ModuleType("candidate")
+    exec(compile(source, "candidate.py", "exec"), module.__dict__)
+    with pytest.raises(ValueError, match="written for extents"):
+        module._epilogue_for((full.o, 127, 254))
 
 
 def test_a_transposed_convolution_is_the_convolution_of_the_dilated_input() -> None:
