@@ -6,6 +6,7 @@ from __future__ import annotations
 from maxkernel.templates.base import Template
 from maxkernel.templates.paged import PAGED_ATTENTION
 from maxkernel.templates.tpu_gemm import TPU_GEMM
+from maxkernel.templates.tpu_mlp import TPU_MLP
 from maxkernel.templates.tpu_rows import TPU_ROWS
 
-TPU_TEMPLATES: tuple[Template, ...] = (PAGED_ATTENTION, TPU_GEMM, TPU_ROWS)
+TPU_TEMPLATES: tuple[Template, ...] = (PAGED_ATTENTION, TPU_GEMM, TPU_MLP, TPU_ROWS)
