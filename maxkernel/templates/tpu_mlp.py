@@ -233,24 +233,44 @@ def _passes(p: ChainPlan) -> list[int]:
     return list(PASSES_F32) if p.in_dtype == np.dtype("float32") and p.precision == HIGHEST else [1]
 
 
-def mlp_vmem_bytes(p: ChainPlan, bm: int, bh: int, passes: int) -> int:
-    """VMEM one step plans for: double-buffered x rows, weight blocks, bias blocks and output rows; the
-    f32 accumulator; the f32 first products and the hidden tile; the bf16 halves of every operand block
-    when the products are split into three passes."""
-    item = p.in_dtype.itemsize
-    n_first = len(p.firsts)
-    out_cols = p.n if p.tileable else max(1, int(np.prod(p.out.shape[1:], dtype=np.int64)))
-    operands = bm * p.k + n_first * p.k * bh + bh * p.n
-    blocks = 2 * (operands * item + bm * out_cols * np.dtype(p.out.dtype).itemsize + 4 * (bh + p.n))
+def chain_vmem_bytes(k: int, n: int, n_first: int, item: int, out_bytes_per_row: int, bm: int, bh: int,
+                     passes: int, accumulator: bool = True) -> int:
+    """VMEM one step of a matmul chain plans for: double-buffered x rows, weight blocks, bias blocks and
+    output rows; the f32 accumulator (unless the f32 output block is it); the f32 first products and the
+    hidden tile; the bf16 halves of every operand block when the products are split into three passes."""
+    operands = bm * k + n_first * k * bh + bh * n
+    blocks = 2 * (operands * item + bm * out_bytes_per_row + 4 * (bh + n))
     products = (n_first + 1) * bm * bh * 4
     split = 2 * 2 * (operands + bm * bh) if passes == 3 else 0
-    return blocks + bm * p.n * 4 + products + split
+    return blocks + (bm * n * 4 if accumulator else 0) + products + split
 
 
-def _vmem_cap(target: str) -> int:
+def mlp_vmem_bytes(p: ChainPlan, bm: int, bh: int, passes: int) -> int:
+    """:func:`chain_vmem_bytes` of this plan's extents and output rows."""
+    out_cols = p.n if p.tileable else max(1, int(np.prod(p.out.shape[1:], dtype=np.int64)))
+    return chain_vmem_bytes(p.k, p.n, len(p.firsts), p.in_dtype.itemsize, out_cols * np.dtype(p.out.dtype).itemsize,
+                            bm, bh, passes)
+
+
+def chain_vmem_cap(target: str) -> int:
     from maxkernel.targets.specs import load_tpu_specs
 
     return int(load_tpu_specs()[target.removeprefix("tpu-")].vmem_bytes * MLP_VMEM_SHARE)
+
+
+def chain_blocks(fits: list[tuple[int, int]]) -> tuple[dict[str, int], dict[str, list[Any]]]:
+    """Default and space of (rows, hidden columns) a step among the legal ``fits``: the most rows first
+    (each row block reads every weight once), then the narrowest hidden step from PREFERRED_BLOCK_H up (a
+    wider one costs VMEM and, at the check size, reference FLOPs); around it half the rows and twice the
+    columns, where legal."""
+    bm = max(b for b, _ in fits)
+    widths = sorted(h for b, h in fits if b == bm)
+    bh = min((h for h in widths if h >= PREFERRED_BLOCK_H), default=widths[-1])
+    legal = set(fits)
+    return {"block_m": bm, "block_h": bh}, {
+        "block_m": sorted({bm} | ({bm // 2} if (bm // 2, bh) in legal else set())),
+        "block_h": sorted({bh} | ({bh * 2} if (bm, bh * 2) in legal else set())),
+    }
 
 
 class TpuMlpTemplate:
@@ -267,7 +287,7 @@ class TpuMlpTemplate:
             return TemplateSpace(defaults={}, space={"block_m": []})  # a TPU kernel: Mosaic-only operations
         p = plan(task, ("full",))
         assert not isinstance(p, str)
-        cap = _vmem_cap(target)
+        cap = chain_vmem_cap(target)
         worst = min(_passes(p))  # the 3-pass split needs the most VMEM
         sublanes = 16 if p.in_dtype == np.dtype("bfloat16") else 8
         fits = [(bm, bh) for bm in TPU_BLOCKS_M for bh in TPU_BLOCKS_H
@@ -275,18 +295,8 @@ class TpuMlpTemplate:
                 and mlp_vmem_bytes(p, bm, bh, worst) <= cap]
         if not fits:
             return TemplateSpace(defaults={"block_m": 0}, space={"block_m": []})
-        # The most rows first (each row block reads every weight once), then the narrowest hidden step
-        # from PREFERRED_BLOCK_H up (a wider one costs VMEM and, at the check size, reference FLOPs).
-        bm = max(b for b, _ in fits)
-        widths = sorted(h for b, h in fits if b == bm)
-        bh = min((h for h in widths if h >= PREFERRED_BLOCK_H), default=widths[-1])
-        legal = set(fits)
-        space: dict[str, list[Any]] = {
-            "block_m": sorted({bm} | ({bm // 2} if (bm // 2, bh) in legal else set())),
-            "block_h": sorted({bh} | ({bh * 2} if (bm, bh * 2) in legal else set())),
-            "passes": _passes(p),
-        }
-        return TemplateSpace(defaults={"block_m": bm, "block_h": bh, "passes": worst}, space=space)
+        defaults, space = chain_blocks(fits)
+        return TemplateSpace(defaults={**defaults, "passes": worst}, space={**space, "passes": _passes(p)})
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
         p = plan(task, sizes)

@@ -8,6 +8,7 @@ from maxkernel.analysis import analyze_task
 from maxkernel.rules.strategy import propose_strategies
 from maxkernel.targets import validate_tpu
 from maxkernel.templates.tpu_mlp import TPU_MLP, mlp_vmem_bytes, plan
+from maxkernel.templates.tpu_moe import LAYOUT_SOURCE, TPU_MOE, computes_the_reference
 
 
 def _lowers_at_defaults(template, task) -> dict:  # type: ignore[no-untyped-def]
@@ -54,3 +55,43 @@ def test_the_chain_template_refuses_what_it_does_not_compute() -> None:
     on_tpu = [s.name for s in propose_strategies(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")]
     on_cpu = [s.name for s in propose_strategies(task, analyze_task(task), "cpu")]
     assert "template:tpu_mlp" in on_tpu and "template:tpu_mlp" not in on_cpu
+
+
+def test_moe_runs_each_token_through_its_chosen_experts_only(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
+    task = load_task("10p_Sparse_MoE")
+    assert TPU_MOE.applies(task, analyze_task(task)) is None
+    # cpu size: 128 tokens, 256 pairs over 8 experts in 128-row blocks; intermediate 512: 2 hidden blocks.
+    source = TPU_MOE.render(task, {"block_m": 128, "block_h": 256}, ("cpu", "full"))
+    assert "num_scalar_prefetch=2" in source and "expert[i]" in source
+    report = declared_size_evaluator.evaluate(task, source)
+    assert report.passed and report.label == "pallas-kernel", report.reason
+    _lowers_at_defaults(TPU_MOE, task)
+
+
+def test_moe_layout_puts_every_pair_in_a_block_of_its_expert() -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jax.experimental import pallas as pl
+
+    namespace = {"jax": jax, "jnp": jnp, "pl": pl}
+    exec(compile(LAYOUT_SOURCE, "layout", "exec"), namespace)
+    top_idx = jnp.asarray([[3, 0], [3, 1], [0, 3], [2, 3], [3, 0]], jnp.int32)  # expert 3 five times
+    row_of_pair, token_of_row, block_expert, used = namespace["_layout"](top_idx, 4, 2)
+    rows, block_expert = np.asarray(row_of_pair), np.asarray(block_expert)
+    assert len(set(rows.tolist())) == rows.size  # one row per pair
+    assert (np.asarray(token_of_row)[rows] == np.repeat(np.arange(5), 2)).all()
+    assert (block_expert[rows // 2] == np.asarray(top_idx).reshape(-1)).all()
+    # experts 0, 1, 2, 3 hold 3, 1, 1, 5 pairs: 2 + 1 + 1 + 3 blocks of two rows, of cdiv(10, 2) + 4 = 9
+    assert int(used[0]) == 7 and block_expert.tolist() == [0, 0, 1, 2, 3, 3, 3, 3, 3]
+
+
+def test_moe_template_compares_the_reference_before_it_applies(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    assert "not five bfloat16 arguments" in str(TPU_MOE.applies(load_task("9p_SwiGLU_MLP"), None))
+    task = load_task("10p_Sparse_MoE")
+    assert computes_the_reference(task)
+    original = task.reference
+    # Same arguments and shapes, another computation (every output doubled): refused.
+    monkeypatch.setattr(task, "reference", lambda *a, **s: (original(*a, **s).astype("float32") * 2).astype(a[0].dtype))
+    assert not computes_the_reference(task)
