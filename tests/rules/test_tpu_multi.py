@@ -93,5 +93,6 @@ def test_moe_template_compares_the_reference_before_it_applies(monkeypatch) -> N
     assert computes_the_reference(task)
     original = task.reference
     # Same arguments and shapes, another computation (every output doubled): refused.
-    monkeypatch.setattr(task, "reference", lambda *a, **s: (original(*a, **s).astype("float32") * 2).astype(a[0].dtype))
+    doubled = lambda *a, **s: (original(*a, **s).astype("float32") * 2).astype(a[0].dtype)  # noqa: E731
+    monkeypatch.setattr(type(task), "reference", property(lambda self: doubled))
     assert not computes_the_reference(task)
