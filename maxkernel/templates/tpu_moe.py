@@ -123,7 +123,7 @@ def _roles(task: "Task", size: str) -> MoePlan | str:
     weights [E, H, I], [E, H, I], [E, I, H] (gate, up, down, in that order), and one integer static."""
     shapes = input_shapes(task, size)
     names = arg_names(task)
-    if len(shapes) != 5 or any(np.dtype(s.dtype) != np.dtype("bfloat16") for s in shapes):
+    if len(shapes) != 5 or len(names) != 5 or any(np.dtype(s.dtype) != np.dtype("bfloat16") for s in shapes):
         return "not five bfloat16 arguments (x, router, gate, up, down)"
     x, router, gate, up, down = shapes
     ints = [k for k, v in static_args(task, size).items() if isinstance(v, int) and not isinstance(v, bool)]
