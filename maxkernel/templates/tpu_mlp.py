@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -258,19 +258,40 @@ def chain_vmem_cap(target: str) -> int:
     return int(load_tpu_specs()[target.removeprefix("tpu-")].vmem_bytes * MLP_VMEM_SHARE)
 
 
-def chain_blocks(fits: list[tuple[int, int]]) -> tuple[dict[str, int], dict[str, list[Any]]]:
-    """Default and space of (rows, hidden columns) a step among the legal ``fits``: the most rows first
-    (each row block reads every weight once), then the narrowest hidden step from PREFERRED_BLOCK_H up (a
-    wider one costs VMEM and, at the check size, reference FLOPs); around it half the rows and twice the
-    columns, where legal."""
+Legal = Callable[[int, int, int], bool]  # (rows, hidden columns, VMEM cap) -> whether a step may have them
+
+
+def chain_space(target: str, rules: Callable[[], tuple[Legal, dict[str, Any], dict[str, list[Any]]]]) -> TemplateSpace:
+    """On a TPU target, the (rows, hidden columns) a step that ``rules()`` calls legal, with the defaults
+    and space it adds (none elsewhere: Mosaic-only operations). The default has the most rows (each row
+    block reads every weight once), then the narrowest hidden step from PREFERRED_BLOCK_H up (a wider one
+    costs VMEM and, at the check size, reference FLOPs); around it half the rows and twice the columns,
+    where legal."""
+    if not tpu_target(target):
+        return TemplateSpace(defaults={}, space={"block_m": []})
+    legal, defaults, space = rules()
+    cap = chain_vmem_cap(target)
+    fits = {(bm, bh) for bm in TPU_BLOCKS_M for bh in TPU_BLOCKS_H if legal(bm, bh, cap)}
+    if not fits:
+        return TemplateSpace(defaults={"block_m": 0}, space={"block_m": []})
     bm = max(b for b, _ in fits)
     widths = sorted(h for b, h in fits if b == bm)
     bh = min((h for h in widths if h >= PREFERRED_BLOCK_H), default=widths[-1])
-    legal = set(fits)
-    return {"block_m": bm, "block_h": bh}, {
-        "block_m": sorted({bm} | ({bm // 2} if (bm // 2, bh) in legal else set())),
-        "block_h": sorted({bh} | ({bh * 2} if (bm, bh * 2) in legal else set())),
-    }
+    return TemplateSpace(defaults={"block_m": bm, "block_h": bh, **defaults}, space={
+        "block_m": sorted({bm} | ({bm // 2} if (bm // 2, bh) in fits else set())),
+        "block_h": sorted({bh} | ({bh * 2} if (bm, bh * 2) in fits else set())), **space})
+
+
+def _rules(task: "Task") -> tuple[Legal, dict[str, Any], dict[str, list[Any]]]:
+    p = plan(task, ("full",))
+    assert not isinstance(p, str)
+    worst = min(_passes(p))  # the 3-pass split needs the most VMEM
+    sublanes = 16 if p.in_dtype == np.dtype("bfloat16") else 8
+
+    def legal(bm: int, bh: int, cap: int) -> bool:
+        return bm % sublanes == 0 and p.m % bm == 0 and p.hidden % bh == 0 and mlp_vmem_bytes(p, bm, bh, worst) <= cap
+
+    return legal, {"passes": worst}, {"passes": _passes(p)}
 
 
 class TpuMlpTemplate:
@@ -283,20 +304,7 @@ class TpuMlpTemplate:
         return found if isinstance(found, str) else None
 
     def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
-        if not tpu_target(target):
-            return TemplateSpace(defaults={}, space={"block_m": []})  # a TPU kernel: Mosaic-only operations
-        p = plan(task, ("full",))
-        assert not isinstance(p, str)
-        cap = chain_vmem_cap(target)
-        worst = min(_passes(p))  # the 3-pass split needs the most VMEM
-        sublanes = 16 if p.in_dtype == np.dtype("bfloat16") else 8
-        fits = [(bm, bh) for bm in TPU_BLOCKS_M for bh in TPU_BLOCKS_H
-                if bm % sublanes == 0 and p.m % bm == 0 and p.hidden % bh == 0
-                and mlp_vmem_bytes(p, bm, bh, worst) <= cap]
-        if not fits:
-            return TemplateSpace(defaults={"block_m": 0}, space={"block_m": []})
-        defaults, space = chain_blocks(fits)
-        return TemplateSpace(defaults={**defaults, "passes": worst}, space={**space, "passes": _passes(p)})
+        return chain_space(target, lambda: _rules(task))
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
         p = plan(task, sizes)

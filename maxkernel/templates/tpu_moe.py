@@ -24,9 +24,9 @@ import numpy as np
 
 from maxkernel.analysis.program import arg_names, input_shapes, static_args, trace_program
 from maxkernel.rewrites.emit import EmitError
-from maxkernel.templates.base import FIT_SOURCE, TemplateSpace, tpu_target
-from maxkernel.templates.tpu_gemm import HEADER, TPU_BLOCKS_M, _mxu_source
-from maxkernel.templates.tpu_mlp import TPU_BLOCKS_H, chain_blocks, chain_vmem_bytes, chain_vmem_cap
+from maxkernel.templates.base import FIT_SOURCE, TemplateSpace
+from maxkernel.templates.tpu_gemm import HEADER, _mxu_source
+from maxkernel.templates.tpu_mlp import Legal, chain_space, chain_vmem_bytes
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -185,6 +185,18 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> MoePlan | str:
     return found[-1]
 
 
+def _rules(task: "Task") -> tuple[Legal, dict[str, Any], dict[str, list[Any]]]:
+    p = plan(task, ("full",))
+    assert not isinstance(p, str)
+
+    def legal(bm: int, bh: int, cap: int) -> bool:
+        # Rows are padded to whole blocks per expert, so a row block need not divide the tokens.
+        return bm <= MOE_MAX_BLOCK_M and p.intermediate % bh == 0 and chain_vmem_bytes(
+            p.hidden, p.hidden, 2, 2, p.hidden * 4, bm, bh, 1, accumulator=False) <= cap
+
+    return legal, {}, {}
+
+
 class TpuMoeTemplate:
     name = "tpu_moe"
     description = ("top-k routed SwiGLU experts: pairs sorted by expert into whole row blocks, the block's "
@@ -199,19 +211,7 @@ class TpuMoeTemplate:
         return None
 
     def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
-        if not tpu_target(target):
-            return TemplateSpace(defaults={}, space={"block_m": []})  # a TPU kernel: Mosaic-only operations
-        p = plan(task, ("full",))
-        assert not isinstance(p, str)
-        cap = chain_vmem_cap(target)
-        # Rows are padded to whole blocks per expert, so a row block need not divide the tokens.
-        fits = [(bm, bh) for bm in TPU_BLOCKS_M for bh in TPU_BLOCKS_H
-                if bm <= MOE_MAX_BLOCK_M and p.intermediate % bh == 0
-                and chain_vmem_bytes(p.hidden, p.hidden, 2, 2, p.hidden * 4, bm, bh, 1, accumulator=False) <= cap]
-        if not fits:
-            return TemplateSpace(defaults={"block_m": 0}, space={"block_m": []})
-        defaults, space = chain_blocks(fits)
-        return TemplateSpace(defaults=defaults, space=space)
+        return chain_space(target, lambda: _rules(task))
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
         p = plan(task, sizes)
