@@ -5,7 +5,7 @@ Lowering for CUDA does not depend on the chip and cannot see shared memory or th
 chip, so this module computes them from the kernel's own block shapes and compiler parameters:
 
 - Triton (``plt.CompilerParams``): a BlockSpec only names a window of global memory, and what the body loads
-  (ref indexing binds ``get``, ``pl.load`` binds ``masked_load``) is held as Triton's software pipeliner
+  (ref indexing binds ``get``; ``plt.load``, ``pl.load`` in older JAX, binds ``masked_load``) is held as Triton's software pipeliner
   holds it. The pipeliner multi-buffers only the loads of an innermost loop that feed a dot there (directly
   or through the addresses of such loads), ``num_stages - 1`` buffers deep, one more where the dot is
   Hopper's wgmma, which reads its operands from shared memory. Other dot operands pass through shared
