@@ -4,9 +4,9 @@ shared memory its blocks need, and the global-memory bytes its BlockSpec windows
 Lowering for CUDA does not depend on the chip and cannot see shared memory or the backend's fit to the
 chip, so this module computes them from the kernel's own block shapes and compiler parameters:
 
-- Triton (``plt.CompilerParams``): a BlockSpec only names a window of global memory, and what the body loads
-  (ref indexing binds ``get``; ``plt.load``, ``pl.load`` in older JAX, binds ``masked_load``) is held as Triton's software pipeliner
-  holds it. The pipeliner multi-buffers only the loads of an innermost loop that feed a dot there (directly
+- Triton (``plt.CompilerParams``): a BlockSpec only names a window of global memory, and what the body
+  loads (ref indexing binds ``get``; ``plt.load``, ``pl.load`` in older JAX, binds ``masked_load``) is held
+  as Triton's software pipeliner holds it. The pipeliner multi-buffers only the loads of an innermost loop that feed a dot there (directly
   or through the addresses of such loads), ``num_stages - 1`` buffers deep, one more where the dot is
   Hopper's wgmma, which reads its operands from shared memory. Other dot operands pass through shared
   memory once; a load no dot reads stays in registers, once. (A dot is a wgmma only at whole warpgroups and
