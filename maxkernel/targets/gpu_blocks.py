@@ -6,11 +6,11 @@ chip, so this module computes them from the kernel's own block shapes and compil
 
 - Triton (``plt.CompilerParams``): a BlockSpec only names a window of global memory, and what the body
   loads (ref indexing binds ``get``; ``plt.load``, ``pl.load`` in older JAX, binds ``masked_load``) is held
-  as Triton's software pipeliner holds it. The pipeliner multi-buffers only the loads of an innermost loop that feed a dot there (directly
-  or through the addresses of such loads), ``num_stages - 1`` buffers deep, one more where the dot is
-  Hopper's wgmma, which reads its operands from shared memory. Other dot operands pass through shared
-  memory once; a load no dot reads stays in registers, once. (A dot is a wgmma only at whole warpgroups and
-  output tiles of 64 rows; a decode kernel's 16-row dots are not.)
+  as Triton's software pipeliner holds it. The pipeliner multi-buffers only the loads of an innermost loop
+  that feed a dot there (directly or through the addresses of such loads), ``num_stages - 1`` buffers deep,
+  one more where the dot is Hopper's wgmma, which reads its operands from shared memory. Other dot operands
+  pass through shared memory once; a load no dot reads stays in registers, once. (A dot is a wgmma only at
+  whole warpgroups and output tiles of 64 rows; a decode kernel's 16-row dots are not.)
 - Mosaic GPU (any other parameters, the default): every BlockSpec block is staged in shared memory,
   ``max_concurrent_steps`` buffers deep (1 unless given, and never more than the sequential grid steps),
   plus the kernel's scratch and, where the body reduces, the reduction scratch.
