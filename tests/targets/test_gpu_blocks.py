@@ -167,8 +167,8 @@ def test_jax_gpu_kernels_fit_at_their_default_blocks(name: str, chip: str) -> No
         shape = check_smem(call.eqn, call.name, load_gpu_spec(chip))
         assert shape.backend == "triton"
         if name in ("layer_norm", "rms_norm", "softmax"):
-            # No dot: every pl.load is held in registers, none in shared memory (at num_stages 3 their
-            # in-loop f32 blocks taken 3 deep would overflow the A100's 163 KB).
+            # No dot: every plt.load is held in registers, none in shared memory (rms_norm's and layer_norm's
+            # in-loop f32 blocks taken num_stages = 3 deep would overflow the A100's 163 KB).
             assert shape.smem_bytes == 0 and shape.register_bytes > 0
 
 
