@@ -67,7 +67,7 @@ def visits(a: GroupedShape, bm: int) -> int:
     return a.m // bm + a.groups - 1
 
 
-def _check_extent(full: int, floor: int, block: int, steps_of: Any) -> int:
+def check_extent(full: int, floor: int, block: int, steps_of: Any) -> int:
     """The smallest halving of ``full`` (not below ``floor``) that the kernel still tiles by ``block`` with
     at least two steps where ``full`` has two: what the twin check keeps for this dimension."""
     need_two = steps_of(full) >= 2
@@ -84,9 +84,9 @@ def check_footprint(a: GroupedShape, floors: tuple[int, int, int], bm: int, bk: 
     """(reference FLOPs, grid steps) at the smallest twin of ``a`` for these tiles, as the evaluator's check
     size finds it. The FLOPs are those of a dense grouped product (every row by every group's weights: the
     11p reference, and how XLA:CPU counts ``ragged_dot``), an upper bound for any grouped reference."""
-    m = _check_extent(a.m, floors[0], bm, lambda rows: rows // bm + a.groups - 1)
-    k = _check_extent(a.k, floors[1], bk, lambda depth: depth // bk)
-    n = _check_extent(a.n, floors[2], bn, lambda cols: cols // bn)
+    m = check_extent(a.m, floors[0], bm, lambda rows: rows // bm + a.groups - 1)
+    k = check_extent(a.k, floors[1], bk, lambda depth: depth // bk)
+    n = check_extent(a.n, floors[2], bn, lambda cols: cols // bn)
     return 2.0 * a.groups * m * k * n, (n // bn) * (m // bm + a.groups - 1) * (k // bk)
 
 
