@@ -109,3 +109,19 @@ def test_an_incorrect_three_pass_gemm_near_the_tolerance_is_retried_at_highest()
     assert fix_known_error(three, missed.model_copy(update={"max_abs_err": 5.0})) is None  # a wrong kernel
     assert fix_known_error(three, missed.model_copy(update={"status": "ok", "correct": True})) is None
     assert fix_known_error(fixed, missed) is None  # already at HIGHEST: nothing left to try
+
+
+def test_batch_statistics_in_xla_leave_the_batch_free_for_the_check() -> None:
+    """31k: the batch-norm epilogue divides by the rows it reads, so the check runs fewer rows than `full`
+    (at batch 16384 the check would need 2.8e11 reference FLOPs and be refused)."""
+    from maxkernel.targets.check_size import CHECK_FLOPS, derive_check_size
+    from maxkernel.targets.loader import load_candidate
+    from maxkernel.targets.specs import load_tpu_spec
+
+    task = load_task("31k_Gemm_BatchNorm_GELU_ReLU")
+    space = TPU_GEMM.space(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")
+    source = TPU_GEMM.render(task, space.defaults, ("cpu", "full"))
+    check = derive_check_size(load_candidate(source), task, load_tpu_spec("v6e"), interpreted=True)
+    assert check.refusal is None, check.refusal
+    assert check.values["batch"] < task.size("full")["batch"]
+    assert check.reference_flops is not None and check.reference_flops <= CHECK_FLOPS
