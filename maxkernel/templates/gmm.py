@@ -20,7 +20,8 @@ import numpy as np
 from maxkernel.analysis.program import arg_names, trace_program
 from maxkernel.rewrites.emit import EmitError, dtype_expr
 from maxkernel.targets.check_size import CHECK_FLOPS, CHECK_GRID_STEPS
-from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
+from maxkernel.templates.base import (FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, check_extent, check_floor, divisors,
+                                      tpu_target)
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -67,19 +68,6 @@ def visits(a: GroupedShape, bm: int) -> int:
     return a.m // bm + a.groups - 1
 
 
-def check_extent(full: int, floor: int, block: int, steps_of: Any) -> int:
-    """The smallest halving of ``full`` (not below ``floor``) that the kernel still tiles by ``block`` with
-    at least two steps where ``full`` has two: what the twin check keeps for this dimension."""
-    need_two = steps_of(full) >= 2
-    chosen, current = full, full
-    while current % 2 == 0 and current // 2 >= floor:
-        current //= 2
-        if current % block or current < block or (need_two and steps_of(current) < 2):
-            break
-        chosen = current
-    return chosen
-
-
 def check_footprint(a: GroupedShape, floors: tuple[int, int, int], bm: int, bk: int, bn: int) -> tuple[float, int]:
     """(reference FLOPs, grid steps) at the smallest twin of ``a`` for these tiles, as the evaluator's check
     size finds it. The FLOPs are those of a dense grouped product (every row by every group's weights: the
@@ -103,15 +91,8 @@ def pipeline_s(spec: "TpuSpec", a: GroupedShape, bm: int, bk: int, bn: int) -> f
 
 
 def check_floors(task: "Task", a: GroupedShape, small: GroupedShape) -> tuple[int, int, int]:
-    """How far the check may shrink m, k and n: a free size parameter to its declared minimum, any other to
-    its ``cpu`` value."""
-    full, cpu = task.size("full"), task.size("cpu")
-    floors = []
-    for at_full, at_cpu in ((a.m, small.m), (a.k, small.k), (a.n, small.n)):
-        name = next((n for n, v in full.items() if v == at_full and cpu.get(n) == at_cpu), None)
-        free = task.spec.free.get(name) if name is not None else None
-        floors.append(max(free.min, free.multiple_of) if free is not None else at_cpu)
-    return floors[0], floors[1], floors[2]
+    """How far the check may shrink m, k and n (see ``check_floor``)."""
+    return (check_floor(task, a.m, small.m), check_floor(task, a.k, small.k), check_floor(task, a.n, small.n))
 
 
 class GroupedMatmulTemplate:

@@ -20,8 +20,7 @@ import numpy as np
 from maxkernel.analysis.program import arg_names, trace_program
 from maxkernel.rewrites.emit import EmitError
 from maxkernel.targets.check_size import CHECK_GRID_STEPS, CHECK_MEMORY_BYTES
-from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, tpu_target
-from maxkernel.templates.gmm import check_extent
+from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, check_extent, check_floor, tpu_target
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -111,14 +110,8 @@ def pipeline_s(spec: "TpuSpec", a: XentShape, bt: int, bv: int) -> float:
 
 def check_footprint(task: "Task", a: XentShape, small: XentShape, bt: int, bv: int) -> tuple[int, int]:
     """(reference bytes, grid steps) at the smallest twin for these blocks, as the check size finds it."""
-    full, cpu = task.size("full"), task.size("cpu")
-    floors = []
-    for at_full, at_cpu in ((a.tokens, small.tokens), (a.vocab, small.vocab)):
-        name = next((n for n, v in full.items() if v == at_full and cpu.get(n) == at_cpu), None)
-        free = task.spec.free.get(name) if name is not None else None
-        floors.append(max(free.min, free.multiple_of) if free is not None else at_cpu)
-    tokens = check_extent(a.tokens, floors[0], bt, lambda t: t // bt)
-    vocab = check_extent(a.vocab, floors[1], bv, lambda v: v // bv)
+    tokens = check_extent(a.tokens, check_floor(task, a.tokens, small.tokens), bt, lambda t: t // bt)
+    vocab = check_extent(a.vocab, check_floor(task, a.vocab, small.vocab), bv, lambda v: v // bv)
     return REFERENCE_COPIES * tokens * vocab * 4, (tokens // bt) * (vocab // bv)
 
 
