@@ -171,7 +171,9 @@ class TpuGemmTemplate:
 
     def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
         found = plan(task, ("cpu", "full"))  # the full size too: one emitted epilogue must serve both
-        return found if isinstance(found, str) else None
+        if isinstance(found, str):
+            return found
+        return summed_product(task)
 
     def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
         if not tpu_target(target):
@@ -222,6 +224,17 @@ class TpuGemmTemplate:
             parts.append(_rows_source(p))
         parts.append(_kernel_source(p, names, _size_statics(static_args(task, sizes[0]))))
         return "\n".join(parts)
+
+
+def summed_product(task: "Task") -> str | None:
+    """Why the GEMM should not be computed at all, or None: when the reference only sums the product over
+    its columns, pre-summing the weight (``rewrite:sum_after_matmul``) leaves a matrix-vector product,
+    bound by reading the weight once, N times less MXU work than any GEMM (21k, 23k)."""
+    from maxkernel.rewrites import apply_rewrites
+
+    if apply_rewrites(trace_program(task, "cpu"), ["sum_after_matmul"]).sites:
+        return "the product is only summed over its columns: a matvec with pre-summed weights (rewrite:sum_after_matmul)"
+    return None
 
 
 def precise_source(source: str) -> str | None:

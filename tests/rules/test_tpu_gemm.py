@@ -125,3 +125,14 @@ def test_batch_statistics_in_xla_leave_the_batch_free_for_the_check() -> None:
     assert check.refusal is None, check.refusal
     assert check.values["batch"] < task.size("full")["batch"]
     assert check.reference_flops is not None and check.reference_flops <= CHECK_FLOPS
+
+
+def test_a_product_summed_over_its_columns_is_left_to_the_pre_summed_weight_rewrite() -> None:
+    """21k and 23k: after pre-summing the weight the work is a matvec; a GEMM would do N times more."""
+    for task_id in ("21k_Gemm_Divide_Sum_Scaling", "23k_Matmul_Sum_Max_AvgPool_LogSumExp_LogSumExp"):
+        task = load_task(task_id)
+        assert "sum_after_matmul" in str(TPU_GEMM.applies(task, analyze_task(task)))
+        names = [s.name for s in propose_strategies(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")]
+        assert "template:tpu_gemm" not in names and any("sum_after_matmul" in n for n in names)
+    kept = load_task("36k_Matmul_Sigmoid_Sum")  # a sum after a nonlinearity: the GEMM is needed
+    assert TPU_GEMM.applies(kept, analyze_task(kept)) is None
