@@ -7,7 +7,8 @@ What an expert writes for ``epilogue(x @ w)`` on a TPU:
   f32 inputs multiplied at full precision are either split into bf16 high and low parts and multiplied in
   three passes (``hi·hi + hi·lo + lo·hi``, the scheme XLA calls BF16_BF16_F32_X3: half the MXU passes of
   ``Precision.HIGHEST``, about 16 mantissa bits kept) or run at ``HIGHEST``; both are in the tuning space,
-  and the evaluator decides whether the task's tolerance admits the three-pass product;
+  three passes are the default, and a three-pass kernel the evaluator finds `incorrect` near the task's
+  tolerance is retried at ``HIGHEST`` by the rules debugger (``retry_precise``);
 - an elementwise epilogue (bias, scale, activations, residual tiles) runs on the accumulator on the last
   K step and the tile is written once; an epilogue that reduces along the row (softmax, logsumexp, sums,
   group norms, pooling over features) runs in a second kernel over blocks of whole rows of the product;
