@@ -7,5 +7,6 @@ from maxkernel.templates.base import Template
 from maxkernel.templates.paged import PAGED_ATTENTION
 from maxkernel.templates.tpu_gemm import TPU_GEMM
 from maxkernel.templates.tpu_rows import TPU_ROWS
+from maxkernel.templates.tpu_xent import TPU_XENT
 
-TPU_TEMPLATES: tuple[Template, ...] = (PAGED_ATTENTION, TPU_GEMM, TPU_ROWS)
+TPU_TEMPLATES: tuple[Template, ...] = (PAGED_ATTENTION, TPU_GEMM, TPU_XENT, TPU_ROWS)
