@@ -18,7 +18,6 @@ smaller extent, so the body priced at ``full`` is the one checked at a smaller t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -28,7 +27,8 @@ from maxkernel.analysis.program import Node, Program, Var, arg_names, trace_prog
 from maxkernel.rewrites.activations import cheaper_activations
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
 from maxkernel.templates.base import FIT_SOURCE, TemplateSpace, tpu_target
-from maxkernel.templates.tpu_gemm import HEADER, HIGHEST, PASSES_F32, TPU_BLOCKS_M, _mxu_source
+from maxkernel.templates.tpu_gemm import (HEADER, HIGHEST, PASSES_F32, TPU_BLOCKS_M, W_KN_DIMENSIONS, W_NK_DIMENSIONS,
+                                          _mxu_source)
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -318,7 +318,7 @@ class TpuMlpTemplate:
                f"{'es' if passes > 1 else ''} per product.\n\"\"\"\n")
         constants = (f"BLOCK_M = {int(params['block_m'])}  # rows of x per step (each reads every weight once)\n"
                      f"BLOCK_H = {int(params['block_h'])}  # hidden columns per step (innermost, accumulated)\n")
-        mxu = _mxu_source(SimpleNamespace(w_nk=p.w_nk), passes)
+        mxu = _mxu_source(W_NK_DIMENSIONS if p.w_nk else W_KN_DIMENSIONS, passes)
         return "\n".join([doc, HEADER, constants, FIT_SOURCE, "", mxu, p.act_text, "", "", p.tail_text, "", "",
                           _body_source(p), _kernel_source(p, arg_names(task))])
 

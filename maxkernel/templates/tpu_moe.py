@@ -17,7 +17,6 @@ reference with that computation on the task's own inputs at the ``cpu`` size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +24,7 @@ import numpy as np
 from maxkernel.analysis.program import arg_names, input_shapes, static_args, trace_program
 from maxkernel.rewrites.emit import EmitError
 from maxkernel.templates.base import FIT_SOURCE, TemplateSpace
-from maxkernel.templates.tpu_gemm import HEADER, _mxu_source
+from maxkernel.templates.tpu_gemm import HEADER, W_KN_DIMENSIONS, _mxu_source
 from maxkernel.templates.tpu_mlp import Legal, chain_space, chain_vmem_bytes
 
 if TYPE_CHECKING:
@@ -221,7 +220,7 @@ class TpuMoeTemplate:
                f"{params['block_m']} rows by {params['block_h']} hidden columns a step.\n\"\"\"\n")
         constants = (f"BLOCK_M = {int(params['block_m'])}  # rows of one expert per step (its rows are padded to these)\n"
                      f"BLOCK_H = {int(params['block_h'])}  # hidden columns per step (innermost, accumulated)\n")
-        return "\n".join([doc, HEADER, constants, FIT_SOURCE, "", _mxu_source(SimpleNamespace(w_nk=False), 1),
+        return "\n".join([doc, HEADER, constants, FIT_SOURCE, "", _mxu_source(W_KN_DIMENSIONS, 1),
                           ROUTING_SOURCE, "", LAYOUT_SOURCE, "", KERNEL_BODY, "", _kernel_source(p)])
 
 
