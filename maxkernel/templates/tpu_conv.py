@@ -41,7 +41,7 @@ from maxkernel.rewrites.activations import _one_minus_erf
 from maxkernel.rewrites.build import splice_traced
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
 from maxkernel.templates.base import FIT_SOURCE, TemplateSpace, tpu_target
-from maxkernel.templates.tpu_gemm import HEADER, HIGHEST, _epilogue_name, _epilogue_source, _extent, _mxu_source, _passes, _size_statics, _vmem_cap
+from maxkernel.templates.tpu_gemm import HEADER, HIGHEST, W_KN_DIMENSIONS, _epilogue_name, _epilogue_source, _extent, _mxu_source, _passes, _size_statics, _vmem_cap
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -74,7 +74,6 @@ class ConvPlan:
     tail: Program  # inputs: the convolution's output ``h`` then the other inputs it reads
     tileable: bool  # elementwise, every other operand per output channel
     epilogues: dict[tuple[int, ...], str] = field(default_factory=dict)
-    w_nk: bool = False  # the product is weight tile [BLOCK_N, BLOCK_C] @ window [BLOCK_C, positions]
 
     @property
     def out(self) -> Var:
@@ -331,7 +330,7 @@ class TpuConvTemplate:
                f"out-channels x {params['block_d']} output planes a step, {params['block_c']} in-channels a "
                f"reduction step, {passes} MXU pass{'es' if passes > 1 else ''} per product, the epilogue "
                + ("fused" if p.tileable else "left to XLA (it reduces or couples positions)") + '.\n"""\n')
-        parts = [doc, HEADER.replace("import math\n", "import itertools\nimport math\n"), _constants(params), FIT_SOURCE, "", _mxu_source(p, passes),  # type: ignore[arg-type]
+        parts = [doc, HEADER.replace("import math\n", "import itertools\nimport math\n"), _constants(params), FIT_SOURCE, "", _mxu_source(W_KN_DIMENSIONS, passes),
                  _epilogue_source(p), LAYOUT_SOURCE]  # type: ignore[arg-type]
         if p.rhs is not None:
             parts.append(emit_function(p.rhs, "_conv_weight", "The kernel the reference convolves with, from its inputs.")
