@@ -72,10 +72,10 @@ class Expert(BaseModel):
 
 EXPERTS: tuple[Expert, ...] = (
     Expert(task="1p_Flash_Attention", kernel="flash_attention, causal, blocks 1024/1024/512"),
-    Expert(task="2p_GQA_Attention", kernel="splash MHA (GQA), causal, blocks 1024"),
+    Expert(task="2p_GQA_Attention", kernel="flash_attention, kv heads repeated per group, blocks 1024/1024/512"),
     Expert(task="3p_MLA_Attention", kernel="XLA projections + splash MHA, causal, blocks 512"),
-    Expert(task="4p_Sparse_Attention", kernel="splash MHA with the task's block mask, blocks 512"),
-    Expert(task="5p_Flex_Attention", kernel="flash_attention with the bias as ab, blocks 1024/1024/512"),
+    Expert(task="4p_Sparse_Attention", kernel="splash MHA with the task's block mask, blocks 512, scaled q as bf16 hi+lo"),
+    Expert(task="5p_Flex_Attention", kernel="flash_attention with the bias as ab, blocks 1024/1024/512, scaled q as bf16 hi+lo"),
     Expert(task="6p_Paged_Attention", kernel="paged_attention, 64 pages a compute block"),
     Expert(task="7p_Ragged_Paged_Attention", kernel="ragged_paged_attention, 128 kv pages / 32 queries a block",
            interpret_limit="JAX 0.10.2's TPU interpret mode fails on the kernel's ref.reshape "
