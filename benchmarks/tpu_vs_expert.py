@@ -26,6 +26,7 @@ import json
 import math
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -113,6 +114,7 @@ class ExpertRow(BaseModel):
     flags: list[str] = Field(default_factory=list)
     provable: bool = True
     seconds: float = 0.0
+    measured: str | None = Field(default=None, description="when the expert was evaluated (UTC, to the minute)")
     ours: Ours | None = None
 
     @property
@@ -213,7 +215,9 @@ def evaluate_expert(expert: Expert, task: "Task", target: str, evaluator: "Evalu
     started = time.monotonic()
     report = evaluate_candidate(task, expert.path.read_text(), target=target, filename=expert.path.name,
                                 evaluator=evaluator)
-    return _expert_row(expert, target, report, time.monotonic() - started)
+    row = _expert_row(expert, target, report, time.monotonic() - started)
+    row.measured = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
+    return row
 
 
 def _expert_row(expert: Expert, target: str, report: "EvalReport", seconds: float) -> ExpertRow:
@@ -312,21 +316,42 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
+def _miss(row: ExpertRow) -> str | None:
+    """Why this covered row misses the target (expert accepted and priced, ours >= expert), or None."""
+    if row.status != "ok":
+        return f"expert not accepted: {row.status}: {row.reason[:160]}"
+    if row.speedup is None:
+        return "expert accepted but not priced: " + ("; ".join(row.flags)[:160] or "no model figures")
+    if row.ours is None or not row.ours.speedup:
+        return "ours not run" if row.ours is None else f"ours failed: {row.ours.note[:160]}"
+    ratio = row.ratio
+    if ratio is not None and ratio < 1.0:
+        return f"ours {row.ours.speedup:.2f}x below the expert's {row.speedup:.2f}x (ours/expert {ratio:.2f})"
+    return None
+
+
 def expert_summary(rows: list[ExpertRow]) -> dict[str, dict[str, Any]]:
-    """Per target: the rows that count (expert provable here), how many are priced, ours >= expert, geomean ratio."""
+    """Per target, what the target counts over the covered rows (expert provable here): how many experts
+    are accepted (ok and correct), how many are priced, on how many ours >= expert, each miss and why; and
+    whether the target holds (every covered expert accepted and priced, ours >= expert on every one)."""
     out: dict[str, dict[str, Any]] = {}
     for target in dict.fromkeys(r.target for r in rows):
         mine = [r for r in rows if r.target == target]
-        ratios = [r.ratio for r in mine if r.ratio is not None]
+        covered = [r for r in mine if r.provable]
+        ratios = [r.ratio for r in covered if r.ratio is not None]
+        misses = {r.task: why for r in covered if (why := _miss(r)) is not None}
         out[target] = {
-            "covered": sum(1 for r in mine if r.provable),
+            "covered": len(covered),
             "not_provable": [r.task for r in mine if not r.provable],
-            "expert_priced": sum(1 for r in mine if r.priced),
-            "expert_not_ok": {r.task: f"{r.status}: {r.reason}" for r in mine if r.provable and r.status != "ok"},
-            "expert_unpriced": {r.task: "; ".join(r.flags) for r in mine if r.provable and r.status == "ok" and r.speedup is None},
+            "expert_accepted": sum(1 for r in covered if r.status == "ok"),
+            "expert_priced": sum(1 for r in covered if r.priced),
+            "expert_not_ok": {r.task: f"{r.status}: {r.reason}" for r in covered if r.status != "ok"},
+            "expert_unpriced": {r.task: "; ".join(r.flags) for r in covered if r.status == "ok" and r.speedup is None},
             "compared": len(ratios),
             "ours_at_least_expert": sum(1 for x in ratios if x >= 1.0),
             "geomean_ratio": geomean(ratios),
+            "misses": misses,
+            "target_met": bool(covered) and not misses,
         }
     return out
 
@@ -374,9 +399,16 @@ def print_experts(console: Console, rows: list[ExpertRow], budget_s: float) -> N
 
 
 def summary_lines(rows: list[ExpertRow]) -> list[str]:
-    return [f"{target}: covered {s['covered']} (not provable here: {', '.join(s['not_provable']) or 'none'}); "
-            f"expert priced {s['expert_priced']}; ours >= expert on {s['ours_at_least_expert']}/{s['compared']}; "
-            f"geomean ours/expert {_x(s['geomean_ratio'])}" for target, s in expert_summary(rows).items()]
+    """Per target, the counts the target is judged on, then one line for each covered row that misses it."""
+    lines = []
+    for target, s in expert_summary(rows).items():
+        lines.append(f"{target}: experts accepted {s['expert_accepted']}/{s['covered']} covered "
+                     f"(priced {s['expert_priced']}; not provable here: {', '.join(s['not_provable']) or 'none'}); "
+                     f"ours >= expert on {s['ours_at_least_expert']}/{s['covered']}; "
+                     f"geomean ours/expert {_x(s['geomean_ratio'])} over {s['compared']}; "
+                     f"target {'met' if s['target_met'] else 'not met'}")
+        lines += [f"  {target} misses {task}: {why}" for task, why in s["misses"].items()]
+    return lines
 
 
 def print_suite(console: Console, rows: list[SuiteRow], budget_s: float) -> None:
@@ -394,21 +426,23 @@ def print_suite(console: Console, rows: list[SuiteRow], budget_s: float) -> None
 
 def merge_rows(paths: list[Path]) -> list[ExpertRow]:
     """The expert rows of earlier runs' JSON files, in the order given (a later file's row for the same task
-    and target replaces an earlier one)."""
+    and target replaces an earlier one). A row without its own time takes its file's ``measured``, if any."""
     rows: dict[tuple[str, str], ExpertRow] = {}
     for path in paths:
-        for raw in json.loads(path.read_text()).get("rows", []):
+        payload = json.loads(path.read_text())
+        for raw in payload.get("rows", []):
             row = ExpertRow.model_validate({k: v for k, v in raw.items() if k not in ("ratio", "priced")})
+            row.measured = row.measured or payload.get("measured")
             rows[(row.task, row.target)] = row
     return list(rows.values())
 
 
 def markdown_table(rows: list[ExpertRow]) -> str:
     """One line a task, the targets side by side: expert, ours, ours/expert (a failed expert by its status
-    and the first part of its reason: the check that failed)."""
+    and the first part of its reason: the check that failed), and when its first row was measured."""
     targets = list(dict.fromkeys(r.target for r in rows))
     head = ["task", "expert kernel"] + [f"{col} {t.removeprefix('tpu-')}" for t in targets
-                                          for col in ("expert", "ours", "ours/expert")]
+                                          for col in ("expert", "ours", "ours/expert")] + ["measured (UTC)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for task in dict.fromkeys(r.task for r in rows):
         mine = {r.target: r for r in rows if r.task == task}
@@ -423,6 +457,7 @@ def markdown_table(rows: list[ExpertRow]) -> str:
                       else _expert_cell(row))
             cells += [expert.replace("|", "/"), _ours_cell(row.ours).replace("|", "/"),
                       "-" if row.ratio is None else f"{row.ratio:.2f}"]
+        cells.append(min((r.measured for r in mine.values() if r.measured), default="-"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
