@@ -56,6 +56,7 @@ NOT_PROVABLE = "not provable here"
 OURS_MEMORY_BYTES = 12 << 30
 OURS_WALL_FACTOR = 6  # the optimizer overruns its budget by the evaluations it has started
 OURS_GRACE_S = 300
+FIRST_SEED = 1000  # --margin's draws are seeds 1000, 1001, ...: the same inputs every time it is run
 
 
 class Expert(BaseModel):
@@ -229,6 +230,61 @@ def _expert_row(expert: Expert, target: str, report: "EvalReport", seconds: floa
     return ExpertRow(task=expert.task, target=target, kernel=expert.kernel, status=report.status, reason=reason,
                      label=report.label, speedup=report.speedup, ref_ms=report.ref_ms, kernel_ms=report.kernel_ms,
                      flags=list(report.flags), provable=provable, seconds=round(seconds, 1))
+
+
+def tolerance_share(task: "Task", source: str, values: dict[str, Any], seed: int) -> float:
+    """The largest |error| / (atol + rtol |expected|) of ``source`` on the evaluator's shifted inputs drawn
+    from ``seed`` at size ``values``: under 1 passes that check, and what is left below 1 is the margin a
+    random draw cannot take away. The Pallas kernels run in the plain interpreter, the arithmetic of TPU
+    interpret mode without its simulated memory system (seconds, not minutes). ``source`` runs in this
+    process: our own wrappers only, never an untrusted candidate."""
+    from functools import partial
+
+    import jax
+    import numpy as np
+    from jax._src import config as jax_config
+
+    from jaxbench.evaluate import shifted
+
+    sized = task.with_size("margin", values)
+    args, static = sized.get_inputs(jax.random.key(seed), "margin")
+    inputs = shifted([np.asarray(a) for a in args])
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"{task.id}_candidate.py", "exec"), namespace)  # as the worker loads a candidate
+    expected = np.asarray(jax.jit(partial(sized.reference, **static))(*inputs)).astype(np.float32)
+    interpret = jax_config.pallas_tpu_interpret_mode_context_manager
+    previous = interpret.swap_local(True)  # any truthy value but TPU InterpretParams: the plain interpreter
+    try:
+        actual = np.asarray(jax.jit(partial(namespace["kernel"], **static))(*inputs)).astype(np.float32)
+    finally:
+        interpret.set_local(previous)
+    tol = sized.spec.tolerance
+    return float((np.abs(actual - expected) / (tol.atol + tol.rtol * np.abs(expected))).max())
+
+
+def print_margins(console: Console, task: "Task", source: str, target: str, seeds: int) -> None:
+    """A wrapper's check size and modelled speedup on ``target`` (as the evaluator derives them), then its
+    tolerance share on the shifted inputs of ``seeds`` draws there: how to compare wrapper configurations."""
+    from maxkernel.targets.model import model_reference
+    from maxkernel.targets.names import parse_target
+    from maxkernel.targets.sandboxed import run_tpu_stage
+
+    generation = parse_target(target)[1]
+    assert generation is not None
+    stage = run_tpu_stage(task.path, source, generation)
+    if stage.failure or stage.check is None or stage.check.refusal:
+        why = stage.failure or (stage.check.refusal if stage.check else (stage.lowering or {}).get("reason"))
+        console.print(f"{task.id} {target}: no check size: {why}", markup=False)
+        return
+    speedup = "not priced"
+    if stage.model:
+        speedup = f"{model_reference(task, generation).time_ms / stage.model['time_ms']:.2f}x"
+    console.print(f"{task.id} {target}: modelled {speedup}; checked at {stage.check.name}", markup=False)
+    shares = []
+    for seed in range(FIRST_SEED, FIRST_SEED + seeds):
+        shares.append(tolerance_share(task, source, stage.check.values, seed))
+        console.print(f"  shifted inputs of seed {seed}: worst error {shares[-1]:.3f} of the tolerance", markup=False)
+    console.print(f"  worst over {seeds} draws: {max(shares):.3f} of the tolerance", markup=False)
 
 
 def _experts_for(names: list[str] | None) -> list[Expert]:
@@ -475,6 +531,9 @@ def main(
     json_path: Optional[Path] = typer.Option(None, "--json", help="write every figure as JSON"),
     merge: Optional[str] = typer.Option(None, help="comma-separated JSON files of earlier runs: one table of their rows"),
     markdown: bool = typer.Option(False, "--markdown", help="with --merge: print the table as Markdown"),
+    margin: Optional[Path] = typer.Option(None, help="a wrapper file for the one task of --tasks: its check size, "
+                                                     "modelled speedup (first of --targets) and tolerance share"),
+    seeds: int = typer.Option(3, help="with --margin: how many shifted-input draws"),
 ) -> None:
     """Our optimizer against JAX's expert Pallas TPU kernels, both priced by the cost model."""
     from jaxbench.evaluate import Evaluator
@@ -508,6 +567,15 @@ def main(
     except (TargetError, TaskError, ValueError) as exc:
         Console(stderr=True).print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2)
+    if margin is not None:
+        if suite or not margin.is_file() or len(experts) != 1 or seeds < 1:
+            Console(stderr=True).print("error: --margin takes an existing wrapper file, one task in --tasks and "
+                                       "--seeds of at least 1", markup=False)
+            raise typer.Exit(2)
+        from jaxbench.task import load_task
+
+        print_margins(console, load_task(experts[0].task), margin.read_text(), chosen_targets[0], seeds)
+        return
     if budget <= 0 and not experts_only:
         Console(stderr=True).print("error: --budget must be positive (or pass --experts-only)", markup=False)
         raise typer.Exit(2)

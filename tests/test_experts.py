@@ -193,7 +193,9 @@ def test_runs_per_task_and_target_merge_into_one_table(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("argv", [["--targets", "cpu"], ["--targets", "tpu-v9"], ["--tasks", "99p"],
-                                  ["--budget", "0"], ["--merge", "no/such/run.json"]])
+                                  ["--budget", "0"], ["--merge", "no/such/run.json"],
+                                  ["--margin", "no/such/wrapper.py", "--tasks", "2p"],
+                                  ["--margin", str(BENCH), "--tasks", "2p,4p"]])
 def test_bad_input_is_one_line_and_exit_code_2(argv: list[str]) -> None:
     from typer.testing import CliRunner
 
@@ -222,38 +224,12 @@ MARGIN_CASES = {
 }
 
 
-def worst_tolerance_share(task_id: str, source: str, values: dict[str, int], seed: int) -> float:
-    """The largest |error| / (atol + rtol |expected|) of ``source`` on the evaluator's shifted inputs at
-    ``values``, its Pallas kernels run in the plain interpreter (the same arithmetic as TPU interpret mode,
-    without the simulated memory system, so it takes seconds)."""
-    import jax
-    import numpy as np
-    from functools import partial
-    from jax._src import config as jax_config
-
-    from jaxbench.evaluate import shifted
-    from jaxbench.task import load_task
-
-    task = load_task(task_id).with_size("margin", values)
-    args, static = task.get_inputs(jax.random.key(seed), "margin")
-    inputs = shifted([np.asarray(a) for a in args])
-    namespace: dict[str, object] = {}
-    exec(compile(source, f"{task_id}.py", "exec"), namespace)  # the candidate, as the worker loads it
-    expected = np.asarray(jax.jit(partial(task.reference, **static))(*inputs)).astype(np.float32)
-    interpret = jax_config.pallas_tpu_interpret_mode_context_manager
-    previous = interpret.swap_local(True)  # any truthy value other than TPU InterpretParams: the plain one
-    try:
-        actual = np.asarray(jax.jit(partial(namespace["kernel"], **static))(*inputs)).astype(np.float32)
-    finally:
-        interpret.set_local(previous)
-    tol = task.spec.tolerance
-    return float((np.abs(actual - expected) / (tol.atol + tol.rtol * np.abs(expected))).max())
-
-
 @pytest.mark.parametrize("task_id", sorted(MARGIN_CASES))
 def test_attention_wrappers_keep_half_the_tolerance_free_on_shifted_inputs(task_id: str) -> None:
     # One bf16 rounding of the output uses at most 0.4 of atol/rtol 0.02; the rounding of a scaled bf16 q
     # used 0.9-1.5 of it here. Half is the margin that keeps a random draw from deciding acceptance.
     expert = next(e for e in bench.EXPERTS if e.task == task_id)
+    from jaxbench.task import load_task
+
     values, seed = MARGIN_CASES[task_id]
-    assert worst_tolerance_share(task_id, expert.path.read_text(), values, seed) <= 0.5
+    assert bench.tolerance_share(load_task(task_id), expert.path.read_text(), values, seed) <= 0.5
