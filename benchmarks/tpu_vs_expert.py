@@ -4,6 +4,7 @@
                                        [--experts-only] [--json FILE]
     python benchmarks/tpu_vs_expert.py --suite [--tasks ...] [--budget S] [--json FILE]
     python benchmarks/tpu_vs_expert.py --merge A.json,B.json [--markdown] [--json FILE]
+    python benchmarks/tpu_vs_expert.py --margin WRAPPER.py --tasks T [--targets X] [--seeds N]
 
 For every suite task that an expert kernel covers, ``benchmarks/experts/<task>.py`` is a candidate
 (our wrapper around a kernel of ``jax.experimental.pallas.ops.tpu``) that the evaluator checks and prices
@@ -14,6 +15,9 @@ summary (our optimizer is not run for it either).
 
 ``--merge``: the rows of earlier runs' JSON files (one task or target each, when a whole run is too slow
 for a loaded machine) as one table and summary; ``--markdown`` prints the table as Markdown.
+
+``--margin``: one wrapper configuration's check size, modelled speedup and worst error on shifted inputs as
+a share of the tolerance, so that configurations can be compared before one is made the expert.
 
 ``--suite``: the whole suite on tpu-v6e instead: per task our best, its label (pallas-kernel or jax) and
 modelled speedup; how many Pallas winners are modelled faster than the reference; the geometric mean
