@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +14,9 @@ from jaxbench.task import load_task
 from maxkernel.config import load_settings
 from maxkernel.evaluation import evaluate_candidate
 from support import http_json as _http
+from test_daemon import _wait
 
 LAYER = "mamba2_block"  # the smallest layer: three regions
-
-
-def _wait(predicate: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_submitted_model_layer_runs_optimize_model(fast_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
