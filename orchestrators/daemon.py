@@ -1,7 +1,9 @@
 """The daemon: works through the job queue for as long as it runs, several jobs at a time.
 
 Each job is one Auto run on the shared evaluator, store and memory; its best kernel and note go into
-memory when it ends, so later jobs start from it. Jobs live in the store (``orchestrators.jobs``): a
+memory when it ends, so later jobs start from it. A job on a model layer (category ``model``) is the
+whole-layer run of ``maxkernel optimize-model`` (``orchestrators.model_opt``): its region sessions are
+Auto runs on the same services, and its layer file is written under ``<data_dir>/models/<job id>/``. Jobs live in the store (``orchestrators.jobs``): a
 daemon claims jobs under a lease it renews (``orchestrators.claims``), so many daemons share one queue and a
 dead one's jobs are taken over when their leases end; a job run again carries on from
 what its earlier sessions evaluated (``AutoRun.restore``); SIGTERM stops it gracefully (running
@@ -31,7 +33,7 @@ from actors.services import Services
 from maxkernel.config import Settings, load_settings
 from maxkernel.messages import new_id
 from maxkernel.runtime import TESTER
-from orchestrators.auto import messages_of, run_auto
+from orchestrators.auto import AutoBudget, AutoResult, messages_of, run_auto
 from orchestrators.httpapi import ApiServer, BindRefused, auth_headers
 from orchestrators.claims import DEFAULT_LEASE_S, Claimer
 from orchestrators.daemon_memory import DaemonServices
@@ -113,29 +115,52 @@ class Daemon:
     # -- jobs -------------------------------------------------------------------------------------
 
     async def run_job(self, job: JobInfo) -> None:
-        session_id, earlier = new_id(), list(job.sessions)
-        await asyncio.to_thread(self.queue.started, job.id, session_id)
-        log.info("daemon.job_started", job=job.id, task=job.task_id, session=session_id, attempt=job.attempts)
+        """One job: an Auto run on its task, or, for a model layer, the whole-layer run whose region
+        sessions are Auto runs on the same services (``orchestrators.model_opt``)."""
+        log.info("daemon.job_started", job=job.id, task=job.task_id, attempt=job.attempts)
         try:
             from actors.session import check_keys
 
             services = self.services(job.brain)
             check_keys(services.config)
-            prior = await asyncio.to_thread(messages_of, services.store, earlier) if earlier else []
-            result = await run_auto(job.task_id, services=services, target=job.target, budget=job.budget,
-                                    session_id=session_id, mode="daemon", prior=prior)
+            task = await asyncio.to_thread(services.task, job.task_id)
+            run = self._model_job if task.spec.category == "model" else self._auto_job
+            summary, status, reason = await run(job, services)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bad task or brain fails the job, never the daemon
             log.warning("daemon.job_failed", job=job.id, error=f"{type(exc).__name__}: {exc}")
             await asyncio.to_thread(self.claims.finish, job.id, "failed", None, f"{type(exc).__name__}: {exc}")
             return
-        summary = result.model_dump(mode="json")
-        status = "done" if result.status in ("scored", "failed", "budget") else "failed"
-        await asyncio.to_thread(self.claims.finish, job.id, status, summary,
-                                None if status == "done" else result.stop_reason)
+        await asyncio.to_thread(self.claims.finish, job.id, status, summary, None if status == "done" else reason)
         self.finished += 1
-        log.info("daemon.job_finished", job=job.id, status=result.status, reason=result.stop_reason)
+        log.info("daemon.job_finished", job=job.id, status=status, reason=reason)
+
+    async def _auto_job(self, job: JobInfo, services: Services) -> tuple[dict[str, Any], str, str]:
+        """An Auto run that carries on from the job's earlier (interrupted) sessions."""
+        session_id, earlier = new_id(), list(job.sessions)
+        await asyncio.to_thread(self.queue.started, job.id, session_id)
+        prior = await asyncio.to_thread(messages_of, services.store, earlier) if earlier else []
+        result = await run_auto(job.task_id, services=services, target=job.target, budget=job.budget,
+                                session_id=session_id, mode="daemon", prior=prior)
+        status = "done" if result.status in ("scored", "failed", "budget") else "failed"
+        return result.model_dump(mode="json"), status, result.stop_reason
+
+    async def _model_job(self, job: JobInfo, services: Services) -> tuple[dict[str, Any], str, str]:
+        """A whole-layer run; each region session is one of the job's sessions. A job run again starts the
+        layer over (its regions are other tasks), with what the first run remembered in memory."""
+        from orchestrators.model_opt import run_model
+
+        async def region(info: Any, budget: AutoBudget) -> AutoResult:
+            session_id = new_id()
+            await asyncio.to_thread(self.queue.started, job.id, session_id)
+            return await run_auto(info.path, services=services, target=job.target, budget=budget,
+                                  session_id=session_id, mode="daemon")
+
+        result = await run_model(job.task_id, out=self.settings.data_path / "models" / job.id, budget=job.budget,
+                                 target=job.target, run_region=region, evaluator=services.evaluator)
+        reason = "; ".join(result.notes)
+        return result.model_dump(mode="json"), "done" if result.correct else "failed", reason or "no correct layer"
 
     def _done(self, job_id: str, task: asyncio.Task[None]) -> None:
         self.running.pop(job_id, None)

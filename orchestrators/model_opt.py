@@ -6,16 +6,20 @@ actors, so memory carries over from one region to the next.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import structlog
 from pydantic import BaseModel, Field
 
 from jaxbench.task import Task, load_task
+from maxkernel.evaluation import evaluate_candidate
 from maxkernel.extract import Extraction, extract_task
+from maxkernel.extract.layer import RegionInfo
 from maxkernel.extract.splice import splice
+from orchestrators.auto import AutoBudget, AutoResult, run_auto
 
 log = structlog.get_logger(__name__)
 
@@ -36,6 +40,7 @@ class RegionRow(BaseModel):
     strategy: str = ""
     status: str = Field("", description="kept | dropped | no faster kernel | skipped")
     note: str = ""
+    session_id: str | None = None
 
 
 class ModelResult(BaseModel):
@@ -64,10 +69,16 @@ def amdahl(rows: list[RegionRow]) -> float:
     return 1.0 / total if total > 0 else 1.0
 
 
-def _shapes(task: Task) -> dict[str, list[tuple[int, ...]]]:
+def _shapes(task: Task, extraction: Extraction) -> dict[str, list[tuple[int, ...]]]:
+    """The layer's argument shapes at every size its regions hold programs for (the check ladder too)."""
     from maxkernel.analysis.program import input_shapes
 
-    return {size: [tuple(a.shape) for a in input_shapes(task, size)] for size in ("cpu", "full")}
+    sized = {size: task if size in task.spec.sizes else task.with_size(size, values)
+             for size, values in extraction.sizes.items()}
+    return {size: [tuple(a.shape) for a in input_shapes(sized[size], size)] for size in sized}
+
+
+RegionRunner = Callable[[RegionInfo, AutoBudget], Awaitable[AutoResult]]
 
 
 def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, evals: int | None = None,
@@ -75,14 +86,29 @@ def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, eval
                    on_region: Callable[[RegionRow], None] | None = None) -> ModelResult:
     """Optimize a whole layer; writes ``out/regions/...`` and, when correct, ``out/<layer>_<target>.py``. Each
     region gets the share of ``budget_s`` and of ``evals`` that its share of the layer's time is."""
-    from maxkernel.evaluation import evaluate_candidate
-    from orchestrators.api import optimize
+    from actors.session import prepare_brain
 
+    config = prepare_brain(brain, data_dir=data_dir)
+
+    async def session(info: RegionInfo, budget: AutoBudget) -> AutoResult:
+        return await run_auto(info.path, config, target=target, budget=budget, mode="optimize")
+
+    return asyncio.run(run_model(task, out=out, budget=AutoBudget(time_s=budget_s, max_evaluations=evals, seed=seed),
+                                 target=target, run_region=session, on_region=on_region))
+
+
+async def run_model(task: str | Path, *, out: Path, budget: AutoBudget, target: str, run_region: RegionRunner,
+                    evaluator: Any = None, on_region: Callable[[RegionRow], None] | None = None) -> ModelResult:
+    """The whole-layer run on any engine: ``run_region`` runs one region's session (its own services from
+    the CLI, the daemon's shared ones in a job); ``budget``'s time and evaluations are shared by the regions'
+    shares of the layer's time, its other limits hold for every region. Extraction and judging run in a
+    thread so a daemon's loop keeps renewing its leases."""
     started = time.perf_counter()
-    layer = load_task(task)
-    extraction = extract_task(layer, out / "regions", target=target)
+    layer = await asyncio.to_thread(load_task, task)
+    extraction = await asyncio.to_thread(extract_task, layer, out / "regions", target=target)
     result = ModelResult(layer=layer.id, target=target)
-    remaining = budget_s - (time.perf_counter() - started)
+    remaining = (budget.time_s if budget.time_s is not None else 0.0) - (time.perf_counter() - started)
+    evals = budget.max_evaluations
     hottest = sorted(extraction.regions, key=lambda r: r.share, reverse=True)
     kernels: dict[int, str] = {}
     rows: dict[int, RegionRow] = {}
@@ -94,23 +120,19 @@ def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, eval
         if row.budget_s < MIN_REGION_BUDGET_S:
             row.status, row.note = "skipped", f"its share of the budget ({row.budget_s:.0f} s) is too small"
         else:
-            session = optimize(info.path, target=target, budget_s=row.budget_s, evals=row.evals, brain=brain,
-                               seed=seed, data_dir=data_dir)
-            report = session.best_report
-            row.strategy = session.best_strategy
-            if session.beat_reference and session.best_source and report is not None and report.correct:
-                kernels[info.index] = session.best_source
-                row.speedup = session.confirmed_speedup or report.speedup
-                row.speedup_ci = session.speedup_ci
-                row.after_ms = (info.ms / row.speedup) if info.ms and row.speedup else report.kernel_ms
-                row.status = "kept"
-            else:
-                row.status, row.note = "no faster kernel", session.note or session.stop_reason
+            session = await run_region(info, budget.model_copy(update={"time_s": row.budget_s,
+                                                                       "max_evaluations": row.evals}))
+            row.session_id = session.session_id
+            _settle_region(row, info, session, kernels)
         log.info("region done", region=info.task_id, status=row.status, speedup=row.speedup)
         if on_region is not None:
             on_region(row)
     result.regions = [rows[i.index] for i in extraction.regions]
-    report = _judge(layer, extraction, kernels, result, target, evaluate_candidate)
+
+    def evaluate(task: Task, source: str, target: str) -> Any:
+        return evaluate_candidate(task, source, target=target, evaluator=evaluator)
+
+    report = await asyncio.to_thread(_judge, layer, extraction, kernels, result, target, evaluate)
     result.amdahl_bound = amdahl(result.regions)
     if report is not None and report.correct:
         out.mkdir(parents=True, exist_ok=True)
@@ -118,8 +140,24 @@ def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, eval
         path.write_text(settle(layer, extraction, kernels, report, result))
         result.kernel_path = str(path)
         result.correct = True
+    elif report is not None:
+        result.notes.append(f"the re-joined layer is not correct ({report.status}: {report.reason})")
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _settle_region(row: RegionRow, info: RegionInfo, session: AutoResult, kernels: dict[int, str]) -> None:
+    """Keep the region's kernel when its session named a winner over the reference."""
+    report = session.best_report
+    row.strategy = session.best_strategy
+    if session.beat_reference and session.best_source and report is not None and report.correct:
+        kernels[info.index] = session.best_source
+        row.speedup = session.confirmed_speedup or report.speedup
+        row.speedup_ci = session.speedup_ci
+        row.after_ms = (info.ms / row.speedup) if info.ms and row.speedup else report.kernel_ms
+        row.status = "kept"
+    else:
+        row.status, row.note = "no faster kernel", session.note or session.stop_reason
 
 
 def settle(layer: Task, extraction: Extraction, kernels: dict[int, str], report: Any, result: ModelResult) -> str:
@@ -142,14 +180,14 @@ def settle(layer: Task, extraction: Extraction, kernels: dict[int, str], report:
 
 
 def report_source(layer: Task, extraction: Extraction, kernels: dict[int, str]) -> str:
-    return splice(extraction, kernels, _shapes(layer))
+    return splice(extraction, kernels, _shapes(layer, extraction))
 
 
 def _judge(layer: Task, extraction: Extraction, kernels: dict[int, str], result: ModelResult, target: str,
            evaluate: Any) -> Any:
     """Judge the spliced layer; when it fails, add the region kernels back one at a time, hottest first,
     keeping each only if the whole stays correct. ``kernels`` is left holding the ones kept."""
-    shapes = _shapes(layer)
+    shapes = _shapes(layer, extraction)
     report = evaluate(layer, splice(extraction, kernels, shapes), target=target)
     if report.correct or not kernels:
         return report

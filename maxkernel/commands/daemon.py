@@ -146,6 +146,8 @@ def _jobs(status: Optional[str], json_out: Optional[Path]) -> None:
         if j.result and j.result.get("best_report"):
             report = j.result["best_report"]
             best = f"{speedup_text(report.get('speedup'), report.get('speedup_ci'))} {j.result.get('best_strategy', '')}"
+        elif j.result and j.result.get("layer"):  # a whole-layer job (maxkernel optimize-model's result)
+            best = f"{speedup_text(j.result.get('speedup'), j.result.get('speedup_ci'))} layer"
         table.add_row(j.id[:12], escape(j.task_id), str(j.priority), j.status, escape(best), str(j.attempts),
                       j.created_at.strftime("%Y-%m-%d %H:%M:%S"), escape(j.error or "-"))
     Console().print(table)

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from jaxbench.task import Task, load_task
 from maxkernel.analysis.program import Program, trace_program
+from maxkernel.extract.constants import fold_constant_scalars
 from maxkernel.extract.regions import Span, find_regions
 from maxkernel.extract.subprogram import prefix_program, region_program
 from maxkernel.extract.tasks import float_first, region_source, write_region_task
@@ -52,6 +53,8 @@ class Extraction(BaseModel):
     inputs: list[str]
     outputs: list[str]
     regions: list[RegionInfo]
+    sizes: dict[str, dict[str, Any]] = Field(default_factory=dict, description="the layer's sizes the regions "
+                                             "hold programs for: cpu, full and the check ladder between")
     layer_ms: float | None = None
     seconds: float = 0.0
 
@@ -114,27 +117,54 @@ def _fold_norms(spans: list[Span]) -> list[Span]:
     return list(reversed(folded))
 
 
-def _split_attention(program: Program, spans: list[Span]) -> list[Span]:
+def _core_cuts(program: Program, span: Span) -> list[int]:
+    """Where an attention core may start: from the score matmul back over layout ops only (a kv-head
+    repeat), each a cut that leaves the core three rank-4 inputs and one output; latest first."""
+    scores, values = span.core  # type: ignore[misc]
+    cuts: list[int] = []
+    for c in range(scores, span.start, -1):
+        if c < scores and program.nodes[c].prim not in LAYOUT:
+            break
+        sub = region_program(program, Span(c, values + 1, "attention"))
+        if len(sub.inputs) == 3 and all(len(v.shape) == 4 for v in sub.inputs) and len(sub.outputs) == 1:
+            cuts.append(c)
+    return cuts
+
+
+def kernel_ready(program: Program, span: Span, cuts: list[int]) -> int:
+    """The cut to use: the earliest whose core the attention templates accept (a kv-head repeat the
+    matcher does not read as grouped heads stays outside then, in the projection region before it), or
+    the earliest of all when none is accepted."""
+    from maxkernel.templates.attention import match
+
+    _, values = span.core  # type: ignore[misc]
+    for c in reversed(cuts):
+        core = attention_order(region_program(program, Span(c, values + 1, "attention")))
+        if not isinstance(match(core, size_checked=False), str):
+            return c
+    return cuts[-1]
+
+
+def _split_attention(program: Program, spans: list[Span], chosen: dict[int, int] | None = None) -> list[Span]:
     """Cut an attention into its projections, its core (q, k, v in, one output) and its output projection.
 
     The core is what attention kernels are written for; the projections around it are matmuls of their own.
+    ``chosen`` maps an attention's first node to the core's start already picked at another size (regions
+    cut every size the same way); the cuts picked are written into it.
     """
+    chosen = {} if chosen is None else chosen
     out: list[Span] = []
     for span in spans:
         if span.kind != "attention" or span.core is None:
             out.append(span)
             continue
-        scores, values = span.core
-        best = None
-        for c in range(scores, span.start, -1):  # only layout ops (a kv-head repeat) between inputs and scores
-            if c < scores and program.nodes[c].prim not in LAYOUT:
-                break
-            sub = region_program(program, Span(c, values + 1, "attention"))
-            if len(sub.inputs) == 3 and all(len(v.shape) == 4 for v in sub.inputs) and len(sub.outputs) == 1:
-                best = c
-        if best is None:
+        _, values = span.core
+        cuts = _core_cuts(program, span)
+        if not cuts:
             out.append(span)
             continue
+        best = chosen[span.start] if chosen.get(span.start) in cuts else kernel_ready(program, span, cuts)
+        chosen[span.start] = best
         parts = [Span(span.start, best, "matmul"), Span(best, values + 1, "attention"), Span(values + 1, span.end, "matmul")]
         out.extend(p for p in parts if p.end > p.start)
     return out
@@ -153,52 +183,77 @@ def attention_order(sub: Program) -> Program:
     return sub
 
 
-def plan_regions(task: Task) -> tuple[dict[str, Program], list[Span]]:
-    """Programs at every size and the regions, which must cut every size the same way."""
-    programs = {size: trace_program(task, size).dce() for size in SIZES}
-    cuts = {size: _label(p, _merge_integer_only(p, _split_attention(p, _fold_norms(find_regions(p))))) for size, p in programs.items()}
+def check_ladder(task: Task) -> dict[str, dict[str, Any]]:
+    """The sizes between ``full`` and ``cpu`` that a TPU check size is looked for at: ``full`` with its first
+    size parameter that can shrink halved, rung by rung (the order and floors of
+    :func:`maxkernel.targets.check_size.derive_check_size`). Region tasks carry programs for these too, so a
+    region kernel, and the layer spliced from them, can be checked below ``full``."""
+    from maxkernel.targets.check_size import _floor, _ladder
+
+    full, cpu = task.size("full"), task.size("cpu")
+    for name, value in full.items():
+        rungs = _ladder(value, *_floor(task, name, cpu))
+        if rungs:
+            return {f"{name}_{rung}": {**full, name: rung} for rung in rungs}
+    return {}
+
+
+def plan_regions(task: Task) -> tuple[dict[str, Program], list[Span], dict[str, dict[str, Any]]]:
+    """Programs at every size, the regions (which must cut ``cpu`` and ``full`` the same way) and the sizes
+    the regions are written for: ``cpu``, ``full`` and the rungs of :func:`check_ladder` that cut the same."""
+    sizes = {size: task.size(size) for size in SIZES} | check_ladder(task)
+    sized = {name: task if name in SIZES else task.with_size(name, values) for name, values in sizes.items()}
+    programs = {size: trace_program(sized[size], size).dce() for size in sizes}
+    for program in programs.values():
+        fold_constant_scalars(program)
+    chosen: dict[int, int] = {}  # attention cores are picked at the first size (cpu) and kept at the others
+    cuts = {size: _label(p, _merge_integer_only(p, _split_attention(p, _fold_norms(find_regions(p)), chosen)))
+            for size, p in programs.items()}
     shapes = {size: [(s.start, s.end, s.kind) for s in spans] for size, spans in cuts.items()}
     if shapes["cpu"] != shapes["full"]:
         raise ExtractError(f"{task.id}: the reference's program differs between sizes cpu and full; "
                            "regions must cut both the same way")
-    return programs, cuts["cpu"]
+    kept = [size for size in sizes if shapes[size] == shapes["cpu"]]
+    return {s: programs[s] for s in kept}, cuts["cpu"], {s: sizes[s] for s in kept}
 
 
 def extract_task(task: Task | str | Path, out: Path, target: str = "cpu", timing: bool = True) -> Extraction:
     """Write one region task per region under ``out/<layer id>/`` and return where the layer's time goes."""
     started = time.perf_counter()
     task = task if isinstance(task, Task) else load_task(task)
-    programs, spans = plan_regions(task)
+    programs, spans, sizes = plan_regions(task)
     root = out / task.id
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob("r[0-9][0-9]_*"):  # regions of an earlier extraction would mislead a reader
         if (stale / "task.yaml").is_file():
             shutil.rmtree(stale)
-    sizes = {size: task.size(size) for size in SIZES}
+    layer_source = task.reference_path.read_text()
     infos: list[RegionInfo] = []
     for index, span in enumerate(spans):
-        regions = {size: float_first(region_program(programs[size], span)) for size in SIZES}
+        regions = {size: float_first(region_program(programs[size], span)) for size in sizes}
         if span.kind == "attention":
             regions = {size: attention_order(sub) for size, sub in regions.items()}
-        prefixes = {size: prefix_program(programs[size], regions[size].inputs) for size in SIZES}
+        prefixes = {size: prefix_program(programs[size], regions[size].inputs) for size in sizes}
         cpu = regions["cpu"]
         name = f"r{index:02d}_{span.kind}"
         task_id = f"{task.id}__{name}"
         prims = sorted({n.prim for n in cpu.nodes})
         description = (f"Region {index} ({span.kind}) of {task.id}: nodes {span.start}-{span.end} of its program, "
                        f"{len(cpu.inputs)} inputs, {len(cpu.outputs)} outputs; primitives {', '.join(prims)}.")
-        source = region_source(f"Region {index} ({span.kind}) of {task.id}.", task.id, sizes, regions, prefixes)
+        source = region_source(f"Region {index} ({span.kind}) of {task.id}.", task.id, sizes, regions, prefixes,
+                               layer_source)
         folder = write_region_task(root / name, task_id=task_id, name=f"{task.spec.name}: {name}", kind=span.kind,
                                    description=description, dtype=str(cpu.outputs[0].dtype),
-                                   tolerance=task.spec.tolerance.model_dump(), layer_reference=task.reference_path,
-                                   source=source)
+                                   tolerance=task.spec.tolerance.model_dump(), source=source,
+                                   sizes={size: sizes[size] for size in SIZES})
         infos.append(RegionInfo(index=index, task_id=task_id, kind=span.kind, path=str(folder),
                                 nodes=(span.start, span.end), inputs=[v.name for v in cpu.inputs],
                                 outputs=[v.name for v in cpu.outputs], primitives=prims))
     cpu_program = programs["cpu"]
     extraction = Extraction(layer=task.id, layer_path=str(task.path), target=target,
                             inputs=[v.name for v in cpu_program.inputs],
-                            outputs=[getattr(o, "name", "") for o in cpu_program.outputs], regions=infos)
+                            outputs=[getattr(o, "name", "") for o in cpu_program.outputs], regions=infos,
+                            sizes=sizes)
     if timing:
         _cost(extraction, target)
     extraction.seconds = time.perf_counter() - started

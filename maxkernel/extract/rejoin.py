@@ -12,13 +12,12 @@ from jaxbench.task import load_task
 from maxkernel.extract.layer import Extraction
 
 
-def run_regions(extraction: Extraction, args: tuple[Any, ...], size: str,
-                kernels: dict[int, Any] | None = None) -> tuple[Any, ...]:
+def run_regions(extraction: Extraction, args: tuple[Any, ...], kernels: dict[int, Any] | None = None) -> tuple[Any, ...]:
     """The layer's outputs computed region by region (``kernels`` replaces a region's reference by index)."""
     env: dict[str, Any] = dict(zip(extraction.inputs, args))
     for info in extraction.regions:
         fn = (kernels or {}).get(info.index) or load_task(info.path).reference
-        out = jax.jit(partial(fn, size=size))(*[env[name] for name in info.inputs])
+        out = jax.jit(fn)(*[env[name] for name in info.inputs])  # the arguments' shapes pick the size
         env.update(zip(info.outputs, out if isinstance(out, tuple) else (out,)))
     return tuple(env[name] for name in extraction.outputs)
 
@@ -28,7 +27,7 @@ def rejoin(extraction: Extraction, seed: int = 1, size: str = "cpu") -> Comparis
     layer = load_task(extraction.layer_path)
     args, static = layer.get_inputs(jax.random.key(seed), size)
     expected = jax.jit(partial(layer.reference, **static))(*args)
-    joined = run_regions(extraction, args, size)
+    joined = run_regions(extraction, args)
     got = joined[0] if len(joined) == 1 and not isinstance(expected, tuple) else joined
     tol = layer.spec.tolerance
     return compare_outputs(jax.device_get(expected), jax.device_get(got), tol.atol, tol.rtol)

@@ -30,7 +30,7 @@ def test_a_region_kernel_that_breaks_the_layer_is_dropped(tmp_path):
         info.share = 1.0 / len(extraction.regions)
     last = extraction.regions[-1]
     args = ", ".join(f"a{i}" for i in range(len(last.inputs)))
-    broken = f"import jax.numpy as jnp\n\n\ndef kernel({args}, size):\n    return a0 * 0.0 + 1.0\n"
+    broken = f"import jax.numpy as jnp\n\n\ndef kernel({args}):\n    return a0 * 0.0 + 1.0\n"
     result = ModelResult(layer=layer.id, target="cpu",
                          regions=[RegionRow(index=r.index, task_id=r.task_id, kind=r.kind, share=r.share, budget_s=0,
                                             status="kept", speedup=2.0) for r in extraction.regions])

@@ -1,0 +1,70 @@
+"""Region tasks as the planner and the TPU judge see them: the reference is a sound candidate (the baseline),
+its parameters are named and it takes no static, the attention core is cut where the flash template reads it,
+scalar constants are folded, and every region holds programs for the check ladder between cpu and full."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from jaxbench.static_checks import scan
+from jaxbench.task import load_task
+from maxkernel.analysis import analyze_task
+from maxkernel.analysis.program import Const, ProgramBuilder, arg_names, input_shapes, static_args
+from maxkernel.extract import extract_task
+from maxkernel.extract.constants import fold_constant_scalars
+from maxkernel.extract.splice import splice
+from maxkernel.rules.strategy import reference_source
+from maxkernel.templates.attention import FlashAttentionTemplate
+from orchestrators.model_opt import _shapes
+
+SMALLEST = "mamba2_block"
+
+
+def test_region_references_are_sound_candidates_with_named_parameters(tmp_path):
+    extraction = extract_task(SMALLEST, tmp_path, timing=False)
+    for info in extraction.regions:
+        region = load_task(info.path)
+        findings, _ = scan(reference_source(region))
+        assert findings == [], (info.task_id, [str(f) for f in findings])
+        assert arg_names(region) == info.inputs  # templates name a kernel's arguments after these
+        _, static = region.get_inputs(jax.random.key(0), "cpu")
+        assert static == {}  # the arguments' shapes pick the size, so templates see no string static
+
+
+def test_attention_core_is_the_one_flash_attention_reads(tmp_path):
+    extraction = extract_task("llama31_8b_decoder", tmp_path, timing=False)
+    core = next(r for r in extraction.regions if r.kind == "attention")
+    region = load_task(core.path)
+    assert FlashAttentionTemplate().applies(region, analyze_task(region)) is None
+    q, k, v = input_shapes(region, "cpu")
+    assert q.shape == k.shape == v.shape  # the kv-head repeat stays in the projection region before it
+
+
+def test_scalars_made_of_constants_are_folded():
+    closed = jax.make_jaxpr(lambda x: x / jnp.sqrt(jnp.float32(64.0)))(jnp.ones((4, 4), jnp.float32))
+    program = ProgramBuilder().build(closed, ["x"])
+    assert fold_constant_scalars(program) >= 1
+    assert [n.prim for n in program.nodes] == ["div"]
+    scale = program.nodes[0].ins[1]
+    assert isinstance(scale, Const) and scale.scalar() == 8.0
+
+
+def test_regions_and_the_spliced_layer_trace_at_every_rung_of_the_check_ladder(tmp_path):
+    layer = load_task(SMALLEST)
+    extraction = extract_task(layer, tmp_path, timing=False)
+    rungs = [s for s in extraction.sizes if s not in ("cpu", "full")]
+    assert rungs and all(s.startswith("seq_") for s in rungs)
+    namespace: dict[str, object] = {}
+    exec(compile(splice(extraction, {}, _shapes(layer, extraction)), "layer_candidate.py", "exec"), namespace)  # noqa: S102
+    for size in rungs:  # traced only (abstract shapes): the rungs run up to the full model dimensions
+        sized = layer.with_size(size, extraction.sizes[size])
+        args, static = input_shapes(sized, size), static_args(sized, size)
+        got = jax.eval_shape(namespace["kernel"], *args, **static)
+        want = jax.eval_shape(partial(layer.reference, **static), *args)
+        assert (got.shape, got.dtype) == (want.shape, want.dtype)
+        for info in extraction.regions:
+            region = load_task(info.path).with_size(size, extraction.sizes[size])
+            jax.eval_shape(region.reference, *input_shapes(region, size))  # the region has a program for the rung
