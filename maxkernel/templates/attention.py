@@ -29,6 +29,7 @@ import numpy as np
 
 from maxkernel.analysis.program import Program, Var, arg_names, static_args, trace_program
 from maxkernel.rewrites.emit import EmitError, dtype_expr, scalar_text
+from maxkernel.rewrites.numeric import TooLargeToEvaluate
 from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
 from maxkernel.templates.bias import TILES_SOURCE, bias_tile_count, is_relative_bias
 from maxkernel.templates.masks import MaskFormula, recover
@@ -121,7 +122,10 @@ def analyse(task: "Task", size: str) -> AttentionShape | str:
     key = (str(task.path), task.source_digest, size)
     if key not in _ANALYSED:
         # The bias is checked on values at the cpu size; larger sizes must trace to the same structure.
-        _ANALYSED[key] = match(trace_program(task, size).dce(), static_args(task, size), size_checked=size == "cpu")
+        try:
+            _ANALYSED[key] = match(trace_program(task, size).dce(), static_args(task, size), size_checked=size == "cpu")
+        except TooLargeToEvaluate as exc:  # a mask too large to evaluate here: decline, never crash the planner
+            _ANALYSED[key] = f"mask not evaluated at {size}: {exc}"
     return _ANALYSED[key]
 
 

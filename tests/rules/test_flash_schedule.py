@@ -65,3 +65,20 @@ def test_block_sparse_schedule_skips_invisible_blocks_and_marks_whole_ones() -> 
     assert set(zip(q_blocks.tolist(), kv_blocks.tolist())) == visible and len(q_blocks) == len(visible) < 64
     for i, j, f in zip(q_blocks, kv_blocks, flags):
         assert bool(f & module.PARTIAL) == (not tiles[i, :, j].all())
+
+
+def test_a_mask_too_large_to_evaluate_declines_the_template_instead_of_raising(monkeypatch) -> None:
+    """A mask past the evaluation limit (llama's causal mask at seq 8192: two [s, s] iotas) is a reason the
+    template gives, not an exception that ends the planner."""
+    from maxkernel.rewrites import blocked_attention, numeric
+    from maxkernel.templates import attention
+
+    def too_large(program, var):
+        raise numeric.TooLargeToEvaluate(f"evaluating {var} here would take 1024 MiB (limit 512 MiB)")
+
+    task = load_task("1p_Flash_Attention")
+    monkeypatch.setattr(blocked_attention, "evaluate_static", too_large)
+    monkeypatch.setattr(attention, "_ANALYSED", {})
+    reason = analyse(task, "full")
+    assert isinstance(reason, str) and reason.startswith("mask not evaluated at full")
+    assert isinstance(plan(task, ("cpu", "full")), str)
