@@ -104,3 +104,57 @@ def test_a_free_size_that_is_not_a_size_parameter_is_refused(tmp_path):
 def test_every_suite_task_declares_free_sizes():
     undeclared = [task.id for task in list_tasks() if not task.spec.free]
     assert undeclared == []
+
+
+# One grid step at the declared size (batch * seq = 128 rows), one row a step at any other: correct
+# everywhere, but its steps grow with the rows at every size the evaluator could draw.
+STEPS_EXPLODE = """\
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def _rows(x_ref, w_ref, o_ref, *, eps):
+    x = x_ref[...]
+    o_ref[...] = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + eps) * w_ref[...]
+
+
+def kernel(x, weight, *, eps):
+    rows, hidden = x.shape[0] * x.shape[1], x.shape[2]
+    block = rows if rows == 128 else 1
+    out = pl.pallas_call(
+        lambda x_ref, w_ref, o_ref: _rows(x_ref, w_ref, o_ref, eps=eps),
+        out_shape=jax.ShapeDtypeStruct((rows, hidden), x.dtype),
+        grid=(rows // block,),
+        in_specs=[pl.BlockSpec((block, hidden), lambda i: (i, 0)), pl.BlockSpec((1, hidden), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((block, hidden), lambda i: (i, 0)),
+    )(x.reshape(rows, hidden), weight.reshape(1, hidden))
+    return out.reshape(x.shape)
+"""
+
+
+def test_an_unseen_run_over_its_grid_step_bound_is_not_run_and_is_rejected(quick_evaluator, small_task):
+    report = quick_evaluator.evaluate(small_task, STEPS_EXPLODE)
+    assert report.check("correct_inputs_seed_0").passed  # right at the declared size, in one step
+    assert report.status == "rejected", report.reason
+    assert "unseen size batch=" in report.reason and "grid steps (limit 64)" in report.reason
+    assert "against 1 at size 'cpu'" in report.reason
+    assert not report.check("correct_unseen_size").passed
+
+
+def test_coarser_draws_keep_parameters_below_their_step_and_stay_unseen():
+    from jaxbench.evaluate import unseen_draws, unseen_step_limit
+
+    task = load_task("2p_GQA_Attention")  # cpu: batch=1, seq=768; both free on a grid of 1
+    for seed in range(10):
+        draws = unseen_draws(task, "cpu", random.Random(seed))
+        first, *coarser = draws
+        assert first["seq"] != 768 and len(draws) == 3
+        for grid, values in zip((8, 128), coarser):
+            assert values["batch"] == first["batch"]  # batch=1 is below every coarse step: its first draw stays
+            assert values["seq"] % grid == 0 and values["seq"] != 768
+            assert values["seq"] <= 768 + 2 * grid
+    # The bound follows the drawn size: three times the batch may take three times the steps.
+    assert unseen_step_limit(100, task, "cpu", {"batch": 3, "seq": 768}) == 1200
+    assert unseen_step_limit(100, task, "cpu", {"batch": 1, "seq": 500}) == 400
+    assert unseen_step_limit(1, task, "cpu", {"batch": 1, "seq": 500}) == 64
