@@ -338,6 +338,8 @@ class Evaluator:
                 ran = worker.request({"op": "run", "inputs": [inputs]}, _left(deadline)) if loaded.get("ok") else loaded
             except WorkerFailure as failure:
                 raise WorkerFailure(failure.status, f"{shown}: {failure.reason}") from failure
+            if refused:  # say which finer draws were not run, and why
+                shown += f" (drawn again: {'; '.join(refused)})"
             self._judge_unseen(task, report, shown, expected, ran)
             return
         detail = (f"{'; '.join(refused)}, against {base_steps} at size {base!r}: its blocks fall apart at sizes "

@@ -9,7 +9,9 @@ itself, each sliced to the block's rows and visible columns.
 
 Recognised: inputs q [b, hq, s, d], k and v [b, hk, s, d] (hk dividing hq, plus any inputs that only
 feed additive terms), two matmuls (scores, then probabilities times values), a softmax over keys and an
-output shaped like q. The plan (query blocks and their key spans) is written into the candidate.
+output shaped like q. The candidate reads batch and sequence from its arguments: the terms of positions
+alone are computed while it is traced, and the plan (query blocks and the key spans they see) is made
+from them then, so one function serves every sequence length at the traced head counts.
 """
 
 from __future__ import annotations
