@@ -4,6 +4,7 @@
                                        [--experts-only] [--json FILE]
     python benchmarks/tpu_vs_expert.py --suite [--tasks ...] [--budget S] [--json FILE]
     python benchmarks/tpu_vs_expert.py --merge A.json,B.json [--markdown] [--json FILE]
+    python benchmarks/tpu_vs_expert.py --margin WRAPPER.py --tasks T [--targets X] [--seeds N]
 
 For every suite task that an expert kernel covers, ``benchmarks/experts/<task>.py`` is a candidate
 (our wrapper around a kernel of ``jax.experimental.pallas.ops.tpu``) that the evaluator checks and prices
@@ -14,6 +15,9 @@ summary (our optimizer is not run for it either).
 
 ``--merge``: the rows of earlier runs' JSON files (one task or target each, when a whole run is too slow
 for a loaded machine) as one table and summary; ``--markdown`` prints the table as Markdown.
+
+``--margin``: one wrapper configuration's check size, modelled speedup and worst error on shifted inputs as
+a share of the tolerance, so that configurations can be compared before one is made the expert.
 
 ``--suite``: the whole suite on tpu-v6e instead: per task our best, its label (pallas-kernel or jax) and
 modelled speedup; how many Pallas winners are modelled faster than the reference; the geometric mean
@@ -26,6 +30,7 @@ import json
 import math
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -55,6 +60,7 @@ NOT_PROVABLE = "not provable here"
 OURS_MEMORY_BYTES = 12 << 30
 OURS_WALL_FACTOR = 6  # the optimizer overruns its budget by the evaluations it has started
 OURS_GRACE_S = 300
+FIRST_SEED = 1000  # --margin's draws are seeds 1000, 1001, ...: the same inputs every time it is run
 
 
 class Expert(BaseModel):
@@ -72,10 +78,10 @@ class Expert(BaseModel):
 
 EXPERTS: tuple[Expert, ...] = (
     Expert(task="1p_Flash_Attention", kernel="flash_attention, causal, blocks 1024/1024/512"),
-    Expert(task="2p_GQA_Attention", kernel="splash MHA (GQA), causal, blocks 1024"),
+    Expert(task="2p_GQA_Attention", kernel="flash_attention, kv heads repeated per group, blocks 1024/1024/512"),
     Expert(task="3p_MLA_Attention", kernel="XLA projections + splash MHA, causal, blocks 512"),
-    Expert(task="4p_Sparse_Attention", kernel="splash MHA with the task's block mask, blocks 512"),
-    Expert(task="5p_Flex_Attention", kernel="flash_attention with the bias as ab, blocks 1024/1024/512"),
+    Expert(task="4p_Sparse_Attention", kernel="splash MHA with the task's block mask, blocks 512, scaled q as bf16 hi+lo"),
+    Expert(task="5p_Flex_Attention", kernel="flash_attention with the bias as ab, blocks 1024/1024/512, scaled q as bf16 hi+lo"),
     Expert(task="6p_Paged_Attention", kernel="paged_attention, 64 pages a compute block"),
     Expert(task="7p_Ragged_Paged_Attention", kernel="ragged_paged_attention, 128 kv pages / 32 queries a block",
            interpret_limit="JAX 0.10.2's TPU interpret mode fails on the kernel's ref.reshape "
@@ -113,6 +119,7 @@ class ExpertRow(BaseModel):
     flags: list[str] = Field(default_factory=list)
     provable: bool = True
     seconds: float = 0.0
+    measured: str | None = Field(default=None, description="when the expert was evaluated (UTC, to the minute)")
     ours: Ours | None = None
 
     @property
@@ -213,7 +220,9 @@ def evaluate_expert(expert: Expert, task: "Task", target: str, evaluator: "Evalu
     started = time.monotonic()
     report = evaluate_candidate(task, expert.path.read_text(), target=target, filename=expert.path.name,
                                 evaluator=evaluator)
-    return _expert_row(expert, target, report, time.monotonic() - started)
+    row = _expert_row(expert, target, report, time.monotonic() - started)
+    row.measured = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
+    return row
 
 
 def _expert_row(expert: Expert, target: str, report: "EvalReport", seconds: float) -> ExpertRow:
@@ -225,6 +234,61 @@ def _expert_row(expert: Expert, target: str, report: "EvalReport", seconds: floa
     return ExpertRow(task=expert.task, target=target, kernel=expert.kernel, status=report.status, reason=reason,
                      label=report.label, speedup=report.speedup, ref_ms=report.ref_ms, kernel_ms=report.kernel_ms,
                      flags=list(report.flags), provable=provable, seconds=round(seconds, 1))
+
+
+def tolerance_share(task: "Task", source: str, values: dict[str, Any], seed: int) -> float:
+    """The largest |error| / (atol + rtol |expected|) of ``source`` on the evaluator's shifted inputs drawn
+    from ``seed`` at size ``values``: under 1 passes that check, and what is left below 1 is the margin a
+    random draw cannot take away. The Pallas kernels run in the plain interpreter, the arithmetic of TPU
+    interpret mode without its simulated memory system (seconds, not minutes). ``source`` runs in this
+    process: our own wrappers only, never an untrusted candidate."""
+    from functools import partial
+
+    import jax
+    import numpy as np
+    from jax._src import config as jax_config
+
+    from jaxbench.evaluate import shifted
+
+    sized = task.with_size("margin", values)
+    args, static = sized.get_inputs(jax.random.key(seed), "margin")
+    inputs = shifted([np.asarray(a) for a in args])
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"{task.id}_candidate.py", "exec"), namespace)  # as the worker loads a candidate
+    expected = np.asarray(jax.jit(partial(sized.reference, **static))(*inputs)).astype(np.float32)
+    interpret = jax_config.pallas_tpu_interpret_mode_context_manager
+    previous = interpret.swap_local(True)  # any truthy value but TPU InterpretParams: the plain interpreter
+    try:
+        actual = np.asarray(jax.jit(partial(namespace["kernel"], **static))(*inputs)).astype(np.float32)
+    finally:
+        interpret.set_local(previous)
+    tol = sized.spec.tolerance
+    return float((np.abs(actual - expected) / (tol.atol + tol.rtol * np.abs(expected))).max())
+
+
+def print_margins(console: Console, task: "Task", source: str, target: str, seeds: int) -> None:
+    """A wrapper's check size and modelled speedup on ``target`` (as the evaluator derives them), then its
+    tolerance share on the shifted inputs of ``seeds`` draws there: how to compare wrapper configurations."""
+    from maxkernel.targets.model import model_reference
+    from maxkernel.targets.names import parse_target
+    from maxkernel.targets.sandboxed import run_tpu_stage
+
+    generation = parse_target(target)[1]
+    assert generation is not None
+    stage = run_tpu_stage(task.path, source, generation)
+    if stage.failure or stage.check is None or stage.check.refusal:
+        why = stage.failure or (stage.check.refusal if stage.check else (stage.lowering or {}).get("reason"))
+        console.print(f"{task.id} {target}: no check size: {why}", markup=False)
+        return
+    speedup = "not priced"
+    if stage.model:
+        speedup = f"{model_reference(task, generation).time_ms / stage.model['time_ms']:.2f}x"
+    console.print(f"{task.id} {target}: modelled {speedup}; checked at {stage.check.name}", markup=False)
+    shares = []
+    for seed in range(FIRST_SEED, FIRST_SEED + seeds):
+        shares.append(tolerance_share(task, source, stage.check.values, seed))
+        console.print(f"  shifted inputs of seed {seed}: worst error {shares[-1]:.3f} of the tolerance", markup=False)
+    console.print(f"  worst over {seeds} draws: {max(shares):.3f} of the tolerance", markup=False)
 
 
 def _experts_for(names: list[str] | None) -> list[Expert]:
@@ -312,21 +376,42 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
+def _miss(row: ExpertRow) -> str | None:
+    """Why this covered row misses the target (expert accepted and priced, ours >= expert), or None."""
+    if row.status != "ok":
+        return f"expert not accepted: {row.status}: {row.reason[:160]}"
+    if row.speedup is None:
+        return "expert accepted but not priced: " + ("; ".join(row.flags)[:160] or "no model figures")
+    if row.ours is None or not row.ours.speedup:
+        return "ours not run" if row.ours is None else f"ours failed: {row.ours.note[:160]}"
+    ratio = row.ratio
+    if ratio is not None and ratio < 1.0:
+        return f"ours {row.ours.speedup:.2f}x below the expert's {row.speedup:.2f}x (ours/expert {ratio:.2f})"
+    return None
+
+
 def expert_summary(rows: list[ExpertRow]) -> dict[str, dict[str, Any]]:
-    """Per target: the rows that count (expert provable here), how many are priced, ours >= expert, geomean ratio."""
+    """Per target, what the target counts over the covered rows (expert provable here): how many experts
+    are accepted (ok and correct), how many are priced, on how many ours >= expert, each miss and why; and
+    whether the target holds (every covered expert accepted and priced, ours >= expert on every one)."""
     out: dict[str, dict[str, Any]] = {}
     for target in dict.fromkeys(r.target for r in rows):
         mine = [r for r in rows if r.target == target]
-        ratios = [r.ratio for r in mine if r.ratio is not None]
+        covered = [r for r in mine if r.provable]
+        ratios = [r.ratio for r in covered if r.ratio is not None]
+        misses = {r.task: why for r in covered if (why := _miss(r)) is not None}
         out[target] = {
-            "covered": sum(1 for r in mine if r.provable),
+            "covered": len(covered),
             "not_provable": [r.task for r in mine if not r.provable],
-            "expert_priced": sum(1 for r in mine if r.priced),
-            "expert_not_ok": {r.task: f"{r.status}: {r.reason}" for r in mine if r.provable and r.status != "ok"},
-            "expert_unpriced": {r.task: "; ".join(r.flags) for r in mine if r.provable and r.status == "ok" and r.speedup is None},
+            "expert_accepted": sum(1 for r in covered if r.status == "ok"),
+            "expert_priced": sum(1 for r in covered if r.priced),
+            "expert_not_ok": {r.task: f"{r.status}: {r.reason}" for r in covered if r.status != "ok"},
+            "expert_unpriced": {r.task: "; ".join(r.flags) for r in covered if r.status == "ok" and r.speedup is None},
             "compared": len(ratios),
             "ours_at_least_expert": sum(1 for x in ratios if x >= 1.0),
             "geomean_ratio": geomean(ratios),
+            "misses": misses,
+            "target_met": bool(covered) and not misses,
         }
     return out
 
@@ -374,9 +459,16 @@ def print_experts(console: Console, rows: list[ExpertRow], budget_s: float) -> N
 
 
 def summary_lines(rows: list[ExpertRow]) -> list[str]:
-    return [f"{target}: covered {s['covered']} (not provable here: {', '.join(s['not_provable']) or 'none'}); "
-            f"expert priced {s['expert_priced']}; ours >= expert on {s['ours_at_least_expert']}/{s['compared']}; "
-            f"geomean ours/expert {_x(s['geomean_ratio'])}" for target, s in expert_summary(rows).items()]
+    """Per target, the counts the target is judged on, then one line for each covered row that misses it."""
+    lines = []
+    for target, s in expert_summary(rows).items():
+        lines.append(f"{target}: experts accepted {s['expert_accepted']}/{s['covered']} covered "
+                     f"(priced {s['expert_priced']}; not provable here: {', '.join(s['not_provable']) or 'none'}); "
+                     f"ours >= expert on {s['ours_at_least_expert']}/{s['covered']}; "
+                     f"geomean ours/expert {_x(s['geomean_ratio'])} over {s['compared']}; "
+                     f"target {'met' if s['target_met'] else 'not met'}")
+        lines += [f"  {target} misses {task}: {why}" for task, why in s["misses"].items()]
+    return lines
 
 
 def print_suite(console: Console, rows: list[SuiteRow], budget_s: float) -> None:
@@ -394,21 +486,23 @@ def print_suite(console: Console, rows: list[SuiteRow], budget_s: float) -> None
 
 def merge_rows(paths: list[Path]) -> list[ExpertRow]:
     """The expert rows of earlier runs' JSON files, in the order given (a later file's row for the same task
-    and target replaces an earlier one)."""
+    and target replaces an earlier one). A row without its own time takes its file's ``measured``, if any."""
     rows: dict[tuple[str, str], ExpertRow] = {}
     for path in paths:
-        for raw in json.loads(path.read_text()).get("rows", []):
+        payload = json.loads(path.read_text())
+        for raw in payload.get("rows", []):
             row = ExpertRow.model_validate({k: v for k, v in raw.items() if k not in ("ratio", "priced")})
+            row.measured = row.measured or payload.get("measured")
             rows[(row.task, row.target)] = row
     return list(rows.values())
 
 
 def markdown_table(rows: list[ExpertRow]) -> str:
     """One line a task, the targets side by side: expert, ours, ours/expert (a failed expert by its status
-    and the first part of its reason: the check that failed)."""
+    and the first part of its reason: the check that failed), and when its first row was measured."""
     targets = list(dict.fromkeys(r.target for r in rows))
     head = ["task", "expert kernel"] + [f"{col} {t.removeprefix('tpu-')}" for t in targets
-                                          for col in ("expert", "ours", "ours/expert")]
+                                          for col in ("expert", "ours", "ours/expert")] + ["measured (UTC)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for task in dict.fromkeys(r.task for r in rows):
         mine = {r.target: r for r in rows if r.task == task}
@@ -423,6 +517,7 @@ def markdown_table(rows: list[ExpertRow]) -> str:
                       else _expert_cell(row))
             cells += [expert.replace("|", "/"), _ours_cell(row.ours).replace("|", "/"),
                       "-" if row.ratio is None else f"{row.ratio:.2f}"]
+        cells.append(min((r.measured for r in mine.values() if r.measured), default="-"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -440,6 +535,9 @@ def main(
     json_path: Optional[Path] = typer.Option(None, "--json", help="write every figure as JSON"),
     merge: Optional[str] = typer.Option(None, help="comma-separated JSON files of earlier runs: one table of their rows"),
     markdown: bool = typer.Option(False, "--markdown", help="with --merge: print the table as Markdown"),
+    margin: Optional[Path] = typer.Option(None, help="a wrapper file for the one task of --tasks: its check size, "
+                                                     "modelled speedup (first of --targets) and tolerance share"),
+    seeds: int = typer.Option(3, help="with --margin: how many shifted-input draws"),
 ) -> None:
     """Our optimizer against JAX's expert Pallas TPU kernels, both priced by the cost model."""
     from jaxbench.evaluate import Evaluator
@@ -473,6 +571,15 @@ def main(
     except (TargetError, TaskError, ValueError) as exc:
         Console(stderr=True).print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2)
+    if margin is not None:
+        if suite or not margin.is_file() or len(experts) != 1 or seeds < 1:
+            Console(stderr=True).print("error: --margin takes an existing wrapper file, one task in --tasks and "
+                                       "--seeds of at least 1", markup=False)
+            raise typer.Exit(2)
+        from jaxbench.task import load_task
+
+        print_margins(console, load_task(experts[0].task), margin.read_text(), chosen_targets[0], seeds)
+        return
     if budget <= 0 and not experts_only:
         Console(stderr=True).print("error: --budget must be positive (or pass --experts-only)", markup=False)
         raise typer.Exit(2)

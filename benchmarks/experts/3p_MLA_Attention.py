@@ -1,9 +1,12 @@
 """Expert baseline for 3p: the MLA layer's projections in XLA around JAX's Pallas TPU splash attention.
 
 Projections, RMSNorm and RoPE are plain JAX in f32, as the task asks ("compute in float32"; bf16
-operands or a bf16 q/k/v for the kernel fail its tolerance on the shifted inputs). Attention is splash's multi-head kernel, which allows a value head size
-(v_head_dim) different from the query/key one (nope + rope): the shared RoPE key is broadcast to every
-head and appended to k_nope, and q_nope | q_pe likewise, so one kernel scores both parts at once.
+operands or a bf16 q/k/v for the kernel fail its tolerance on the shifted inputs). Every matmul, the
+kernel's too, runs at Precision.HIGHEST: at the default precision a TPU multiplies f32 operands in one
+bf16 pass, which is the bf16 rounding the tolerance does not admit; HIGHEST is priced at the f32 rate.
+Attention is splash's multi-head kernel, which allows a value head size (v_head_dim) different from the
+query/key one (nope + rope): the shared RoPE key is broadcast to every head and appended to k_nope, and
+q_nope | q_pe likewise, so one kernel scores both parts at once.
 """
 
 import math
@@ -37,7 +40,12 @@ def _mm(x, w):
     return jnp.dot(x.astype(F32), w.astype(F32))
 
 
-def kernel(x, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo, *, num_heads, qk_nope_head_dim,
+def kernel(x, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo, **static):
+    with jax.default_matmul_precision("highest"):
+        return _layer(x, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo, **static)
+
+
+def _layer(x, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo, *, num_heads, qk_nope_head_dim,
            qk_rope_head_dim, v_head_dim, rope_theta, eps):
     batch, seq, _ = x.shape
     h, nope, rope, dv = num_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from jaxbench.report import EvalReport
+from maxkernel.templates.tpu_gemm import retry_precise
 
 _INTERPRET = re.compile(r",\s*interpret\s*=\s*[^,)\n]+")
 
@@ -17,4 +18,7 @@ def fix_known_error(source: str, report: EvalReport) -> str | None:
         fixed = _INTERPRET.sub("", fixed)  # candidates never choose how Pallas runs
     if "float64" in reason or "f64" in reason:
         fixed = fixed.replace("jnp.float64", "jnp.float32")
+    precise = retry_precise(fixed, report)  # a 3-pass TPU GEMM just outside the tolerance
+    if precise is not None:
+        fixed = precise
     return fixed if fixed != source else None

@@ -51,6 +51,7 @@ class GpuKernelEstimate(BaseModel):
     num_warps: int
     num_stages: int
     smem_bytes: int
+    register_bytes: int = Field(0, description="Triton: bytes of loaded values no dot reads (held in registers)")
     occupancy: int = Field(description="program instances resident per SM")
     waves: int
     time_ms: float
@@ -183,6 +184,7 @@ def _kernel_estimate(call: PallasCall, spec: GpuSpec, notes: list[str], dot_effi
     return GpuKernelEstimate(
         name=call.name, grid=list(sample.grid), cells=cells, count=call.count, backend=shape.backend,
         num_warps=shape.num_warps, num_stages=shape.num_stages, smem_bytes=shape.smem_bytes,
+        register_bytes=shape.register_bytes,
         occupancy=occupancy, waves=waves, time_ms=(time_s + overhead) * call.count * 1e3,
         compute_ms=compute_s * call.count * 1e3, memory_ms=memory_s * call.count * 1e3,
         overhead_ms=overhead * call.count * 1e3, bound=max(parts, key=parts.__getitem__),  # type: ignore[arg-type]

@@ -47,7 +47,7 @@ REDUCTIONS = frozenset({
 FREE = frozenset({
     "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "slice", "dynamic_slice",
     "dynamic_update_slice", "concatenate", "pad", "rev", "gather", "iota", "copy", "copy_p",
-    "bitcast_convert_type", "get", "swap", "program_id", "num_programs", "device_put", "split",
+    "bitcast_convert_type", "get", "swap", "masked_swap", "program_id", "num_programs", "device_put", "split",
     "dma_wait", "semaphore_signal", "semaphore_wait", "semaphore_read", "multiple_of", "debug_callback",
     "sharding_constraint", "optimization_barrier", "stop_gradient", "random_bits", "random_seed",
     "random_wrap", "random_unwrap", "prng_seed", "prng_random_bits", "delay",
@@ -192,7 +192,7 @@ def count_eqn(eqn: core.JaxprEqn, counts: OpCounts) -> None:
         counts.mxu_xla[cls] = counts.mxu_xla.get(cls, 0.0) + xla_matmul_flops(pixels, out_features, window)
     elif name == "dma_start":
         counts.dma_bytes += _dma_bytes(eqn)
-    elif name == "get" and eqn.outvars:
+    elif name in ("get", "masked_load") and eqn.outvars:  # ref indexing and pl.load
         aval = eqn.outvars[0].aval
         counts.ref_load_bytes += int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize  # a scalar: one element
     elif name == "addupdate":

@@ -84,3 +84,25 @@ def analysed_at(task: "Task", sizes: tuple[str, ...], analyse: Callable[["Task",
     if len({consistent(shape) for shape in found}) > 1:
         raise EmitError("argument roles or dtypes that change with size")
     return found
+
+
+def check_extent(full: int, floor: int, block: int, steps_of: Callable[[int], int]) -> int:
+    """The smallest halving of ``full`` (not below ``floor``) that the kernel still tiles by ``block`` with
+    at least two steps where ``full`` has two: what the twin check keeps for this dimension."""
+    need_two = steps_of(full) >= 2
+    chosen, current = full, full
+    while current % 2 == 0 and current // 2 >= floor:
+        current //= 2
+        if current % block or current < block or (need_two and steps_of(current) < 2):
+            break
+        chosen = current
+    return chosen
+
+
+def check_floor(task: "Task", at_full: int, at_cpu: int) -> int:
+    """How far the check size may shrink the dimension that is ``at_full`` at ``full`` and ``at_cpu`` at
+    ``cpu``: to a free size parameter's declared minimum, else to its ``cpu`` value."""
+    full, cpu = task.size("full"), task.size("cpu")
+    name = next((n for n, v in full.items() if v == at_full and cpu.get(n) == at_cpu), None)
+    free = task.spec.free.get(name) if name is not None else None
+    return max(free.min, free.multiple_of) if free is not None else at_cpu

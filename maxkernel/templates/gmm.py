@@ -19,11 +19,14 @@ import numpy as np
 
 from maxkernel.analysis.program import arg_names, trace_program
 from maxkernel.rewrites.emit import EmitError, dtype_expr
-from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
+from maxkernel.targets.check_size import CHECK_FLOPS, CHECK_GRID_STEPS
+from maxkernel.templates.base import (FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, check_extent, check_floor, divisors,
+                                      tpu_target)
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
     from maxkernel.analysis import TaskAnalysis
+    from maxkernel.targets.specs import TpuSpec
 
 TPU_BLOCKS_M = (128, 256, 512, 1024)
 TPU_BLOCKS_KN = (256, 512, 1024, 2048)
@@ -60,6 +63,38 @@ def vmem_bytes(a: GroupedShape, bm: int, bk: int, bn: int) -> int:
     return 2 * (bm * bk * item + bk * bn * item + bm * bn * out) + bm * bn * 4
 
 
+def visits(a: GroupedShape, bm: int) -> int:
+    """Grid extent of the visit axis: every (row tile, group) pair that can share a row."""
+    return a.m // bm + a.groups - 1
+
+
+def check_footprint(a: GroupedShape, floors: tuple[int, int, int], bm: int, bk: int, bn: int) -> tuple[float, int]:
+    """(reference FLOPs, grid steps) at the smallest twin of ``a`` for these tiles, as the evaluator's check
+    size finds it. The FLOPs are those of a dense grouped product (every row by every group's weights: the
+    11p reference, and how XLA:CPU counts ``ragged_dot``), an upper bound for any grouped reference."""
+    m = check_extent(a.m, floors[0], bm, lambda rows: rows // bm + a.groups - 1)
+    k = check_extent(a.k, floors[1], bk, lambda depth: depth // bk)
+    n = check_extent(a.n, floors[2], bn, lambda cols: cols // bn)
+    return 2.0 * a.groups * m * k * n, (n // bn) * (m // bm + a.groups - 1) * (k // bk)
+
+
+def pipeline_s(spec: "TpuSpec", a: GroupedShape, bm: int, bk: int, bn: int) -> float:
+    """The template's grid pipeline at ``a``: per step the larger of its MXU work and its lhs and rhs block
+    fetches (the output block once a visit), plus the step overhead. A first guess that picks the default;
+    the tuner then ranks the space with the full cost model."""
+    item, out = a.dtype.itemsize, a.out_dtype.itemsize
+    bandwidth = 0.9 * spec.hbm_bandwidth
+    depth_steps = a.k // bk
+    compute = 2.0 * bm * bk * bn / spec.peak_bf16_flops
+    memory = ((bm * bk + bk * bn) * item + bm * bn * out / depth_steps) / bandwidth
+    return (a.n // bn) * visits(a, bm) * depth_steps * (max(compute, memory) + spec.step_overhead_s)
+
+
+def check_floors(task: "Task", a: GroupedShape, small: GroupedShape) -> tuple[int, int, int]:
+    """How far the check may shrink m, k and n (see ``check_floor``)."""
+    return (check_floor(task, a.m, small.m), check_floor(task, a.k, small.k), check_floor(task, a.n, small.n))
+
+
 class GroupedMatmulTemplate:
     name = "grouped_matmul"
     description = "grouped matmul over (row tile, group) visits from scalar-prefetched group metadata"
@@ -72,13 +107,21 @@ class GroupedMatmulTemplate:
         a = analyse(task, "full" if tpu_target(target) else "cpu")
         assert not isinstance(a, str)
         if tpu_target(target):
+            from maxkernel.targets.specs import load_tpu_specs
+
+            spec = load_tpu_specs()[target.removeprefix("tpu-")]
+            small = analyse(task, "cpu")
+            assert not isinstance(small, str)
+            floors = check_floors(task, a, small)
             fits = [(bm, bk, bn) for bm in TPU_BLOCKS_M for bk in TPU_BLOCKS_KN for bn in TPU_BLOCKS_KN
                     if a.m % bm == 0 and a.k % bk == 0 and a.n % bn == 0 and vmem_bytes(a, bm, bk, bn) <= TPU_VMEM_BUDGET]
-            if not fits:
+            # Priced = checked: tiles whose smallest twin is too big to check would be refused.
+            checkable = [f for f in fits if _checkable(check_footprint(a, floors, *f))]
+            if not checkable:
                 return TemplateSpace(defaults={"block_m": 0, "block_k": 0, "block_n": 0},
                                      space={"block_m": [], "block_k": [], "block_n": []})
-            # Default: the fewest weight re-reads (tall row tiles), then the fewest steps.
-            best = max(fits, key=lambda f: (f[0], f[1] * f[2]))
+            best = min(checkable, key=lambda f: pipeline_s(spec, a, *f))
+            fits = checkable
             return TemplateSpace(defaults=dict(zip(("block_m", "block_k", "block_n"), best)),
                                  space={"block_m": sorted({f[0] for f in fits}), "block_k": sorted({f[1] for f in fits}),
                                         "block_n": sorted({f[2] for f in fits})})
@@ -91,6 +134,11 @@ class GroupedMatmulTemplate:
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
         a = shape_for_sizes(task, sizes)
         return render_gmm(task, a, int(params["block_m"]), int(params["block_k"]), int(params["block_n"]))
+
+
+def _checkable(footprint: tuple[float, int]) -> bool:
+    flops, steps = footprint
+    return flops <= CHECK_FLOPS and steps <= CHECK_GRID_STEPS
 
 
 def shape_for_sizes(task: "Task", sizes: tuple[str, ...]) -> GroupedShape:

@@ -45,3 +45,28 @@ def test_grouped_matmul_is_correct_across_group_boundaries_and_lowers(declared_s
     result = validate_tpu(GROUPED_MATMUL.render(task, space.defaults, ("cpu", "full")), task, "v5e")
     assert result.ok, result.reason
     assert result.vmem_bytes is not None and result.vmem_bytes <= result.vmem_budget_bytes
+
+
+def test_tpu_default_tiles_have_a_checkable_twin_and_the_estimate_matches_the_check_size() -> None:
+    """Tiles whose smallest twin needs more than CHECK_FLOPS would be refused: the default must not be one."""
+    from maxkernel.targets.check_size import CHECK_FLOPS, derive_check_size
+    from maxkernel.targets.loader import load_candidate
+    from maxkernel.targets.specs import load_tpu_spec
+    from maxkernel.templates.gmm import analyse, check_floors, check_footprint
+
+    task = load_task("11p_Megablox_GMM")
+    full, small = analyse(task, "full"), analyse(task, "cpu")
+    assert not isinstance(full, str) and not isinstance(small, str)
+    floors = check_floors(task, full, small)
+    assert floors == (1, 512, 256)  # m is free; k and n stop at their cpu values
+    assert check_footprint(full, floors, 1024, 512, 1024)[0] > CHECK_FLOPS  # the old default, refused
+    for target in ("tpu-v5e", "tpu-v6e"):
+        space = GROUPED_MATMUL.space(task, analyze_task(task, target), target)
+        tiles = (space.defaults["block_m"], space.defaults["block_k"], space.defaults["block_n"])
+        flops, steps = check_footprint(full, floors, *tiles)
+        assert flops <= CHECK_FLOPS
+        check = derive_check_size(load_candidate(GROUPED_MATMUL.render(task, space.defaults, ("cpu", "full"))),
+                                  task, load_tpu_spec(target.removeprefix("tpu-")), interpreted=True)
+        assert check.refusal is None, check.refusal
+        assert check.grid_steps == steps and check.reference_flops is not None
+        assert check.reference_flops <= flops * 1.01  # the dense estimate bounds the reference's count

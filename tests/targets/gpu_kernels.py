@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 
-def triton_matmul_source(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3) -> str:
-    """A Triton-backend tiled matmul for the tgt_matmul task: a program per output block, k looped inside."""
+def triton_matmul_source(
+    bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3, pl_load: bool = False
+) -> str:
+    """A Triton-backend tiled matmul for the tgt_matmul task: a program per output block, k looped inside;
+    its tiles read by ref indexing (``get``) or, with ``pl_load``, through ``plt.load`` (``masked_load``)."""
+    x_tile = "plt.load(x_ref.at[:, pl.ds(i * BK, BK)])" if pl_load else "x_ref[:, pl.ds(i * BK, BK)]"
+    y_tile = "plt.load(y_ref.at[pl.ds(i * BK, BK), :])" if pl_load else "y_ref[pl.ds(i * BK, BK), :]"
     return f'''\
 import jax
 import jax.numpy as jnp
@@ -18,8 +23,8 @@ def _body(x_ref, y_ref, o_ref):
     k = x_ref.shape[1]
 
     def step(i, acc):
-        x = x_ref[:, pl.ds(i * BK, BK)]
-        y = y_ref[pl.ds(i * BK, BK), :]
+        x = {x_tile}
+        y = {y_tile}
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, k // BK, step, jnp.zeros((BM, BN), jnp.float32))

@@ -79,4 +79,6 @@ def test_gpu_template_lowers_for_hopper_and_ampere(template: str, task_id: str) 
     for chip in ("h100", "a100"):
         lowered = validate_gpu(source, task, chip)
         assert lowered.ok, lowered.reason
-        assert lowered.backends == ["triton"] and lowered.smem_bytes and lowered.smem_bytes <= lowered.smem_budget_bytes
+        # A row block that multiplies nothing holds its loads in registers: no shared memory at all.
+        assert lowered.backends == ["triton"] and lowered.smem_bytes is not None
+        assert lowered.smem_bytes <= lowered.smem_budget_bytes

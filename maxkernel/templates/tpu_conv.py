@@ -1,0 +1,449 @@
+"""TPU convolution as implicit GEMM: the reference's one convolution on the MXU, its epilogue after it.
+
+What an expert writes for ``epilogue(conv(x, w))`` (2-D or 3-D, stride 1; a transposed convolution is the
+stride-1 convolution of the stride-dilated input, which is how the references write it):
+- XLA lays the input out first: the convolution's padding and input dilation applied, the spatial axes
+  flattened (channels stay first, no transpose). An output position ``p`` then reads input position
+  ``p + shift`` for each kernel offset, ``shift`` fixed by the offset, when each output row spans the
+  padded input's full width
+  (the columns past the true output width are computed, and dropped in VMEM before the one write);
+- the grid steps over blocks of ``BLOCK_D`` output planes (rows in 2-D) of each sample; a step's input is
+  its planes plus the halo the kernel reaches, gathered by XLA into overlapping slabs (the halo is read
+  twice: priced as XLA's gather). No im2col buffer: each offset's window is a static slice of the slab in
+  VMEM, [in-channels on sublanes, positions on lanes];
+- the output tile [``BLOCK_N`` out-channels x the step's output positions] accumulates in f32 over the
+  (kernel offsets x ``BLOCK_C`` in-channel blocks) reduction, the in-channel blocks on the innermost grid
+  axis; MXU operands bf16 with f32 accumulation, for f32 inputs at full precision the 3-pass bf16 split or
+  ``HIGHEST`` (both in the tuning space, as in :mod:`maxkernel.templates.tpu_gemm`, whose product source
+  this template reuses): weight tile [BLOCK_N, BLOCK_C] @ window [BLOCK_C, positions]. Channels on the
+  tile's rows, positions on its lanes: the output is written in the reference's channels-first layout;
+- an elementwise epilogue with per-channel operands (biases, scales) runs on the accumulator on the last
+  in-channel step; any other epilogue (norms over positions or groups, pooling, reductions over channels)
+  runs in XLA on the convolution's output, as the GEMM template does for epilogues that couple rows.
+Every shape is read from the arguments; block sizes are the named constants, halved only to divide a
+smaller extent, so the body priced at ``full`` is the body checked at a smaller twin size.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from maxkernel.analysis.graph import ELEMENTWISE
+from maxkernel.analysis.program import Node, Program, Var, arg_names, input_shapes, static_args, trace_program
+from maxkernel.rewrites.activations import _one_minus_erf
+from maxkernel.rewrites.build import splice_traced
+from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
+from maxkernel.templates.base import FIT_SOURCE, TemplateSpace, tpu_target
+from maxkernel.templates.tpu_gemm import HEADER, HIGHEST, W_KN_DIMENSIONS, _epilogue_name, _epilogue_source, _extent, _mxu_source, _passes, _size_statics, _vmem_cap
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
+    from maxkernel.analysis import TaskAnalysis
+
+TPU_BLOCKS_N = (128, 256)
+TPU_BLOCKS_C = (128, 256, 512)
+TPU_BLOCKS_D = (1, 2, 4, 8, 16, 32, 64)
+# Output positions a step computes at most: the accumulator and one window stay a few MiB of VMEM.
+MAX_STEP_POSITIONS = 8192
+LANES, SUBLANES = 128, 8  # the (sublane, lane) tile of a 32-bit VMEM array
+
+
+@dataclass
+class ConvPlan:
+    """One stride-1 convolution of an input and the reference's computation after it."""
+
+    x: Var
+    weights: list[Var]  # the inputs the convolution's kernel is computed from
+    rhs: Program | None  # inputs ``weights`` -> the kernel [O, C, *taps]; None: the kernel is an input
+    n: int
+    c: int
+    o: int
+    taps: tuple[int, ...]
+    padded: tuple[int, ...]  # spatial extents of the padded, dilated input
+    out_spatial: tuple[int, ...]
+    pads: tuple[tuple[int, int, int], ...]  # per spatial axis: low, high, interior (lax.pad)
+    in_dtype: np.dtype
+    precision: str
+    tail: Program  # inputs: the convolution's output ``h`` then the other inputs it reads
+    tileable: bool  # elementwise, every other operand per output channel
+    epilogues: dict[tuple[int, ...], str] = field(default_factory=dict)
+
+    @property
+    def out(self) -> Var:
+        out = self.tail.outputs[0]
+        assert isinstance(out, Var)
+        return out
+
+    @property
+    def nd(self) -> int:
+        return len(self.taps)
+
+
+def _natural(node: Node) -> str | None:
+    p = node.params
+    x = node.ins[0]
+    nd = len(getattr(x, "shape", ())) - 2
+    dn = p["dimension_numbers"]
+    natural = tuple(range(nd + 2))
+    if nd not in (2, 3):
+        return f"a {nd}-D convolution (the template serves 2-D and 3-D)"
+    if not (tuple(dn.lhs_spec) == natural and tuple(dn.rhs_spec) == natural and tuple(dn.out_spec) == natural):
+        return "a convolution in another layout than NC... / OI... / NC..."
+    if tuple(p["window_strides"]) != (1,) * nd or tuple(p["rhs_dilation"]) != (1,) * nd:
+        return "a strided or kernel-dilated convolution"
+    if int(p["feature_group_count"]) != 1 or int(p["batch_group_count"]) != 1:
+        return "a grouped convolution"
+    if any(int(lo) < 0 or int(hi) < 0 for lo, hi in p["padding"]):
+        return "negative padding"
+    return None
+
+
+def _per_channel(tail: Program, v: Var, o: int) -> bool:
+    """Whether ``v`` reaches the output only broadcast along the channel axis (a bias of [O] or [O, 1, 1])."""
+    users = tail.users().get(v, [])
+    for node in users:
+        if node.prim != "broadcast_in_dim":
+            return False
+        shape, dims = tuple(node.params["shape"]), tuple(node.params["broadcast_dimensions"])
+        if shape != (1, o) + (1,) * (len(shape) - 2) or any(e != 1 and d != 1 for e, d in zip(v.shape, dims)):
+            return False
+    return bool(users) and int(np.prod(v.shape)) == o
+
+
+def _erfc_as_erf(tail: Program) -> None:
+    """erfc (exact GELU) has no Mosaic lowering; 1 - erf has. Only this substitution: the cheaper Mish of
+    ``cheaper_activations`` is proven on values up to a size, so it would write the tail differently at
+    ``full`` and at a smaller check size."""
+    for node in list(tail.nodes):
+        if node.prim == "erfc" and isinstance(node.ins[0], Var) and node.out.dtype == np.float32:
+            splice_traced(tail, node, _one_minus_erf)
+
+
+def match(program: Program) -> ConvPlan | str:
+    """The convolution-then-tail structure of ``program``, or why it has none."""
+    convs = [n for n in program.nodes if n.prim == "conv_general_dilated"]
+    if len(convs) != 1:
+        return f"{len(convs)} convolutions (the template computes exactly one)"
+    if any(n.prim == "dot_general" for n in program.nodes):
+        return "a matmul beside the convolution"
+    conv = convs[0]
+    why = _natural(conv)
+    if why:
+        return why
+    x, rhs = conv.ins
+    if x not in program.inputs:
+        return "the convolution's input is computed (the template reads it from an input)"
+    assert isinstance(x, Var) and isinstance(rhs, Var)
+    upstream = program.ancestors(rhs)
+    weights = [v for v in program.inputs if any(v in nd.ins for nd in upstream)] if upstream else [rhs]
+    if x in weights or (not upstream and rhs not in program.inputs):
+        return "the kernel is computed from the convolution's input"
+    if np.dtype(x.dtype) != np.dtype(rhs.dtype) or np.dtype(x.dtype) not in (np.dtype("float32"), np.dtype("bfloat16")):
+        return "operands that are not both float32 or both bfloat16"
+    skip = {id(conv)} | {id(nd) for nd in upstream}
+    nodes = [nd for nd in program.nodes if id(nd) not in skip]
+    if any(v is x or v in weights for nd in nodes for v in nd.ins):
+        return "the computation after the convolution reads its input or kernel again"
+    if len(program.outputs) != 1 or not isinstance(program.outputs[0], Var):
+        return "the output is not one array"
+    h = Var("h", conv.out.shape, conv.out.dtype)
+    others = [v for v in program.inputs if v is not x and v not in weights and any(v in nd.ins for nd in nodes)]
+    tail = Program([h] + others, [Node(nd.primitive, list(nd.ins), list(nd.outs), dict(nd.params)) for nd in nodes],
+                   list(program.outputs), program.out_tree)
+    tail.substitute(conv.out, h)
+    _erfc_as_erf(tail)
+    tail.dce()
+    prologue = None
+    if upstream:
+        prologue = Program(list(weights), [Node(nd.primitive, list(nd.ins), list(nd.outs), dict(nd.params))
+                                           for nd in upstream], [rhs], None)
+    p = conv.params
+    o, c = rhs.shape[:2]
+    taps = tuple(rhs.shape[2:])
+    pads = tuple((int(lo), int(hi), int(d) - 1) for (lo, hi), d in zip(p["padding"], p["lhs_dilation"]))
+    padded = tuple(lo + hi + (s - 1) * (d + 1) + 1 for (lo, hi, d), s in zip(pads, x.shape[2:]))
+    tileable = program.outputs[0].shape == conv.out.shape and all(
+        nd.prim in ELEMENTWISE or nd.prim == "broadcast_in_dim" for nd in tail.nodes) and all(
+        _per_channel(tail, v, o) for v in others)
+    precision = p.get("precision")
+    levels = precision if isinstance(precision, (tuple, list)) else (precision,)
+    names = {str(getattr(q, "name", q)).upper() for q in levels if q is not None}
+    return ConvPlan(x, weights, prologue, x.shape[0], c, o, taps, padded, tuple(conv.out.shape[2:]), pads,
+                    np.dtype(x.dtype), HIGHEST if HIGHEST in names else "DEFAULT", tail, tileable)
+
+
+def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
+    """The plan at every size, the epilogue emitted once when it reads every size from its operands, else
+    once per (output extents, integer statics) it is rendered for."""
+    found: list[ConvPlan] = []
+    texts: dict[tuple[int, ...], str] = {}
+    for size in sizes:
+        p = match(trace_program(task, size).dce())
+        if isinstance(p, str):
+            return p
+        for program in (p.tail, p.rhs):
+            reason = emittable(program) if program is not None else None
+            if reason is not None:
+                return reason
+        static = static_args(task, size)
+        key = (p.o,) + p.out_spatial + tuple(int(static[k]) for k in _size_statics(static))
+        text = emit_function(p.tail, _epilogue_name(key), f"The reference after its convolution, for {_extent(key)}.")
+        if texts.setdefault(key, text) != text:
+            return "the computation after the convolution is written differently for the same extents"
+        found.append(p)
+    if len({(p.in_dtype, p.precision, p.tileable, p.pads, p.taps, p.rhs is None) for p in found}) != 1:
+        return "a convolution laid out differently at different sizes"
+    generic = {text.replace(_epilogue_name(key), "_epilogue").replace(f", for {_extent(key)}.", ".")
+               for key, text in texts.items()}
+    one = generic.pop() if len(generic) == 1 else None
+    found[-1].epilogues = {(): one} if one is not None and one == _probe_text(task, found[0]) else texts
+    return found[-1]
+
+
+def _probe_text(task: "Task", p: ConvPlan) -> str | None:
+    """The tail emitted from a trace whose output extents all differ (None when the reference does not
+    trace there). Emission reads each constant's extent from an operand dimension of the same value; where
+    two extents coincide at every rendered size (square images) it may read the wrong one, which the
+    probe shows as a different text: then one function is written per extent instead."""
+    shapes = list(input_shapes(task, "cpu"))
+    index = arg_names(task).index(p.x.name)
+    x = shapes[index]
+    spatial = tuple(e + 1 + 2 * k for k, e in enumerate(x.shape[2:]))
+    out = [e - t + 1 for e, t in zip(spatial, p.taps)]
+    if len(set(out) | {p.n, p.o}) != len(out) + len({p.n, p.o}):
+        return None
+    shapes[index] = jax.ShapeDtypeStruct(x.shape[:2] + spatial, x.dtype)
+    try:
+        probe = match(trace_program(task, "cpu", shapes).dce())
+    except Exception:  # the reference ties its extents together (a norm over a width equal to the channels)
+        return None
+    return None if isinstance(probe, str) else emit_function(probe.tail, "_epilogue", "The reference after its convolution.")
+
+
+def _round_up(a: int, b: int) -> int:
+    return -(-a // b) * b
+
+
+def _step_layout(spatial, taps, block_d, max_positions):  # type: ignore[no-untyped-def]
+    """How a step tiles the padded input of extents ``spatial``: the extents it is laid out at, the output
+    planes (rows in 2-D) a step computes, its positions, its slab's length and each kernel offset's shift.
+
+    Every output row spans the laid-out width, so each kernel offset is one fixed shift along the flattened
+    positions. A step's positions fill whole lanes, and in 2-D its output rows whole sublanes; where one
+    such unit of planes would exceed ``max_positions``, the innermost axis is widened with zero columns
+    until a single plane fills whole lanes."""
+    sublanes = 8 if len(taps) == 2 else 1
+
+    def unit(extents):  # type: ignore[no-untyped-def]
+        return math.lcm(128 // math.gcd(math.prod(extents[1:]), 128), sublanes)
+
+    if unit(spatial) * math.prod(spatial[1:]) > max_positions:
+        lanes = 128 // math.gcd(math.prod(spatial[1:-1]), 128)
+        spatial = tuple(spatial[:-1]) + (-(-spatial[-1] // lanes) * lanes,)
+    out = spatial[0] - taps[0] + 1
+    planes = -(-min(block_d, out) // unit(spatial)) * unit(spatial)
+    rows = planes * math.prod(spatial[1:])
+    shifts = tuple(sum(i * math.prod(spatial[a + 1:]) for a, i in enumerate(offset))
+                   for offset in itertools.product(*(range(t) for t in taps)))
+    return tuple(spatial), planes, rows, -(-(rows + shifts[-1]) // 128) * 128, shifts
+
+
+LAYOUT_SOURCE = inspect.getsource(_step_layout).replace("  # type: ignore[no-untyped-def]", "") + "\n"
+
+
+def step_shape(p: ConvPlan, block_d: int) -> tuple[int, int, int]:
+    """Planes a step computes, its output positions and its slab's length, as the kernel derives them."""
+    _, planes, rows, span, _ = _step_layout(p.padded, p.taps, block_d, MAX_STEP_POSITIONS)
+    return planes, rows, span
+
+
+def conv_vmem_bytes(p: ConvPlan, block_n: int, block_c: int, block_d: int, passes: int) -> int:
+    """VMEM one step plans for, in the (8, 128) tiles Mosaic lays blocks out in: double-buffered slab,
+    weight and output blocks, the f32 accumulator, one window and its bf16 halves when split."""
+    _, rows, span = step_shape(p, block_d)
+    item = p.in_dtype.itemsize
+    taps = math.prod(p.taps)
+    subl_c, lanes_c, subl_n = _round_up(block_c, SUBLANES), _round_up(block_c, LANES), _round_up(block_n, SUBLANES)
+    out_item = np.dtype(p.out.dtype).itemsize if p.tileable else 4
+    blocks = 2 * (subl_c * span * item + taps * subl_n * lanes_c * item + subl_n * rows * out_item)
+    window = subl_c * rows * 4
+    split = 2 * 2 * (subl_c * rows + taps * subl_n * lanes_c) if passes == 3 else 0
+    return blocks + subl_n * rows * 4 + window + split
+
+
+def _legal(extent: int, options: tuple[int, ...]) -> list[int]:
+    """Channel blocks on TPU: a multiple of the tiling dividing the extent, or the whole extent."""
+    return sorted({b for b in options if extent % b == 0 and b < extent} | {extent})
+
+
+class TpuConvTemplate:
+    name = "tpu_conv"
+    description = ("convolution as implicit GEMM on the MXU (kernel offsets x in-channel blocks accumulated in "
+                   "f32 from a halo'd slab), the reference's epilogue fused or left to XLA")
+
+    def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
+        found = plan(task, ("cpu", "full"))
+        return found if isinstance(found, str) else None
+
+    def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
+        if not tpu_target(target):
+            return TemplateSpace(defaults={}, space={"block_n": []})  # a TPU kernel: Mosaic-only operations
+        p = plan(task, ("full",))
+        assert not isinstance(p, str)
+        cap = _vmem_cap(target)
+        worst = min(_passes(p))
+        bn_options = [b for b in _legal(p.o, TPU_BLOCKS_N) if b % SUBLANES == 0 or b == p.o]
+        bc_options = _legal(p.c, TPU_BLOCKS_C)
+        least = step_shape(p, 1)[0]  # the fewest planes a step can compute
+        fits = [(bn, bc, bd) for bn in bn_options for bc in bc_options for bd in TPU_BLOCKS_D
+                if bd <= max(p.out_spatial[0], least)
+                and (step_shape(p, bd)[1] <= MAX_STEP_POSITIONS or step_shape(p, bd)[0] == least)
+                and conv_vmem_bytes(p, bn, bc, bd, worst) <= cap]
+        if not fits:
+            return TemplateSpace(defaults={"block_n": 0}, space={"block_n": []})
+        # The widest channel blocks (each slab read once per out-channel block), then the most positions a step.
+        bn, bc, bd = max(fits, key=lambda t: (t[0], t[1], t[2]))
+        legal = set(fits)
+        space: dict[str, list[Any]] = {
+            "block_n": sorted({bn} | ({bn // 2} if (bn // 2, bc, bd) in legal else set())),
+            "block_c": [bc],
+            "block_d": sorted({bd} | ({bd // 2} if (bn, bc, bd // 2) in legal else set())),
+            "passes": _passes(p),
+        }
+        return TemplateSpace(defaults={"block_n": bn, "block_c": bc, "block_d": bd, "passes": worst}, space=space)
+
+    def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
+        p = plan(task, sizes)
+        if isinstance(p, str):
+            raise EmitError(p)
+        passes = int(params.get("passes", 1))
+        if passes not in _passes(p):
+            raise EmitError(f"{passes} MXU passes for {p.in_dtype} operands at precision {p.precision}")
+        doc = (f'"""{task.id}: {self.description}.\n\nGenerated by MaxKernel\'s rules brain: {params["block_n"]} '
+               f"out-channels x {params['block_d']} output planes a step, {params['block_c']} in-channels a "
+               f"reduction step, {passes} MXU pass{'es' if passes > 1 else ''} per product, the epilogue "
+               + ("fused" if p.tileable else "left to XLA (it reduces or couples positions)") + '.\n"""\n')
+        parts = [doc, HEADER.replace("import math\n", "import itertools\nimport math\n"), _constants(params), FIT_SOURCE, "", _mxu_source(W_KN_DIMENSIONS, passes),
+                 _epilogue_source(p), LAYOUT_SOURCE]  # type: ignore[arg-type]
+        if p.rhs is not None:
+            parts.append(emit_function(p.rhs, "_conv_weight", "The kernel the reference convolves with, from its inputs.")
+                         + "\n\n")
+        parts += [_conv_source(p), _kernel_source(p, arg_names(task), _size_statics(static_args(task, sizes[0])))]
+        return "\n".join(parts)
+
+
+def _constants(params: dict[str, Any]) -> str:
+    return "\n".join([
+        f"BLOCK_N = {int(params['block_n'])}  # output channels per tile (the tile's rows)",
+        f"BLOCK_C = {int(params['block_c'])}  # input channels per reduction step (innermost, accumulated)",
+        f"BLOCK_D = {int(params['block_d'])}  # output planes (rows in 2-D) per step, rounded up to fill lanes",
+        f"MAX_STEP_POSITIONS = {MAX_STEP_POSITIONS}  # output positions a step computes at most",
+    ]) + "\n"
+
+
+def _conv_source(p: ConvPlan) -> str:
+    extras = [v.name for v in p.tail.inputs[1:]] if p.tileable else []
+    refs = "".join(f"{name}_ref, " for name in extras)
+    if p.tileable:
+        loads = ", ".join(["y"] + [f"{name}_ref[...].reshape((acc.shape[0],) + shapes[{i}])"
+                                   for i, name in enumerate(extras)])
+        store = f"o_ref[...] = epilogue({loads}).astype(o_ref.dtype)"
+        doc = "the reference's epilogue on the last in-channel step, one write"
+    else:
+        store = "o_ref[...] = y.astype(o_ref.dtype)"
+        doc = "written once on the last in-channel step"
+    return f'''def _conv_kernel(x_ref, w_ref, {refs}o_ref, acc_ref, *, shifts, epilogue, shapes, tile, crop):
+    """Sum over kernel offsets of weight tile @ shifted window of the slab, into an f32 tile of
+    [BLOCK_N channels, positions]; cropped to the output's extents in VMEM, {doc}."""
+    c = pl.program_id(3)
+
+    @pl.when(c == 0)
+    def _init():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    rows = acc_ref.shape[1]
+    acc = acc_ref[...]
+    for t, shift in enumerate(shifts):
+        acc = acc + _product(w_ref[t], x_ref[0, :, shift:shift + rows])
+    acc_ref[...] = acc
+
+    @pl.when(c == pl.num_programs(3) - 1)
+    def _store():
+        acc = acc_ref[...]
+        # The step's planes at the padded input's extents, the columns past the output width dropped.
+        y = acc.reshape(tile)[(Ellipsis,) + tuple(slice(0, e) for e in crop)]
+        {store}
+
+'''
+
+
+def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
+    x = p.x.name
+    weight = f"_conv_weight({', '.join(v.name for v in p.weights)})" if p.rhs is not None else p.weights[0].name
+    others = [v.name for v in p.tail.inputs[1:]]
+    extents = "(" + ", ".join(["o", "*out"] + [f"static[{k!r}]" for k in statics]) + ")"
+    out_dtype = dtype_expr(np.dtype(p.out.dtype)) if p.tileable else dtype_expr(np.dtype(p.tail.inputs[0].dtype))
+    item = p.in_dtype.itemsize
+    in_specs = ["pl.BlockSpec((1, block_c, span), lambda b, s, j, cc: (b, cc, s))",
+                "pl.BlockSpec((len(shifts), block_n, block_c), lambda b, s, j, cc: (0, j, cc))"]
+    operands = ["slabs", "w_taps"]
+    shapes = "()"
+    if p.tileable:
+        in_specs += ["pl.BlockSpec((block_n, 1), lambda b, s, j, cc: (j, 0))"] * len(others)
+        operands += [f"{name}.reshape((o, 1))" for name in others]
+        shapes = "(" + "".join(f"{name}.shape[1:], " for name in others) + ")"
+    lines = [
+        f"def kernel({', '.join(names)}, **static):",
+        f"    w = {weight}",
+        f"    n, c = {x}.shape[:2]",
+        "    o, taps = w.shape[0], w.shape[2:]",
+        "    # XLA lays the input out for the kernel: the convolution's padding and input dilation applied,",
+        "    # the spatial axes flattened.",
+        (f"    xp = jax.lax.pad({x}, jnp.zeros((), {x}.dtype), ((0, 0, 0), (0, 0, 0)) + {p.pads!r})"
+         if any(any(q) for q in p.pads) else f"    xp = {x}"),
+        "    out = tuple(e - t + 1 for e, t in zip(xp.shape[2:], taps))",
+        "    spatial, planes, rows, span, shifts = _step_layout(xp.shape[2:], taps, BLOCK_D, MAX_STEP_POSITIONS)",
+        "    if spatial != xp.shape[2:]:  # widened with zero columns: one plane fills whole lanes",
+        "        xp = jnp.pad(xp, ((0, 0), (0, 0)) + tuple((0, e - d) for e, d in zip(spatial, xp.shape[2:])))",
+        "    steps = -(-out[0] // planes)",
+        "    block_n, block_c = _fit(BLOCK_N, o), _fit(BLOCK_C, c)",
+        "    flat = xp.reshape((n, c, -1))",
+        "    # Each step's slab: its output planes' rows and the halo the kernel reaches past them (zeros past",
+        "    # the input's end).",
+        "    index = (jnp.arange(steps) * rows)[:, None] + jnp.arange(span)[None, :]",
+        "    slabs = jnp.take(flat, index.reshape(-1), axis=2, mode=\"fill\", fill_value=0)  # [n, c, steps * span]",
+        "    w_taps = jnp.moveaxis(w.reshape((o, c, -1)), 2, 0)  # [offsets, O, C]",
+        "    tile = (1, block_n, planes) + spatial[1:]",
+        f"    epilogue = _epilogue_for({extents})",
+        f"    planned = 2 * (max(block_c, 8) * span + len(shifts) * block_n * max(block_c, 128)) * {item}"
+        " + 3 * block_n * rows * 4 + 5 * max(block_c, 8) * rows * 4",
+        "    h = pl.pallas_call(",
+        f"        functools.partial(_conv_kernel, shifts=shifts, epilogue={'epilogue' if p.tileable else 'None'}, "
+        f"shapes={shapes}, tile=tile, crop=out[1:]),",
+        f"        out_shape=jax.ShapeDtypeStruct((n, o) + out, {out_dtype}),",
+        "        grid=(n, steps, o // block_n, c // block_c),",
+        "        in_specs=[" + ", ".join(in_specs) + "],",
+        "        # The last step's planes past the output are not written (a partial edge block).",
+        "        out_specs=pl.BlockSpec((1, block_n, planes) + out[1:], lambda b, s, j, cc: (b, j, s) + (0,) * (len(out) - 1)),",
+        "        scratch_shapes=[pltpu.VMEM((block_n, rows), jnp.float32)],",
+        "        compiler_params=pltpu.CompilerParams(",
+        '            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),',
+        "            vmem_limit_bytes=max(32 << 20, planned + (planned >> 1))),",
+        f"    )({', '.join(operands)})",
+    ]
+    if p.tileable:
+        lines.append("    return h")
+    else:
+        lines.append("    # The epilogue reduces over positions or channels: XLA runs it on the convolution's output.")
+        lines.append(f"    return epilogue(h{''.join(', ' + name for name in others)})")
+    return "\n".join(lines) + "\n"
+
+
+TPU_CONV = TpuConvTemplate()
