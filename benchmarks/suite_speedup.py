@@ -273,7 +273,7 @@ def _tried(pallas: dict[str, list[str]]) -> str:
 def _unseen(row: dict[str, Any]) -> str:
     if row.get("unseen_passed") is None:
         return "-"
-    size = str(row.get("unseen_size", "")).removeprefix("unseen size ").split(":")[0]
+    size = str(row.get("unseen_size", "")).removeprefix("unseen size ").split(":")[0].split(" (drawn again")[0]
     return f"{'pass' if row['unseen_passed'] else 'FAIL'} {size}"
 
 

@@ -7,6 +7,7 @@ the one executable the worker compiled for the candidate.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import secrets
@@ -26,7 +27,7 @@ from jaxbench.compare import compare_outputs, tree_leaves
 from jaxbench.interpret import InterpretMode, default_mode
 from jaxbench.pool import WorkerFailure, WorkerHandle, WorkerPool
 from jaxbench.report import CheckResult, EvalReport
-from jaxbench.task import SUITE_DIR, Task, TaskError, load_task
+from jaxbench.task import SUITE_DIR, Task, TaskError, _draw_value, load_task
 from jaxbench.timing import round_scale, speedup_interval, stats
 
 SUSPICIOUS_SPEEDUP = 20.0
@@ -38,11 +39,22 @@ class EvalSettingError(TaskError):
 
 
 def unseen_by_default() -> bool:
-    """``JAXBENCH_UNSEEN_SIZE``: 1 checks every candidate at an unseen size unless its config says no."""
-    value = os.environ.get("JAXBENCH_UNSEEN_SIZE", "0").strip().lower()
+    """``JAXBENCH_UNSEEN_SIZE``: on (the default) checks every candidate at an unseen size unless its config
+    says no; 0 turns it off for every evaluator that does not say otherwise."""
+    value = os.environ.get("JAXBENCH_UNSEEN_SIZE", "1").strip().lower()
     if value not in ("0", "1", "false", "true", "off", "on"):
         raise EvalSettingError(f"JAXBENCH_UNSEEN_SIZE={value!r}: expected 1 or 0")
     return value in ("1", "true", "on")
+
+
+# The unseen run is bounded by its grid steps (an interpreted run pays per step): at most this many times
+# the steps at the declared size, scaled by how much larger the drawn size is, and never fewer than
+# UNSEEN_MIN_STEPS. A candidate whose blocks fall apart at the drawn size (halved until they divide an odd
+# extent) is tried again on coarser grids of the free parameters; over the bound on every one, it is
+# ``rejected``: it serves that size only at a cost the evaluator will not pay.
+UNSEEN_STEP_FACTOR = 4.0
+UNSEEN_MIN_STEPS = 64
+UNSEEN_GRIDS = (1, 8, 128)  # the task's own grid, then multiples of 8, then of 128
 
 
 @dataclass
@@ -55,10 +67,34 @@ class EvalConfig:
     static_checks: bool = True  # off only to prove that the sandbox alone still holds
     # Also check at a size drawn from the task's free parameters (tasks that declare none skip it): a
     # kernel that serves only the sizes it was rendered for refuses the drawn one and is ``incorrect``
-    # with the size named. Off by default while the row-block and matmul templates (the usual CPU winners)
-    # and the hand-written examples serve their rendered sizes only; JAXBENCH_UNSEEN_SIZE=1 turns it on
-    # for every evaluator that does not say otherwise.
+    # with the size named. On unless JAXBENCH_UNSEEN_SIZE=0 (or this field) says otherwise.
     unseen_size: bool = field(default_factory=unseen_by_default)
+
+
+def unseen_draws(task: Task, base: str, rng: random.Random) -> list[dict[str, Any]]:
+    """Sizes to try for the unseen check, finest grid first: each redraws every free parameter; on a coarser
+    grid, a parameter whose base value is below the grid step keeps its first draw."""
+    first = task.draw_unseen(base, rng)
+    current = task.size(base)
+    draws = [first]
+    for step in UNSEEN_GRIDS[1:]:
+        values = dict(first)
+        for name, free in task.spec.free.items():
+            coarse = math.lcm(free.multiple_of, step)
+            if int(current[name]) >= coarse and (free.max is None or free.max >= coarse):
+                values[name] = _draw_value(int(current[name]), free.model_copy(update={"multiple_of": coarse}), rng)
+        if values not in draws:
+            draws.append(values)
+    return draws
+
+
+def unseen_step_limit(base_steps: int, task: Task, base: str, values: dict[str, Any]) -> int:
+    """Grid steps the unseen run may take (see UNSEEN_STEP_FACTOR)."""
+    current = task.size(base)
+    growth = 1.0
+    for name in task.spec.free:
+        growth *= max(1.0, int(values[name]) / max(1, int(current[name])))
+    return max(UNSEEN_MIN_STEPS, math.ceil(UNSEEN_STEP_FACTOR * base_steps * growth))
 
 
 @dataclass
@@ -255,7 +291,8 @@ class Evaluator:
                 self._time(ref, worker, sets, report, deadline, executable, flops_reliable)
             if report.status == "ok" and cfg.unseen_size and task.spec.free:
                 note("unseen size")
-                self._check_unseen_size(task, report.size, source, filename, interpret, worker, report, deadline)
+                self._check_unseen_size(task, report.size, source, filename, interpret, worker, report, deadline,
+                                        int(loaded.get("grid_steps") or 0))
         except WorkerFailure as failure:
             recycle = True
             return _fail(report, failure.status, failure.reason)
@@ -277,22 +314,40 @@ class Evaluator:
         }
 
     def _check_unseen_size(self, task: Task, base: str, source: str, filename: str, interpret: InterpretMode,
-                           worker: WorkerHandle, report: EvalReport, deadline: float) -> None:
+                           worker: WorkerHandle, report: EvalReport, deadline: float, base_steps: int) -> None:
         """Run the candidate at a size drawn afresh from the task's free parameters, which no tuning saw.
 
         A kernel that hard-codes the shapes it was traced at fails here, and is ``incorrect`` with the size
-        named. Called last: the worker's executable is replaced by the one compiled at the new size.
+        named. The run is bounded by its grid steps (``unseen_step_limit``): a draw over the bound is not
+        compiled, and a coarser one is tried. Called last: the worker's executable is replaced by the one
+        compiled at the new size.
         """
-        values = task.draw_unseen(base, random.Random(secrets.randbits(63)))
-        shown = "unseen size " + ", ".join(f"{name}={values[name]}" for name in task.spec.free)
-        ref = _compile_reference(task.with_size("unseen", values), "unseen")
-        inputs = ref.inputs(secrets.randbits(31))
-        expected = ref.run(inputs)
-        try:
-            loaded = worker.request(self._load_request(ref, source, filename, interpret), _left(deadline))
-            ran = worker.request({"op": "run", "inputs": [inputs]}, _left(deadline)) if loaded.get("ok") else loaded
-        except WorkerFailure as failure:
-            raise WorkerFailure(failure.status, f"{shown}: {failure.reason}") from failure
+        refused: list[str] = []
+        for values in unseen_draws(task, base, random.Random(secrets.randbits(63))):
+            shown = "unseen size " + ", ".join(f"{name}={values[name]}" for name in task.spec.free)
+            ref = _compile_reference(task.with_size("unseen", values), "unseen")
+            request = {**self._load_request(ref, source, filename, interpret),
+                       "max_grid_steps": unseen_step_limit(base_steps, task, base, values)}
+            try:
+                loaded = worker.request(request, _left(deadline))
+                if loaded.get("status") == "over_budget":
+                    refused.append(f"{shown}: {loaded.get('reason', '')}")
+                    continue
+                inputs = ref.inputs(secrets.randbits(31))
+                expected = ref.run(inputs)
+                ran = worker.request({"op": "run", "inputs": [inputs]}, _left(deadline)) if loaded.get("ok") else loaded
+            except WorkerFailure as failure:
+                raise WorkerFailure(failure.status, f"{shown}: {failure.reason}") from failure
+            if refused:  # say which finer draws were not run, and why
+                shown += f" (drawn again: {'; '.join(refused)})"
+            self._judge_unseen(task, report, shown, expected, ran)
+            return
+        detail = (f"{'; '.join(refused)}, against {base_steps} at size {base!r}: its blocks fall apart at sizes "
+                  "it claims to serve")
+        report.checks.append(CheckResult(name="correct_unseen_size", passed=False, detail=detail))
+        _fail(report, "rejected", detail)
+
+    def _judge_unseen(self, task: Task, report: EvalReport, shown: str, expected: Any, ran: dict[str, Any]) -> None:
         if not ran.get("ok"):
             if ran.get("poisoned"):
                 raise WorkerFailure("incorrect", f"{shown}: {ran.get('reason', '')}")

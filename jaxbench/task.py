@@ -113,9 +113,10 @@ class Task:
     def draw_unseen(self, base: str, rng: random.Random) -> dict[str, Any]:
         """Size ``base`` with every free parameter redrawn: a size no kernel was tuned on.
 
-        Each value lies on its parameter's grid, at most the base value plus two steps (so the check stays
-        as cheap as the base size), differs from the base, and, where the grid allows, is not a multiple of
-        8 (so blocks tuned for the base do not tile it).
+        Each value lies on its parameter's grid, differs from the base, is below it where the grid has a
+        value between half the base and the base (so the check costs no more than the base size), else at
+        most two steps above it, and, where the grid allows, is not a multiple of 8 (so blocks tuned for
+        the base do not tile it).
         """
         values = self.size(base)
         for name, free in self.spec.free.items():
@@ -171,8 +172,9 @@ def _draw_value(current: int, free: FreeSize, rng: random.Random) -> int:
     if free.max is not None:
         hi = min(hi, free.max)
     grid = [v for v in range(lo, hi + 1, step) if v % step == 0 and v != current]
-    untiled = [v for v in grid if v % 8]
-    return rng.choice(untiled or grid)
+    pool = [v for v in grid if v < current] or grid  # never above the base where the grid has room below it
+    untiled = [v for v in pool if v % 8]
+    return rng.choice(untiled or pool)
 
 
 def _read_spec(folder: Path) -> TaskSpec:

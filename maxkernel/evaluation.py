@@ -159,12 +159,15 @@ def _check_and_price(task: "Task", source: str, target: str, filename: str, ev: 
         report.checks += [lowered, CheckResult(name="priced_is_checked", passed=False, detail=reason)]
         return report
 
+    from jaxbench.evaluate import UNSEEN_STEP_FACTOR
     from maxkernel.targets.check_size import check_timeout_s
 
     previous_timing, previous_timeout = ev.config.timing, ev.config.timeout_s
     ev.config.timing = on_device  # interpreted semantics on a CPU say nothing about accelerator speed
     if not on_device:  # interpreted memory operations, not grid steps, bound the run (page-by-page DMAs)
-        ev.config.timeout_s = check_timeout_s(check, ev.config.correctness_seeds + 2, previous_timeout)
+        # The unseen size's run may take up to UNSEEN_STEP_FACTOR times the check size's steps.
+        unseen_runs = UNSEEN_STEP_FACTOR if ev.config.unseen_size and task.spec.free else 0.0
+        ev.config.timeout_s = check_timeout_s(check, int(ev.config.correctness_seeds + 2 + unseen_runs), previous_timeout)
     note(f"checking at {check.name}")
     try:
         report = ev.evaluate(task.with_size(check.name, check.values), source, target=target, size=check.name,

@@ -87,7 +87,8 @@ def test_an_out_of_bounds_block_index_is_never_accepted(quick_evaluator):
 def test_timeout_kills_the_worker_and_the_pool_recovers(quick_evaluator):
     from jaxbench.evaluate import EvalConfig, Evaluator
 
-    with Evaluator(config=EvalConfig(timing=False, timeout_s=8)) as ev:
+    # A tight limit for the hang; the recovered worker's one evaluation at the declared size must fit it too.
+    with Evaluator(config=EvalConfig(timing=False, timeout_s=8, unseen_size=False)) as ev:
         hang = "import jax.numpy as jnp\n\ndef kernel(x, weight, *, eps):\n    while True:\n        pass\n"
         report = ev.evaluate(RMS, hang)
         assert report.status == "timeout"

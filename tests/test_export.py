@@ -116,14 +116,14 @@ def test_export_names_a_corrupt_store_in_one_line(capsys: pytest.CaptureFixture[
     assert not (tmp_path / "out").exists()
 
 
-def test_the_unseen_size_check_is_switched_on_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What an export says of unseen sizes comes from this check; JAXBENCH_UNSEEN_SIZE turns it on."""
+def test_the_unseen_size_check_is_on_unless_the_environment_says_no(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What an export says of unseen sizes comes from this check; JAXBENCH_UNSEEN_SIZE=0 turns it off."""
     from jaxbench.evaluate import EvalConfig, EvalSettingError
 
     monkeypatch.delenv("JAXBENCH_UNSEEN_SIZE", raising=False)
-    assert EvalConfig().unseen_size is False
-    monkeypatch.setenv("JAXBENCH_UNSEEN_SIZE", "1")
     assert EvalConfig().unseen_size is True and EvalConfig(unseen_size=False).unseen_size is False
+    monkeypatch.setenv("JAXBENCH_UNSEEN_SIZE", "0")
+    assert EvalConfig().unseen_size is False and EvalConfig(unseen_size=True).unseen_size is True
     monkeypatch.setenv("JAXBENCH_UNSEEN_SIZE", "maybe")
     with pytest.raises(EvalSettingError, match="JAXBENCH_UNSEEN_SIZE='maybe': expected 1 or 0"):
         EvalConfig()

@@ -89,6 +89,7 @@ def test_drawn_values_leave_the_base_stay_on_the_grid_and_within_bounds():
             assert value != current and value % free.multiple_of == 0 and value >= free.min
             assert free.max is None or value <= free.max
             assert value <= max(current, free.min) + 2 * free.multiple_of
+            assert value < current or current // 2 < max(free.min, free.multiple_of)  # below the base where it can be
     assert all(_draw_value(512, FreeSize(), rng) % 8 for _ in range(20))  # blocks tuned at 512 do not tile it
 
 
@@ -104,3 +105,76 @@ def test_a_free_size_that_is_not_a_size_parameter_is_refused(tmp_path):
 def test_every_suite_task_declares_free_sizes():
     undeclared = [task.id for task in list_tasks() if not task.spec.free]
     assert undeclared == []
+
+
+# One block of rows at the declared size (batch * seq = 128 rows), one row a block at any other, each
+# block written by four steps: correct everywhere, but its steps grow with the rows at any other size.
+STEPS_EXPLODE = """\
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def _rows(x_ref, w_ref, o_ref, *, eps):
+    x = x_ref[...]
+    o_ref[...] = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + eps) * w_ref[...]
+
+
+def kernel(x, weight, *, eps):
+    rows, hidden = x.shape[0] * x.shape[1], x.shape[2]
+    block = rows if rows == 128 else 1
+    out = pl.pallas_call(
+        lambda x_ref, w_ref, o_ref: _rows(x_ref, w_ref, o_ref, eps=eps),
+        out_shape=jax.ShapeDtypeStruct((rows, hidden), x.dtype),
+        grid=(rows // block, 4),
+        in_specs=[pl.BlockSpec((block, hidden), lambda i, j: (i, 0)), pl.BlockSpec((1, hidden), lambda i, j: (0, 0))],
+        out_specs=pl.BlockSpec((block, hidden), lambda i, j: (i, 0)),
+    )(x.reshape(rows, hidden), weight.reshape(1, hidden))
+    return out.reshape(x.shape)
+"""
+
+
+def test_an_unseen_run_over_its_grid_step_bound_is_not_run_and_is_rejected(quick_evaluator, small_task):
+    report = quick_evaluator.evaluate(small_task, STEPS_EXPLODE)
+    assert report.check("correct_inputs_seed_0").passed  # right at the declared size, in one step
+    assert report.status == "rejected", report.reason
+    assert "unseen size batch=" in report.reason and "grid steps (limit 64)" in report.reason
+    assert "against 4 at size 'cpu'" in report.reason
+    assert not report.check("correct_unseen_size").passed
+
+
+def test_coarser_draws_keep_parameters_below_their_step_and_stay_unseen():
+    from jaxbench.evaluate import unseen_draws, unseen_step_limit
+
+    task = load_task("2p_GQA_Attention")  # cpu: batch=1, seq=768; both free on a grid of 1
+    for seed in range(10):
+        draws = unseen_draws(task, "cpu", random.Random(seed))
+        first, *coarser = draws
+        assert first["seq"] != 768 and len(draws) == 3
+        for grid, values in zip((8, 128), coarser):
+            assert values["batch"] == first["batch"]  # batch=1 is below every coarse step: its first draw stays
+            assert values["seq"] % grid == 0 and values["seq"] != 768
+            assert values["seq"] <= 768 + 2 * grid
+    # The bound follows the drawn size: three times the batch may take three times the steps.
+    assert unseen_step_limit(100, task, "cpu", {"batch": 3, "seq": 768}) == 1200
+    assert unseen_step_limit(100, task, "cpu", {"batch": 1, "seq": 500}) == 400
+    assert unseen_step_limit(1, task, "cpu", {"batch": 1, "seq": 500}) == 64
+
+
+def test_a_draw_over_the_bound_is_drawn_again_on_a_coarser_grid_and_named(quick_evaluator, tmp_path):
+    folder = tmp_path / "rows_of_eight"
+    folder.mkdir()
+    shutil.copy(SUITE_DIR / "12p_RMSNorm" / "reference.py", folder / "reference.py")
+    (folder / "task.yaml").write_text(SMALL_RMSNORM.replace("cpu: {batch: 2, seq: 64, hidden: 128}",
+                                                            "cpu: {batch: 16, seq: 8, hidden: 128}")
+                                      .replace("free: {batch: {}, seq: {multiple_of: 16}}", "free: {batch: {}}"))
+    task = load_task(folder)
+    # One step when the batch is a multiple of 8, one row a step otherwise: the first draw (never a
+    # multiple of 8) is over the bound, the draw on multiples of 8 runs in one step.
+    source = STEPS_EXPLODE.replace("block = rows if rows == 128 else 1", "block = rows if x.shape[0] % 8 == 0 else 1")
+    report = quick_evaluator.evaluate(task, source)
+    assert report.status == "ok", report.reason
+    check = report.check("correct_unseen_size")
+    assert check.passed and "(drawn again: unseen size batch=" in check.detail, check.detail
+    ran = int(check.detail.removeprefix("unseen size batch=").split(",")[0].split(" ")[0])
+    assert ran % 8 == 0 and ran != 16 and "grid steps (limit 64)" in check.detail

@@ -9,11 +9,14 @@ itself, each sliced to the block's rows and visible columns.
 
 Recognised: inputs q [b, hq, s, d], k and v [b, hk, s, d] (hk dividing hq, plus any inputs that only
 feed additive terms), two matmuls (scores, then probabilities times values), a softmax over keys and an
-output shaped like q. The plan (query blocks and their key spans) is written into the candidate.
+output shaped like q. The candidate reads batch and sequence from its arguments: the terms of positions
+alone are computed while it is traced, and the plan (query blocks and the key spans they see) is made
+from them then, so one function serves every sequence length at the traced head counts.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -284,90 +287,131 @@ class BlockedAttentionRewrite:
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
         names = arg_names(task)
-        parts = [candidate_header(f"{task.id}: {self.description}.\n\nblock_q={params['block_q']} query rows per block "
-                                  "(clamped to the sequence); f32 scores, the reference's own score terms and mask.")]
-        parts.append(SLICE_HELPERS)
-        dispatch: dict[str, tuple[str, tuple[tuple[int, ...], ...]]] = {}
+        block_q = int(params["block_q"])
+        parts = [candidate_header(f"{task.id}: {self.description}.\n\nBLOCK_Q query rows per block (the last may be "
+                                  "partial); f32 scores, the reference's own score terms and mask. Batch and sequence "
+                                  "are read from the arguments; the key spans are planned from the mask while tracing."),
+                 "import numpy as np\n",
+                 f"BLOCK_Q = {block_q}  # query rows per block\n", SLICE_HELPERS, "\n" + inspect.getsource(block_plan),
+                 VISIBLE_SOURCE]
+        rendered: dict[str, tuple[str, tuple[tuple[int, ...], ...]]] = {}
         for size in sizes:
             program = trace_program(task, size).dce()
             plan = match_attention(program)
             if isinstance(plan, str):
                 raise EmitError(plan)
-            parts.append(self._render_size(program, plan, size, int(params["block_q"])))
-            dispatch[size] = (f"_attention_{size}", tuple(v.shape for v in program.inputs))
+            rendered[size] = (self._render_generic(program, plan), tuple(v.shape for v in program.inputs))
+        texts = {text for text, _ in rendered.values()}
+        if len(texts) == 1:  # every size emits the same code: one function serves them all
+            parts.append(texts.pop())
+            parts.append("\n" + size_dispatch({"any": ("_attention", ())}, names) + "\n")
+            return "\n".join(parts)
+        for size, (text, _) in rendered.items():
+            parts.append(text.replace("_attention(", f"_attention_{size}(").replace("_score_term_", f"_score_{size}_term_"))
+        dispatch = {size: (f"_attention_{size}", shapes) for size, (_, shapes) in rendered.items()}
         parts.append("\n" + size_dispatch(dispatch, names) + "\n")
         return "\n".join(parts)
 
-    def _render_size(self, program: Program, plan: AttentionPlan, size: str, block_q: int) -> str:
+    def _render_generic(self, program: Program, plan: AttentionPlan) -> str:
+        """The attention for any batch and sequence at the traced heads and head size: the score terms read
+        the sequence from q and k, and the block plan is made from the mask when the kernel is traced."""
         b, hq, sq, d = plan.q.shape
-        hk, sk = plan.k.shape[1], plan.k.shape[2]
-        group = hq // hk
-        block_q = max(1, min(block_q, sq))
+        hk = plan.k.shape[1]
+        lead = tuple(plan.score_shape[:-2])
+        lead_text = {(b, hk, hq // hk): None, (b, hq): "(batch, q_heads)", (b * hq,): "(batch * q_heads,)"}
+        if lead not in lead_text:
+            raise EmitError(f"scores laid out as {plan.score_shape} (not [batch, heads, q, k] or a split of it)")
+        carriers = [plan.q, plan.k]
         lines: list[str] = []
-        lines.append(f"# Query blocks of {size}: (first row, end row, visible key spans).")
-        lines.append(f"_PLAN_{size} = {tuple(block_plan(plan.mask, block_q))!r}\n")
         terms: list[tuple[ChainStep, str]] = []
         for step in plan.steps:
             if step.kind in ("static", "side", "mask"):
-                fn = f"{step.name}_{size}"
-                inputs = plan.side_inputs if step.kind == "side" else []
-                lines.append(emit_function(_term_program(program, step.operand, inputs), fn) + "\n")  # type: ignore[arg-type]
-                terms.append((step, f"{fn}({', '.join(v.name for v in inputs)})"))
+                inputs = carriers + (plan.side_inputs if step.kind == "side" else [])
+                lines.append(emit_function(_term_program(program, step.operand, inputs), f"_score{step.name}",  # type: ignore[arg-type]
+                                           "A score term; q and k give it the sequence lengths.") + "\n")
+                terms.append((step, f"_score{step.name}({', '.join(v.name for v in inputs)})"))
         args = ", ".join(v.name for v in program.inputs)
-        score_rank = len(plan.score_shape)
-        body = [f"def _attention_{size}({args}):",
-                f"    qf = ({plan.q.name}.astype(jnp.float32) * {plan.q_factor!r}).reshape({b}, {hk}, {group}, {sq}, {d})",
-                f"    kf = {plan.k.name}.astype(jnp.float32)",
-                f"    vf = {plan.v.name}.astype(jnp.float32)"]
+        q, k, v = plan.q.name, plan.k.name, plan.v.name
+        served = f"q_heads={hq}, kv_heads={hk}, head_dim={d}"
+        body = [f"def _attention({args}):",
+                f"    batch, q_heads, seq_q, head_dim = {q}.shape",
+                f"    kv_heads, seq_k = {k}.shape[1], {k}.shape[2]",
+                f"    if (q_heads, kv_heads, head_dim) != {(hq, hk, d)}:  # the score terms were traced with these",
+                f"        raise ValueError(f'serves {served} (any batch and sequence) only, not '",
+                "                         f'q_heads={q_heads}, kv_heads={kv_heads}, head_dim={head_dim}')",
+                "    group = q_heads // kv_heads",
+                f"    qf = ({q}.astype(jnp.float32) * {plan.q_factor!r}).reshape(batch, kv_heads, group, seq_q, head_dim)",
+                f"    kf = {k}.astype(jnp.float32)",
+                f"    vf = {v}.astype(jnp.float32)"]
         for step, call in terms:
             if step.kind == "side":
                 body.append(f"    {step.name} = {call}")
         fixed = [(step, call) for step, call in terms if step.kind != "side"]
+        body.append("    visible = np.ones((seq_q, seq_k), bool)")
         if fixed:
-            # Terms of positions alone (masks, decays) are constants: computed once while tracing.
+            # Terms of positions alone (masks, decays) are constants: computed once while tracing, and what
+            # they hide decides which key spans each query block scores.
             body.append("    with jax.ensure_compile_time_eval():")
             body += [f"        {step.name} = {call}" for step, call in fixed]
-        body += [f"    outs = []",
-                 f"    for q0, q1, spans in _PLAN_{size}:",
-                 f"        rows = (q0, q1)",
-                 f"        kb, vb = _keys(kf, spans), _keys(vf, spans)",
-                 f"        n = kb.shape[2]",
-                 f"        s = jnp.einsum('bhgqd,bhkd->bhgqk', qf[:, :, :, q0:q1], kb)"]
-        score_lead = plan.score_shape[:-2]
-        body.append(f"        s = s.reshape({tuple(score_lead)!r} + (q1 - q0, n))" if score_rank != 5 else "")
+            for step, _ in fixed:
+                if step.kind == "mask":
+                    hidden = "" if step.scores_first else "~"
+                    body.append(f"    visible = visible & _seen({hidden}np.asarray({step.name}), seq_q, seq_k)")
+                elif step.prim == "mul":
+                    body.append(f"    visible = visible & _seen(np.asarray({step.name}) != 0, seq_q, seq_k)")
+        body += ["    outs = []",
+                 "    for q0, q1, spans in block_plan(visible, BLOCK_Q):",
+                 "        rows = (q0, q1)",
+                 "        kb, vb = _keys(kf, spans), _keys(vf, spans)",
+                 "        n = kb.shape[2]",
+                 "        s = jnp.einsum('bhgqd,bhkd->bhgqk', qf[:, :, :, q0:q1], kb)"]
+        if lead_text[lead] is not None:
+            body.append(f"        s = s.reshape({lead_text[lead]} + (q1 - q0, n))")
         for step in plan.steps:
-            body.append("        " + _step_line(step, sq, sk))
+            body.append("        " + _step_line(step))
         if plan.pv_out is None:
             body += ["        m = jnp.max(s, axis=-1, keepdims=True)",
                      "        p = jnp.exp(s - m)",
                      "        denom = jnp.sum(p, axis=-1, keepdims=True)",
-                     f"        o = jnp.einsum('bhgqk,bhkd->bhgqd', p.reshape({b}, {hk}, {group}, q1 - q0, n), vb)",
-                     f"        outs.append(o.reshape({b}, {hq}, q1 - q0, {d}) / denom.reshape({b}, {hq}, q1 - q0, 1))",
+                     "        o = jnp.einsum('bhgqk,bhkd->bhgqd', p.reshape(batch, kv_heads, group, q1 - q0, n), vb)",
+                     "        outs.append(o.reshape(batch, q_heads, q1 - q0, head_dim) / denom.reshape(batch, q_heads, q1 - q0, 1))",
                      f"    return jnp.concatenate(outs, axis=2).astype({dtype_expr(plan.out_dtype)})\n"]
         else:
-            body += [f"        o = jnp.einsum('bhgqk,bhkd->bhgqd', s.reshape({b}, {hk}, {group}, q1 - q0, n), vb)",
-                     f"        outs.append(o.reshape({b}, {hq}, q1 - q0, {d}))",
-                     f"    {plan.pv_out.name} = jnp.concatenate(outs, axis=2).reshape({plan.pv_out.shape!r})",
+            if tuple(plan.pv_out.shape) != tuple(plan.q.shape):
+                raise EmitError(f"scores times values shaped {plan.pv_out.shape}, not like q")
+            body += ["        o = jnp.einsum('bhgqk,bhkd->bhgqd', s.reshape(batch, kv_heads, group, q1 - q0, n), vb)",
+                     "        outs.append(o.reshape(batch, q_heads, q1 - q0, head_dim))",
+                     f"    {plan.pv_out.name} = jnp.concatenate(outs, axis=2)",
                      "    # What the reference does with the attention output, as it does it:"]
             tail = Program([plan.pv_out], plan.tail, program.outputs, program.out_tree)
             emitter = Emitter(tail)
             body += emitter.body()
             body.append(f"    return {emitter.returns()}\n")
-        lines.append("\n".join(line for line in body if line))
+        lines.append("\n".join(body))
         return "\n".join(lines)
 
 
-def _step_line(step: ChainStep, sq: int, sk: int) -> str:
+VISIBLE_SOURCE = '''
+
+def _seen(kept, seq_q, seq_k):
+    """[seq_q, seq_k]: whether any batch and head keeps each key under one mask term."""
+    if kept.ndim > 2:
+        kept = kept.reshape((-1,) + kept.shape[-2:]).any(axis=0)
+    return np.broadcast_to(kept, (seq_q, seq_k))
+'''
+
+
+def _step_line(step: ChainStep) -> str:
     if step.kind == "none":
         return "s = s.astype(jnp.float32)"
     if step.kind == "mask":
-        cut = f"_rows_cols({step.name}, rows, spans, {sq}, {sk})"
+        cut = f"_rows_cols({step.name}, rows, spans, seq_q, seq_k)"
         return f"s = jnp.where({cut}, s, -jnp.inf)" if step.scores_first else f"s = jnp.where({cut}, -jnp.inf, s)"
     op = {"mul": "*", "div": "/", "add": "+", "sub": "-"}[step.prim]
     if step.kind == "scalar":
         value = scalar_text(step.operand.scalar())  # type: ignore[union-attr]
         return f"s = s {op} {value}" if step.scores_first else f"s = {value} {op} s"
-    term = f"_rows_cols({step.name}, rows, spans, {sq}, {sk})"
+    term = f"_rows_cols({step.name}, rows, spans, seq_q, seq_k)"
     return f"s = s {op} {term}" if step.scores_first else f"s = {term} {op} s"
 
 

@@ -275,8 +275,8 @@ def _broadcast(em: Emitter, n: Node) -> str:
     operand, shape = n.ins[0], [int(d) for d in n.params["shape"]]
     kept: dict[int, str] = {}
     if isinstance(operand, Var):  # a kept dimension is the operand's own: read it there, never by its size
-        for axis, target in enumerate(dims):
-            if int(operand.shape[axis]) == shape[target] > 1:
+        for axis, target in enumerate(dims):  # (a size-1 batch too: it follows the operand at any other batch)
+            if int(operand.shape[axis]) == shape[target]:
                 kept[target] = f"{em.name(operand)}.shape[{axis}]"
     parts = [kept[i] if i in kept else em.dim(d) for i, d in enumerate(shape)]
     text = "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"

@@ -156,7 +156,9 @@ def _reference_for(shapes):
 '''
 
 
-def _kernel_source(p: RowsPlan, names: list[str]) -> str:
+def _kernel_source(p: RowsPlan, names: list[str], partial_blocks: bool = False) -> str:
+    """``kernel``: blocks fitted to divide the rows on a parallel TPU grid or, with ``partial_blocks``, a
+    partial last block and no backend parameters (the CPU and GPU row-block template)."""
     lead = next(n for n, b in zip(names, p.blocked) if b)
     key = ", ".join(f"tuple({n}.shape[ROW_DIMS:])" if b else f"tuple({n}.shape)" for n, b in zip(names, p.blocked))
     shapes = ", ".join(f"(1,) * (ROW_DIMS - 1) + (block_rows,) + {n}.shape[ROW_DIMS:]" if b else f"{n}.shape"
@@ -166,6 +168,10 @@ def _kernel_source(p: RowsPlan, names: list[str]) -> str:
     operands = ", ".join(f"_rows_of({n})" if b else f"_whole({n})" for n, b in zip(names, p.blocked))
     refs = ", ".join(f"{n}_ref" for n in names)
     loads = ", ".join(f"{n}_ref[...].reshape(shapes[{i}])" for i, n in enumerate(names))
+    fit = "min(BLOCK_ROWS, rows)" if partial_blocks else "_fit(BLOCK_ROWS, rows)"
+    grid = "pl.cdiv(rows, block_rows),),  # a partial last block: rows past the end are never written" if partial_blocks \
+        else "rows // block_rows,),"
+    backend = "" if partial_blocks else '\n        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),'
     return f'''def _rows_kernel({refs}, o_ref, *, body, shapes):
     """The reference on one block of rows, held in VMEM; its rows written once."""
     o_ref[...] = body({loads}).reshape(o_ref.shape).astype(o_ref.dtype)
@@ -183,17 +189,16 @@ def _whole(a):
 
 def kernel({", ".join(names)}, **static):
     rows = math.prod({lead}.shape[:ROW_DIMS])
-    block_rows = _fit(BLOCK_ROWS, rows)
+    block_rows = {fit}
     body = _reference_for(({key},))
     out = jax.eval_shape(body, {", ".join(names)})
     cols = math.prod(out.shape[ROW_DIMS:])
     result = pl.pallas_call(
         functools.partial(_rows_kernel, body=body, shapes=({shapes},)),
         out_shape=jax.ShapeDtypeStruct((rows, cols), out.dtype),
-        grid=(rows // block_rows,),
+        grid=({grid}
         in_specs=[{specs}],
-        out_specs=pl.BlockSpec((block_rows, cols), lambda i: (i, 0)),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        out_specs=pl.BlockSpec((block_rows, cols), lambda i: (i, 0)),{backend}
     )({operands})
     return result.reshape(out.shape)
 '''

@@ -81,15 +81,30 @@ def test_blocked_attention_plans_only_visible_spans() -> None:
 
 
 @pytest.mark.parametrize("task_id", ["4p_Sparse_Attention", "5p_Flex_Attention", "2p_GQA_Attention", "15p_RetNet_Retention"])
-def test_blocked_attention_is_correct_with_masks_biases_and_gqa(task_id: str, declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
+def test_blocked_attention_is_correct_with_masks_biases_and_gqa(task_id: str, quick_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task(task_id)
     plan = match_attention(trace_program(task).dce())
     assert not isinstance(plan, str), plan
     assert plan.mask.mean() < 0.6  # causal or sparser: at least 40% of the scores are skipped
     source = BLOCKED_ATTENTION.render(task, {"block_q": 128}, ("cpu",))
     assert static_checks.scan(source)[0] == []
-    report = declared_size_evaluator.evaluate(task, source)
+    assert "_PLAN" not in source and str(task.size("cpu")["seq"]) not in source  # planned from the arguments
+    report = quick_evaluator.evaluate(task, source)
     assert report.passed, report.reason
+    assert report.check("correct_unseen_size").passed  # another batch and sequence, drawn by the evaluator
+
+
+def test_blocked_attention_plans_a_partial_last_block_and_refuses_other_heads() -> None:
+    task = load_task("2p_GQA_Attention")
+    kernel = _load(BLOCKED_ATTENTION.render(task, {"block_q": 64}, ("cpu",)))["kernel"]
+    sized = task.with_size("probe", {**task.size("cpu"), "seq": 150, "batch": 2})  # 2 whole blocks and 22 rows
+    args, static = sized.get_inputs(jax.random.key(1), "probe")
+    expected = np.asarray(sized.reference(*args, **static), np.float32)
+    np.testing.assert_allclose(np.asarray(jax.jit(kernel)(*args), np.float32), expected, atol=2e-2, rtol=2e-2)
+    other = task.with_size("heads", {**task.size("cpu"), "seq": 64, "q_heads": 4})
+    args, static = other.get_inputs(jax.random.key(1), "heads")
+    with pytest.raises(ValueError, match="serves q_heads=8, kv_heads=2, head_dim=64 .* not q_heads=4"):
+        kernel(*args)
 
 
 def test_blocked_attention_refuses_unmasked_or_input_dependent_masks() -> None:

@@ -36,7 +36,7 @@ def kernel(x, weight, bias):
     return pl.pallas_call(
         functools.partial(_gemm_add_relu, nk=nk),
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
-        grid=(m // bm, n // bn, nk),
+        grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), nk),  # partial last tiles are padded on read and cut on write
         in_specs=[
             pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
             pl.BlockSpec((bn, bk), lambda i, j, kk: (j, kk)),

@@ -27,7 +27,7 @@ def kernel(x, weight, linear_bias):
     return pl.pallas_call(
         _body,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
-        grid=(m // bm,),
+        grid=(pl.cdiv(m, bm),),  # a partial last block of rows is padded on read and cut on write
         in_specs=[
             pl.BlockSpec((bm, k), lambda i: (i, 0)),
             pl.BlockSpec((n, k), lambda i: (0, 0)),
