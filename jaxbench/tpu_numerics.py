@@ -16,7 +16,7 @@ bodies.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,18 @@ def with_tpu_matmuls(closed: core.ClosedJaxpr) -> Rewritten:
     changed: dict[str, int] = {}
     jaxpr = _rewrite(closed.jaxpr, changed)
     return Rewritten(core.ClosedJaxpr(jaxpr, closed.consts), changed)
+
+
+def computed_as_on_tpu(fn: Callable[..., Any], closed: core.ClosedJaxpr,
+                       args: Sequence[Any]) -> tuple[Callable[..., Any], int]:
+    """``fn`` (traced as ``closed`` on the flat ``args``) with its matmuls computed as a TPU computes them,
+    and how many equations changed; ``fn`` itself when none did. The outputs keep ``fn``'s structure."""
+    rewritten = with_tpu_matmuls(closed)
+    if not rewritten.count:
+        return fn, 0
+    tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *args))
+    flat = core.jaxpr_as_fun(rewritten.closed)
+    return (lambda *a: jax.tree_util.tree_unflatten(tree, flat(*a))), rewritten.count
 
 
 def _wide_float(aval: core.AbstractValue) -> bool:

@@ -153,7 +153,9 @@ class Worker:
         prims = sorted(_primitives(closed, set()))
         rounded = 0
         if request.get("interpret") == "tpu" and not request.get("exact_matmuls"):
-            fn, rounded = _with_tpu_matmuls(fn, closed, specs)
+            from jaxbench.tpu_numerics import computed_as_on_tpu
+
+            fn, rounded = computed_as_on_tpu(fn, closed, specs)
         compiled = jax.jit(fn).lower(*specs).compile()
         cost = _cost(compiled)
         out_shapes = jax.tree_util.tree_leaves(jax.eval_shape(fn, *specs))
@@ -209,22 +211,6 @@ class Worker:
             shutil.rmtree(tmp, ignore_errors=True)
         self.jax.clear_caches()
         gc.collect()
-
-
-def _with_tpu_matmuls(fn: Any, closed: Any, specs: list[Any]) -> tuple[Any, int]:
-    """``fn`` with its matmuls computed as a TPU computes them (``jaxbench.tpu_numerics``), and how many
-    changed; ``fn`` itself when none did. The outputs keep ``fn``'s structure."""
-    import jax
-    from jax._src import core
-
-    from jaxbench.tpu_numerics import with_tpu_matmuls
-
-    rewritten = with_tpu_matmuls(closed)
-    if not rewritten.count:
-        return fn, 0
-    tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *specs))
-    flat = core.jaxpr_as_fun(rewritten.closed)
-    return (lambda *args: jax.tree_util.tree_unflatten(tree, flat(*args))), rewritten.count
 
 
 def _cost(compiled: Any) -> dict[str, float]:
