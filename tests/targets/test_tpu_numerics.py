@@ -187,6 +187,13 @@ def test_default_precision_f32_matmul_is_incorrect_on_tpu_and_ok_on_cpu(task: Pa
     assert cpu.status == "ok", cpu.reason
 
 
+def test_a_candidate_wrong_at_any_precision_is_not_blamed_on_the_tpu(task: Path) -> None:
+    report = evaluate_candidate(load_task(task), PLAIN_DEFAULT.replace("jnp.dot(x, y)", "jnp.dot(x, y) * 1.01"),
+                                target="tpu-v6e")
+    assert report.status == "incorrect", report.reason
+    assert "TPU matmul precision" not in report.reason
+
+
 def test_highest_precision_f32_matmul_is_ok_on_tpu(task: Path) -> None:
     report = evaluate_candidate(load_task(task), PLAIN_HIGHEST, target="tpu-v6e")
     assert report.status == "ok", report.reason
