@@ -132,9 +132,6 @@ def _to_bf16_precision(x: jax.Array) -> jax.Array:
 
 def _replacement(eqn: core.JaxprEqn, cls: str) -> list[core.JaxprEqn]:
     """The equations that compute ``eqn`` as a TPU does for ``cls``, wired to ``eqn``'s own variables."""
-    n_mxu = 2
-    others = eqn.invars[n_mxu:]
-
     def mxu(a: jax.Array, b: jax.Array, rest: Sequence[jax.Array]) -> jax.Array:
         return eqn.primitive.bind(a, b, *rest, **eqn.params)
 
@@ -154,7 +151,7 @@ def _replacement(eqn: core.JaxprEqn, cls: str) -> list[core.JaxprEqn]:
     avals = [v.aval for v in eqn.invars]
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
     traced = jax.make_jaxpr(one_pass if cls == "bf16" else three_pass)(*specs)
-    return _inline(traced, eqn.invars[:n_mxu] + list(others), eqn)
+    return _inline(traced, eqn.invars, eqn)
 
 
 def _inline(traced: core.ClosedJaxpr, invars: Sequence[core.Atom], eqn: core.JaxprEqn) -> list[core.JaxprEqn]:
