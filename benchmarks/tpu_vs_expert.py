@@ -240,7 +240,8 @@ def tolerance_share(task: "Task", source: str, values: dict[str, Any], seed: int
     """The largest |error| / (atol + rtol |expected|) of ``source`` on the evaluator's shifted inputs drawn
     from ``seed`` at size ``values``: under 1 passes that check, and what is left below 1 is the margin a
     random draw cannot take away. The Pallas kernels run in the plain interpreter, the arithmetic of TPU
-    interpret mode without its simulated memory system (seconds, not minutes). ``source`` runs in this
+    interpret mode without its simulated memory system (seconds, not minutes), with matmuls computed as a
+    TPU computes them (``jaxbench.tpu_numerics``), as the evaluator's TPU check does. ``source`` runs in this
     process: our own wrappers only, never an untrusted candidate."""
     from functools import partial
 
@@ -249,6 +250,7 @@ def tolerance_share(task: "Task", source: str, values: dict[str, Any], seed: int
     from jax._src import config as jax_config
 
     from jaxbench.evaluate import shifted
+    from jaxbench.tpu_numerics import computed_as_on_tpu
 
     sized = task.with_size("margin", values)
     args, static = sized.get_inputs(jax.random.key(seed), "margin")
@@ -259,7 +261,9 @@ def tolerance_share(task: "Task", source: str, values: dict[str, Any], seed: int
     interpret = jax_config.pallas_tpu_interpret_mode_context_manager
     previous = interpret.swap_local(True)  # any truthy value but TPU InterpretParams: the plain interpreter
     try:
-        actual = np.asarray(jax.jit(partial(namespace["kernel"], **static))(*inputs)).astype(np.float32)
+        fn = partial(namespace["kernel"], **static)
+        fn, _ = computed_as_on_tpu(fn, jax.make_jaxpr(fn)(*inputs), inputs)  # the numerics the check uses
+        actual = np.asarray(jax.jit(fn)(*inputs)).astype(np.float32)
     finally:
         interpret.set_local(previous)
     tol = sized.spec.tolerance

@@ -30,6 +30,7 @@ import numpy as np
 from jax import tree_util
 from jax._src import core
 
+from jaxbench.tpu_numerics import mxu_class as _mxu_class  # one rule for the price and the checked numerics
 from maxkernel.targets.control import Path, site_name
 from maxkernel.targets.jaxpr_walk import sub_jaxprs
 from maxkernel.targets.names import TargetError
@@ -223,20 +224,6 @@ def xla_matmul_flops(rows: float, cols: float, depth: float) -> float:
 
 def _round_up(value: float, tile: int) -> float:
     return float(-(-math.ceil(value) // tile) * tile) if value > 0 else 0.0
-
-
-def _mxu_class(lhs_dtype: np.dtype, rhs_dtype: np.dtype, precision: object) -> str:
-    dtypes = (np.dtype(lhs_dtype), np.dtype(rhs_dtype))
-    if any(d.kind in "iu" for d in dtypes):
-        return "int8"
-    if any(d.itemsize >= 4 for d in dtypes):
-        levels = precision if isinstance(precision, (tuple, list)) else (precision,)
-        names = {str(getattr(p, "name", p)).upper() for p in levels if p is not None}
-        if names & {"HIGHEST", "F32_F32_F32", "BF16_BF16_F32_X6"}:
-            return "f32"
-        if names & {"HIGH", "BF16_BF16_F32_X3", "TF32_TF32_F32"}:
-            return "f32_high"
-    return "bf16"
 
 
 def _window_aval(ref: object) -> core.AbstractValue:
