@@ -7,7 +7,9 @@ grid. The grid is (column tile, visit, depth tile) with depth innermost: each vi
 tile by its group's weight tile into an f32 VMEM accumulator and, on the last depth step, writes the rows
 that belong to the group; a tile that straddles a boundary is visited once per group, consecutively, so
 its output block stays in VMEM until every group has written its rows. Visits past the real count repeat
-the last real one and do nothing. MXU operands stay in the input dtype.
+the last real one and do nothing. MXU operands stay in the input dtype. Rows and depth are tiled exactly;
+the column axis counts partial tiles (a last tile past the end writes only the columns that exist), so the
+check size can halve ``n`` without changing the column tile.
 """
 
 from __future__ import annotations
@@ -74,8 +76,27 @@ def check_footprint(a: GroupedShape, floors: tuple[int, int, int], bm: int, bk: 
     11p reference, and how XLA:CPU counts ``ragged_dot``), an upper bound for any grouped reference."""
     m = check_extent(a.m, floors[0], bm, lambda rows: rows // bm + a.groups - 1)
     k = check_extent(a.k, floors[1], bk, lambda depth: depth // bk)
-    n = check_extent(a.n, floors[2], bn, lambda cols: cols // bn)
-    return 2.0 * a.groups * m * k * n, (n // bn) * (m // bm + a.groups - 1) * (k // bk)
+    n = column_check_extent(a.n, floors[2], bn)
+    return 2.0 * a.groups * m * k * n, column_tiles(n, bn) * (m // bm + a.groups - 1) * (k // bk)
+
+
+def column_tiles(cols: int, bn: int) -> int:
+    """Grid extent of the column axis: the last tile may be partial (its columns past the end are dropped)."""
+    return -(-cols // bn)
+
+
+def column_check_extent(full: int, floor: int, bn: int) -> int:
+    """The smallest halving of ``full`` (not below ``floor``) that keeps the column tile ``bn`` whole and two
+    column steps where ``full`` has two. Column tiles need not divide the extent (a partial last tile), so
+    the check can halve ``n`` past where ``bn`` stops dividing it, as it does for JAX's megablox gmm."""
+    need_two = column_tiles(full, bn) >= 2
+    chosen, current = full, full
+    while current % 2 == 0 and current // 2 >= floor:
+        current //= 2
+        if current < bn or (need_two and column_tiles(current, bn) < 2):
+            break
+        chosen = current
+    return chosen
 
 
 def pipeline_s(spec: "TpuSpec", a: GroupedShape, bm: int, bk: int, bn: int) -> float:
@@ -87,7 +108,7 @@ def pipeline_s(spec: "TpuSpec", a: GroupedShape, bm: int, bk: int, bn: int) -> f
     depth_steps = a.k // bk
     compute = 2.0 * bm * bk * bn / spec.peak_bf16_flops
     memory = ((bm * bk + bk * bn) * item + bm * bn * out / depth_steps) / bandwidth
-    return (a.n // bn) * visits(a, bm) * depth_steps * (max(compute, memory) + spec.step_overhead_s)
+    return column_tiles(a.n, bn) * visits(a, bm) * depth_steps * (max(compute, memory) + spec.step_overhead_s)
 
 
 def check_floors(task: "Task", a: GroupedShape, small: GroupedShape) -> tuple[int, int, int]:
@@ -225,11 +246,12 @@ def render_gmm(task: "Task", a: GroupedShape, bm: int, bk: int, bn: int) -> str:
         f"def kernel({args}):",
         f"    rows, depth = {lhs}.shape",
         f"    cols = {rhs}.shape[2]",
-        "    block_m, block_k, block_n = _fit(BLOCK_M, rows), _fit(BLOCK_K, depth), _fit(BLOCK_N, cols)",
+        "    # Rows and depth are tiled exactly; the last column tile may be partial (Pallas drops its extra columns).",
+        "    block_m, block_k, block_n = _fit(BLOCK_M, rows), _fit(BLOCK_K, depth), min(BLOCK_N, cols)",
         f"    group_of, tile_of, starts, ends, total = _group_metadata({sizes}, rows, block_m)",
         "    grid_spec = pltpu.PrefetchScalarGridSpec(",
         "        num_scalar_prefetch=5,",
-        "        grid=(cols // block_n, group_of.shape[0], depth // block_k),",
+        "        grid=(pl.cdiv(cols, block_n), group_of.shape[0], depth // block_k),",
         "        in_specs=[",
         "            pl.BlockSpec((block_m, block_k), lambda j, t, kk, grp, tile, st, en, tot: (tile[t], kk)),",
         "            pl.BlockSpec((None, block_k, block_n), lambda j, t, kk, grp, tile, st, en, tot: (grp[t], kk, j)),",

@@ -36,7 +36,8 @@ def test_metadata_visits_every_tile_and_group_that_share_a_row_in_order() -> Non
 def test_grouped_matmul_is_correct_across_group_boundaries_and_lowers(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("14p_Ragged_Dot")  # very unequal groups, one always empty, boundaries off the tiles
     assert GROUPED_MATMUL.applies(task, analyze_task(task)) is None
-    source = GROUPED_MATMUL.render(task, {"block_m": 128, "block_k": 128, "block_n": 128}, ("cpu",))
+    # n is 384 at cpu size: two column tiles of 256, the last one half past the end.
+    source = GROUPED_MATMUL.render(task, {"block_m": 128, "block_k": 128, "block_n": 256}, ("cpu",))
     assert "PrefetchScalarGridSpec" in source and "Precision.HIGHEST" not in source
     report = declared_size_evaluator.evaluate(task, source)
     assert report.passed and report.label == "pallas-kernel", report.reason
@@ -59,7 +60,6 @@ def test_tpu_default_tiles_have_a_checkable_twin_and_the_estimate_matches_the_ch
     assert not isinstance(full, str) and not isinstance(small, str)
     floors = check_floors(task, full, small)
     assert floors == (1, 512, 256)  # m is free; k and n stop at their cpu values
-    assert check_footprint(full, floors, 1024, 512, 1024)[0] > CHECK_FLOPS  # the old default, refused
     for target in ("tpu-v5e", "tpu-v6e"):
         space = GROUPED_MATMUL.space(task, analyze_task(task, target), target)
         tiles = (space.defaults["block_m"], space.defaults["block_k"], space.defaults["block_n"])
@@ -70,3 +70,23 @@ def test_tpu_default_tiles_have_a_checkable_twin_and_the_estimate_matches_the_ch
         assert check.refusal is None, check.refusal
         assert check.grid_steps == steps and check.reference_flops is not None
         assert check.reference_flops <= flops * 1.01  # the dense estimate bounds the reference's count
+
+
+def test_the_expert_tiles_are_checked_where_megablox_is_checked() -> None:
+    """Column tiles may be partial, so the check halves n past where the tile stops dividing it: megablox's
+    own tiles (512, 1024, 1024) get the check size of JAX's megablox gmm (n=1792), not n=7168 (1.2e11 FLOPs)."""
+    from maxkernel.targets.check_size import CHECK_FLOPS, derive_check_size
+    from maxkernel.targets.loader import load_candidate
+    from maxkernel.targets.specs import load_tpu_spec
+    from maxkernel.templates.gmm import analyse, check_floors, check_footprint
+
+    task = load_task("11p_Megablox_GMM")
+    full, small = analyse(task, "full"), analyse(task, "cpu")
+    assert not isinstance(full, str) and not isinstance(small, str)
+    tiles = {"block_m": 512, "block_k": 1024, "block_n": 1024}
+    flops, steps = check_footprint(full, check_floors(task, full, small), *tiles.values())
+    assert flops == 2.0 * 8 * 512 * 2048 * 1792 and flops <= CHECK_FLOPS
+    check = derive_check_size(load_candidate(GROUPED_MATMUL.render(task, tiles, ("cpu", "full"))), task,
+                              load_tpu_spec("v5e"), interpreted=True)
+    assert check.refusal is None, check.refusal
+    assert check.values == {"m": 512, "k": 2048, "n": 1792, "num_groups": 8} and check.grid_steps == steps
