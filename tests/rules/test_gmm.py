@@ -94,3 +94,20 @@ def test_the_expert_tiles_are_checked_where_megablox_is_checked() -> None:
                               load_tpu_spec("v5e"), interpreted=True)
     assert check.refusal is None, check.refusal
     assert check.values == {"m": 512, "k": 2048, "n": 1792, "num_groups": 8} and check.grid_steps <= steps
+
+
+def test_the_grid_runs_only_the_real_visits() -> None:
+    """14p always has an empty group, so its full inputs make fewer visits than the bound tiles + groups - 1:
+    the modelled grid must run the real count (a static bound pays a step and a block fetch per padding visit)."""
+    from maxkernel.targets.model import model_candidate
+    from maxkernel.templates.gmm import analyse, visits
+
+    task = load_task("14p_Ragged_Dot")
+    full = analyse(task, "full")
+    assert not isinstance(full, str)
+    tiles = {"block_m": 512, "block_k": 1024, "block_n": 1024}
+    estimate = model_candidate(GROUPED_MATMUL.render(task, tiles, ("cpu", "full")), task, "v5e")
+    (kernel,) = estimate.kernels
+    columns, visited, depth = kernel.grid
+    assert (columns, depth) == (full.n // 1024, full.k // 1024)
+    assert full.m // 512 <= visited < visits(full, 512)
