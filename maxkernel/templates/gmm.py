@@ -3,11 +3,14 @@
 Rows of ``lhs`` are sorted by group; group g multiplies its rows by ``rhs[g]``. The group sizes are data,
 so the candidate computes at run time (a few tiny XLA ops) the list of (row tile, group) pairs that share
 a row, in order: at most ``tiles + groups - 1`` of them, a bound known from shapes alone, which sizes the
-grid. The grid is (column tile, visit, depth tile) with depth innermost: each visit multiplies its row
+metadata arrays; their real count, also computed at run time, is the grid's visit extent, so no step is
+spent on visits that do not exist (a static grid of the bound pays a block fetch and a step for each). The
+grid is (column tile, visit, depth tile) with depth innermost: each visit multiplies its row
 tile by its group's weight tile into an f32 VMEM accumulator and, on the last depth step, writes the rows
 that belong to the group; a tile that straddles a boundary is visited once per group, consecutively, so
-its output block stays in VMEM until every group has written its rows. Visits past the real count repeat
-the last real one and do nothing. MXU operands stay in the input dtype.
+its output block stays in VMEM until every group has written its rows. MXU operands stay in the input dtype. Rows and depth are tiled exactly;
+the column axis counts partial tiles (a last tile past the end writes only the columns that exist), so the
+check size can halve ``n`` without changing the column tile.
 """
 
 from __future__ import annotations
@@ -64,18 +67,39 @@ def vmem_bytes(a: GroupedShape, bm: int, bk: int, bn: int) -> int:
 
 
 def visits(a: GroupedShape, bm: int) -> int:
-    """Grid extent of the visit axis: every (row tile, group) pair that can share a row."""
+    """The most visits there can be (the grid runs the real count): every (row tile, group) pair that can
+    share a row."""
     return a.m // bm + a.groups - 1
 
 
 def check_footprint(a: GroupedShape, floors: tuple[int, int, int], bm: int, bk: int, bn: int) -> tuple[float, int]:
     """(reference FLOPs, grid steps) at the smallest twin of ``a`` for these tiles, as the evaluator's check
     size finds it. The FLOPs are those of a dense grouped product (every row by every group's weights: the
-    11p reference, and how XLA:CPU counts ``ragged_dot``), an upper bound for any grouped reference."""
+    11p reference, and how XLA:CPU counts ``ragged_dot``), an upper bound for any grouped reference; the steps
+    count the visit axis at its bound (the real count is data)."""
     m = check_extent(a.m, floors[0], bm, lambda rows: rows // bm + a.groups - 1)
     k = check_extent(a.k, floors[1], bk, lambda depth: depth // bk)
-    n = check_extent(a.n, floors[2], bn, lambda cols: cols // bn)
-    return 2.0 * a.groups * m * k * n, (n // bn) * (m // bm + a.groups - 1) * (k // bk)
+    n = column_check_extent(a.n, floors[2], bn)
+    return 2.0 * a.groups * m * k * n, column_tiles(n, bn) * (m // bm + a.groups - 1) * (k // bk)
+
+
+def column_tiles(cols: int, bn: int) -> int:
+    """Grid extent of the column axis: the last tile may be partial (its columns past the end are dropped)."""
+    return -(-cols // bn)
+
+
+def column_check_extent(full: int, floor: int, bn: int) -> int:
+    """The smallest halving of ``full`` (not below ``floor``) that keeps the column tile ``bn`` whole and two
+    column steps where ``full`` has two. Column tiles need not divide the extent (a partial last tile), so
+    the check can halve ``n`` past where ``bn`` stops dividing it, as it does for JAX's megablox gmm."""
+    need_two = column_tiles(full, bn) >= 2
+    chosen, current = full, full
+    while current % 2 == 0 and current // 2 >= floor:
+        current //= 2
+        if current < bn or (need_two and column_tiles(current, bn) < 2):
+            break
+        chosen = current
+    return chosen
 
 
 def pipeline_s(spec: "TpuSpec", a: GroupedShape, bm: int, bk: int, bn: int) -> float:
@@ -87,7 +111,7 @@ def pipeline_s(spec: "TpuSpec", a: GroupedShape, bm: int, bk: int, bn: int) -> f
     depth_steps = a.k // bk
     compute = 2.0 * bm * bk * bn / spec.peak_bf16_flops
     memory = ((bm * bk + bk * bn) * item + bm * bn * out / depth_steps) / bandwidth
-    return (a.n // bn) * visits(a, bm) * depth_steps * (max(compute, memory) + spec.step_overhead_s)
+    return column_tiles(a.n, bn) * visits(a, bm) * depth_steps * (max(compute, memory) + spec.step_overhead_s)
 
 
 def check_floors(task: "Task", a: GroupedShape, small: GroupedShape) -> tuple[int, int, int]:
@@ -185,7 +209,8 @@ def render_gmm(task: "Task", a: GroupedShape, bm: int, bk: int, bn: int) -> str:
         "",
         "def _group_metadata(group_sizes, rows, block_m):",
         '    """Per visit: its group and row tile (every pair sharing a row, in order, at most tiles + groups - 1),',
-        '    each group\'s first and last row + 1, and how many visits are real (the rest repeat the last one)."""',
+        "    each group's first and last row + 1, and how many visits are real (the grid's visit extent; the rest",
+        '    of the arrays repeat the last real visit)."""',
         "    groups = group_sizes.shape[0]",
         "    ends = jnp.cumsum(group_sizes).astype(jnp.int32)",
         "    starts = ends - group_sizes",
@@ -198,23 +223,20 @@ def render_gmm(task: "Task", a: GroupedShape, bm: int, bk: int, bn: int) -> str:
         '    group_of = jnp.clip(jnp.searchsorted(offset + count, visit, side="right"), 0, groups - 1)',
         "    tile_of = first[group_of] + visit - offset[group_of]",
         "    return (group_of.astype(jnp.int32), tile_of.astype(jnp.int32), starts, ends,",
-        "            jnp.reshape(total, (1,)).astype(jnp.int32))",
+        "            total.astype(jnp.int32))",
         "",
         "",
-        "def _gmm_kernel(group_ref, tile_ref, starts_ref, ends_ref, total_ref, lhs_ref, rhs_ref, o_ref, acc_ref, *, block_m):",
+        "def _gmm_kernel(group_ref, tile_ref, starts_ref, ends_ref, lhs_ref, rhs_ref, o_ref, acc_ref, *, block_m):",
         "    t, kk = pl.program_id(1), pl.program_id(2)",
-        "    real = t < total_ref[0]  # padding visits do nothing",
         "",
-        "    @pl.when(real & (kk == 0))",
+        "    @pl.when(kk == 0)",
         "    def _init():",
         "        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)",
         "",
-        "    @pl.when(real)",
-        "    def _accumulate():",
-        "        acc_ref[...] += jax.lax.dot_general(lhs_ref[...], rhs_ref[...], (((1,), (0,)), ((), ())),",
-        f"                                            preferred_element_type=jnp.float32{precision})",
+        "    acc_ref[...] += jax.lax.dot_general(lhs_ref[...], rhs_ref[...], (((1,), (0,)), ((), ())),",
+        f"                                        preferred_element_type=jnp.float32{precision})",
         "",
-        "    @pl.when(real & (kk == pl.num_programs(2) - 1))",
+        "    @pl.when(kk == pl.num_programs(2) - 1)",
         "    def _store():  # only the rows this visit's group owns; the tile's other groups write theirs",
         "        g = group_ref[t]",
         "        rows = tile_ref[t] * block_m + jax.lax.broadcasted_iota(jnp.int32, (block_m, 1), 0)",
@@ -225,16 +247,17 @@ def render_gmm(task: "Task", a: GroupedShape, bm: int, bk: int, bn: int) -> str:
         f"def kernel({args}):",
         f"    rows, depth = {lhs}.shape",
         f"    cols = {rhs}.shape[2]",
-        "    block_m, block_k, block_n = _fit(BLOCK_M, rows), _fit(BLOCK_K, depth), _fit(BLOCK_N, cols)",
+        "    # Rows and depth are tiled exactly; the last column tile may be partial (Pallas drops its extra columns).",
+        "    block_m, block_k, block_n = _fit(BLOCK_M, rows), _fit(BLOCK_K, depth), min(BLOCK_N, cols)",
         f"    group_of, tile_of, starts, ends, total = _group_metadata({sizes}, rows, block_m)",
         "    grid_spec = pltpu.PrefetchScalarGridSpec(",
-        "        num_scalar_prefetch=5,",
-        "        grid=(cols // block_n, group_of.shape[0], depth // block_k),",
+        "        num_scalar_prefetch=4,",
+        "        grid=(pl.cdiv(cols, block_n), total, depth // block_k),  # only the real visits",
         "        in_specs=[",
-        "            pl.BlockSpec((block_m, block_k), lambda j, t, kk, grp, tile, st, en, tot: (tile[t], kk)),",
-        "            pl.BlockSpec((None, block_k, block_n), lambda j, t, kk, grp, tile, st, en, tot: (grp[t], kk, j)),",
+        "            pl.BlockSpec((block_m, block_k), lambda j, t, kk, grp, tile, st, en: (tile[t], kk)),",
+        "            pl.BlockSpec((None, block_k, block_n), lambda j, t, kk, grp, tile, st, en: (grp[t], kk, j)),",
         "        ],",
-        "        out_specs=pl.BlockSpec((block_m, block_n), lambda j, t, kk, grp, tile, st, en, tot: (tile[t], j)),",
+        "        out_specs=pl.BlockSpec((block_m, block_n), lambda j, t, kk, grp, tile, st, en: (tile[t], j)),",
         "        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],",
         "    )",
         "    return pl.pallas_call(",
@@ -242,7 +265,7 @@ def render_gmm(task: "Task", a: GroupedShape, bm: int, bk: int, bn: int) -> str:
         "        grid_spec=grid_spec,",
         f"        out_shape=jax.ShapeDtypeStruct((rows, cols), {dtype_expr(a.out_dtype)}),",
         '        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary")),',
-        f"    )(group_of, tile_of, starts, ends, total, {lhs}, {rhs})",
+        f"    )(group_of, tile_of, starts, ends, {lhs}, {rhs})",
     ]
     return "\n".join(lines) + "\n"
 

@@ -26,7 +26,7 @@ def test_metadata_visits_every_tile_and_group_that_share_a_row_in_order() -> Non
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     expected = [(g, t) for g in range(8) for t in range(4)
                 if sizes[g] and bounds[g] < (t + 1) * 128 and bounds[g + 1] > t * 128]
-    real = int(total[0])
+    real = int(total)
     assert list(zip(group_of[:real].tolist(), tile_of[:real].tolist())) == expected
     assert len(group_of) == 4 + 8 - 1  # the static bound that sizes the grid
     assert (group_of[real:] == group_of[real - 1]).all() and (tile_of[real:] == tile_of[real - 1]).all()
@@ -36,7 +36,8 @@ def test_metadata_visits_every_tile_and_group_that_share_a_row_in_order() -> Non
 def test_grouped_matmul_is_correct_across_group_boundaries_and_lowers(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("14p_Ragged_Dot")  # very unequal groups, one always empty, boundaries off the tiles
     assert GROUPED_MATMUL.applies(task, analyze_task(task)) is None
-    source = GROUPED_MATMUL.render(task, {"block_m": 128, "block_k": 128, "block_n": 128}, ("cpu",))
+    # n is 384 at cpu size: two column tiles of 256, the last one half past the end.
+    source = GROUPED_MATMUL.render(task, {"block_m": 128, "block_k": 128, "block_n": 256}, ("cpu",))
     assert "PrefetchScalarGridSpec" in source and "Precision.HIGHEST" not in source
     report = declared_size_evaluator.evaluate(task, source)
     assert report.passed and report.label == "pallas-kernel", report.reason
@@ -59,7 +60,6 @@ def test_tpu_default_tiles_have_a_checkable_twin_and_the_estimate_matches_the_ch
     assert not isinstance(full, str) and not isinstance(small, str)
     floors = check_floors(task, full, small)
     assert floors == (1, 512, 256)  # m is free; k and n stop at their cpu values
-    assert check_footprint(full, floors, 1024, 512, 1024)[0] > CHECK_FLOPS  # the old default, refused
     for target in ("tpu-v5e", "tpu-v6e"):
         space = GROUPED_MATMUL.space(task, analyze_task(task, target), target)
         tiles = (space.defaults["block_m"], space.defaults["block_k"], space.defaults["block_n"])
@@ -68,5 +68,46 @@ def test_tpu_default_tiles_have_a_checkable_twin_and_the_estimate_matches_the_ch
         check = derive_check_size(load_candidate(GROUPED_MATMUL.render(task, space.defaults, ("cpu", "full"))),
                                   task, load_tpu_spec(target.removeprefix("tpu-")), interpreted=True)
         assert check.refusal is None, check.refusal
-        assert check.grid_steps == steps and check.reference_flops is not None
+        # The estimate halves each dimension as the check does; its steps bound the check's (which counts the
+        # visit axis, sized by the data, once).
+        values = check.values
+        assert flops == 2.0 * values["num_groups"] * values["m"] * values["k"] * values["n"]
+        assert check.grid_steps <= steps and check.reference_flops is not None
         assert check.reference_flops <= flops * 1.01  # the dense estimate bounds the reference's count
+
+
+def test_the_expert_tiles_are_checked_where_megablox_is_checked() -> None:
+    """Column tiles may be partial, so the check halves n past where the tile stops dividing it: megablox's
+    own tiles (512, 1024, 1024) get the check size of JAX's megablox gmm (n=1792), not n=7168 (1.2e11 FLOPs)."""
+    from maxkernel.targets.check_size import CHECK_FLOPS, derive_check_size
+    from maxkernel.targets.loader import load_candidate
+    from maxkernel.targets.specs import load_tpu_spec
+    from maxkernel.templates.gmm import analyse, check_floors, check_footprint
+
+    task = load_task("11p_Megablox_GMM")
+    full, small = analyse(task, "full"), analyse(task, "cpu")
+    assert not isinstance(full, str) and not isinstance(small, str)
+    tiles = {"block_m": 512, "block_k": 1024, "block_n": 1024}
+    flops, steps = check_footprint(full, check_floors(task, full, small), *tiles.values())
+    assert flops == 2.0 * 8 * 512 * 2048 * 1792 and flops <= CHECK_FLOPS
+    check = derive_check_size(load_candidate(GROUPED_MATMUL.render(task, tiles, ("cpu", "full"))), task,
+                              load_tpu_spec("v5e"), interpreted=True)
+    assert check.refusal is None, check.refusal
+    assert check.values == {"m": 512, "k": 2048, "n": 1792, "num_groups": 8} and check.grid_steps <= steps
+
+
+def test_the_grid_runs_only_the_real_visits() -> None:
+    """14p always has an empty group, so its full inputs make fewer visits than the bound tiles + groups - 1:
+    the modelled grid must run the real count (a static bound pays a step and a block fetch per padding visit)."""
+    from maxkernel.targets.model import model_candidate
+    from maxkernel.templates.gmm import analyse, visits
+
+    task = load_task("14p_Ragged_Dot")
+    full = analyse(task, "full")
+    assert not isinstance(full, str)
+    tiles = {"block_m": 512, "block_k": 1024, "block_n": 1024}
+    estimate = model_candidate(GROUPED_MATMUL.render(task, tiles, ("cpu", "full")), task, "v5e")
+    (kernel,) = estimate.kernels
+    columns, visited, depth = kernel.grid
+    assert (columns, depth) == (full.n // 1024, full.k // 1024)
+    assert full.m // 512 <= visited < visits(full, 512)
