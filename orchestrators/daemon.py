@@ -119,10 +119,7 @@ class Daemon:
         sessions are Auto runs on the same services (``orchestrators.model_opt``)."""
         log.info("daemon.job_started", job=job.id, task=job.task_id, attempt=job.attempts)
         try:
-            from actors.session import check_keys
-
             services = self.services(job.brain)
-            check_keys(services.config)
             task = await asyncio.to_thread(services.task, job.task_id)
             run = self._model_job if task.spec.category == "model" else self._auto_job
             summary, status, reason = await run(job, services)
@@ -138,8 +135,11 @@ class Daemon:
 
     async def _auto_job(self, job: JobInfo, services: Services) -> tuple[dict[str, Any], str, str]:
         """An Auto run that carries on from the job's earlier (interrupted) sessions."""
+        from actors.session import check_keys
+
         session_id, earlier = new_id(), list(job.sessions)
         await asyncio.to_thread(self.queue.started, job.id, session_id)
+        check_keys(services.config)  # after the session is recorded: a job without its key still shows its attempt
         prior = await asyncio.to_thread(messages_of, services.store, earlier) if earlier else []
         result = await run_auto(job.task_id, services=services, target=job.target, budget=job.budget,
                                 session_id=session_id, mode="daemon", prior=prior)
@@ -149,7 +149,10 @@ class Daemon:
     async def _model_job(self, job: JobInfo, services: Services) -> tuple[dict[str, Any], str, str]:
         """A whole-layer run; each region session is one of the job's sessions. A job run again starts the
         layer over (its regions are other tasks), with what the first run remembered in memory."""
+        from actors.session import check_keys
         from orchestrators.model_opt import run_model
+
+        check_keys(services.config)
 
         async def region(info: Any, budget: AutoBudget) -> AutoResult:
             session_id = new_id()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import jax
 import numpy as np
 import pytest
@@ -49,14 +51,22 @@ def _at(task_id: str, values: dict) -> tuple:  # type: ignore[type-arg]
     return args, static, np.asarray(sized.reference(*args, **static))
 
 
+@pytest.fixture
+def plain_interpret() -> Iterator[None]:
+    """Pallas' plain interpreter for an in-process run, switched off again after the test: a process-wide
+    interpret mode left on would make later TPU lowering tests lower interpreted kernels."""
+    from jaxbench.interpret import force_interpret
+
+    force_interpret("plain")
+    yield
+    force_interpret("none")
+
+
 @pytest.mark.parametrize("task_id, block, values", [
     ("13p_Cross_Entropy", 48, {"tokens": 101}),  # three whole blocks and a partial one
     ("12p_RMSNorm", 96, {"batch": 1, "seq": 200}),  # 2 whole blocks and 8 rows
 ])
-def test_rowblock_partial_last_block_is_right(task_id: str, block: int, values: dict) -> None:  # type: ignore[type-arg]
-    from jaxbench.interpret import force_interpret
-
-    force_interpret("plain")
+def test_rowblock_partial_last_block_is_right(task_id: str, block: int, values: dict, plain_interpret: None) -> None:  # type: ignore[type-arg]
     task = load_task(task_id)
     kernel = _load(ROWBLOCK.render(task, {"block_rows": block}, ("cpu",)))["kernel"]
     args, static, expected = _at(task_id, values)
@@ -64,10 +74,7 @@ def test_rowblock_partial_last_block_is_right(task_id: str, block: int, values: 
     np.testing.assert_allclose(out, expected, atol=1e-4, rtol=1e-5)
 
 
-def test_rowblock_refuses_a_row_shape_it_was_not_written_for() -> None:
-    from jaxbench.interpret import force_interpret
-
-    force_interpret("plain")
+def test_rowblock_refuses_a_row_shape_it_was_not_written_for(plain_interpret: None) -> None:
     task = load_task("13p_Cross_Entropy")  # the reference's index arithmetic writes the vocabulary in
     kernel = _load(ROWBLOCK.render(task, {"block_rows": 192}, ("cpu",)))["kernel"]
     args, static, _ = _at("13p_Cross_Entropy", {"tokens": 16, "vocab": 1000})
@@ -85,10 +92,7 @@ def test_matmul_template_k_loop_accumulates_and_fuses_the_epilogue(quick_evaluat
     _correct_here_and_at_the_unseen_size(quick_evaluator.evaluate(task, source))
 
 
-def test_matmul_partial_tiles_and_a_k_the_block_does_not_divide_are_right() -> None:
-    from jaxbench.interpret import force_interpret
-
-    force_interpret("plain")
+def test_matmul_partial_tiles_and_a_k_the_block_does_not_divide_are_right(plain_interpret: None) -> None:
     task = load_task("41k_Gemm_Add_ReLU")
     kernel = _load(MATMUL.render(task, {"block_m": 64, "block_n": 48, "block_k": 64}, ("cpu",)))["kernel"]
     # 100 rows: one partial M tile; 72 columns: one partial N tile; K=96 is not a multiple of 64: one K step.
