@@ -25,11 +25,11 @@ from pydantic import BaseModel, Field
 
 from maxkernel.messages import StrategyRef
 from maxkernel.tuning.table import TunedTable
-from memory.insights import Measurement, StrategyOutcome, TaskMatch
+from memory.insights import Measurement, StrategyOutcome, TaskMatch, strategy_outcomes
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
-    from maxkernel.tuning.learned import Sample
+    from maxkernel.tuning.learned import LearnedCostModel, Sample
     from memory import Memory
 
 log = structlog.get_logger("actors.priors")
@@ -48,33 +48,42 @@ class StrategyPrior(BaseModel):
     reasons: list[str] = Field(default_factory=list)
 
 
-def _outcome_value(o: StrategyOutcome) -> float:
-    """Log of the best correct speedup (bounded); -1 for a strategy that never passed."""
+def _outcome_value(o: StrategyOutcome, top: float | None = None) -> float:
+    """Log of the best correct speedup (bounded); for a strategy that passed without winning, no more than
+    the log of its share of the task's best (a strategy that lost to another there counts as a loss);
+    -1 for a strategy that never passed."""
     if o.best_speedup is not None and o.best_speedup > 0:
-        return max(-0.5, min(2.0, math.log(o.best_speedup)))
+        value = math.log(o.best_speedup)
+        if not o.won and top is not None and top > 0:
+            value = min(value, math.log(o.best_speedup / top))
+        return max(-0.5, min(2.0, value))
     return -1.0
 
 
-def _reason(o: StrategyOutcome) -> str:
+def _reason(o: StrategyOutcome, top: float | None = None) -> str:
     where = f"{o.task_id} (similarity {o.similarity:.2f})"
     if o.won:
         return f"won on {where} at {o.best_speedup:.2f}x"
     if o.best_speedup is not None:
-        return f"reached {o.best_speedup:.2f}x on {where} without winning"
+        best = f", where the best reached {top:.2f}x" if top is not None and top > o.best_speedup else ""
+        return f"reached {o.best_speedup:.2f}x on {where} without winning{best}"
     return f"failed on {where}: {o.reason[:160]}"
 
 
 def strategy_priors(outcomes: Sequence[StrategyOutcome]) -> dict[str, StrategyPrior]:
     """One prior per strategy name: the similarity-weighted mean of its outcomes on the recalled tasks."""
     by_name: dict[str, list[StrategyOutcome]] = defaultdict(list)
+    top: dict[str, float] = {}  # each recalled task's best correct speedup of any strategy but the reference
     for o in outcomes:
         by_name[o.strategy].append(o)
+        if o.best_speedup is not None and o.kind != "reference":
+            top[o.task_id] = max(top.get(o.task_id, 0.0), o.best_speedup)
     priors: dict[str, StrategyPrior] = {}
     for name, group in by_name.items():
         weight = sum(max(o.similarity, 0.0) for o in group) or 1.0
-        score = sum(max(o.similarity, 0.0) * _outcome_value(o) for o in group) / weight
-        ranked = sorted(group, key=lambda o: (-o.similarity, -abs(_outcome_value(o))))
-        priors[name] = StrategyPrior(name=name, score=score, reasons=[_reason(o) for o in ranked[:3]])
+        score = sum(max(o.similarity, 0.0) * _outcome_value(o, top.get(o.task_id)) for o in group) / weight
+        ranked = sorted(group, key=lambda o: (-o.similarity, -abs(_outcome_value(o, top.get(o.task_id)))))
+        priors[name] = StrategyPrior(name=name, score=score, reasons=[_reason(o, top.get(o.task_id)) for o in ranked[:3]])
     return priors
 
 
@@ -200,12 +209,60 @@ def first_then(start: Config | None, rank: Callable[[list[Config]], list[Config]
     if rank is None:
         return None
 
+    def is_start(config: Config) -> bool:
+        return start is not None and all(start.get(k) == v for k, v in config.items())
+
     def order(configs: list[Config]) -> list[Config]:
-        rest = [c for c in configs if c != start]
-        head = [c for c in configs if c == start]
+        rest = [c for c in configs if not is_start(c)]
+        head = [c for c in configs if is_start(c)]
         return head + rank(rest)
 
     return order
+
+
+def model_pick(ref: StrategyRef, predict: Callable[[list[Config]], list[float]]) -> tuple[Config, float] | None:
+    """The configuration of ``ref``'s space the learned cost model predicts fastest, with its predicted gain
+    over the defaults; None when it is not clearly (``MOVE``) ahead of them (the defaults stay)."""
+    from maxkernel.tuning.space import SearchSpace
+
+    configs = SearchSpace(params=dict(ref.space), defaults=dict(ref.params)).configs()
+    if len(configs) < 2:
+        return None
+    scores = predict(configs)
+    best = max(range(len(configs)), key=lambda i: (scores[i], -i))
+    gain = scores[best] / scores[0] if scores[0] > 0 else 0.0  # configs()[0] is the defaults
+    if best == 0 or gain <= 0 or math.log(gain) < MOVE:
+        return None
+    return configs[best], gain
+
+
+def draft_params(strategies: Sequence[StrategyRef], rows: Sequence[Measurement], matches: Sequence[TaskMatch],
+                 predictor: Callable[[StrategyRef], Callable[[list[Config]], list[float]] | None] | None = None,
+                 ) -> tuple[list[StrategyRef], list[str]]:
+    """Each tunable strategy set to be drafted where its tuning would start: the best parameters the same
+    strategy reached on the most similar recalled task, scaled to this one; else, when the learned cost
+    model ranks its space (``predict_for``), the configuration it predicts clearly faster than the defaults.
+    The draft is the first trial: a recalled parameter is judged by the evaluator like any other."""
+    out: list[StrategyRef] = []
+    notes: list[str] = []
+    for ref in strategies:
+        if not ref.space:
+            out.append(ref)
+            continue
+        found = param_start(rows, matches, ref)
+        if found is not None:
+            params, why = found
+        else:
+            predict = predict_for(ref) if predict_for is not None else None
+            picked = model_pick(ref, predict) if predict is not None else None
+            if picked is None:
+                out.append(ref)
+                continue
+            params = {**ref.params, **picked[0]}
+            why = f"the learned cost model predicts {picked[0]} {picked[1]:.2f}x faster than the defaults {ref.params}"
+        out.append(ref.model_copy(update={"params": params, "rationale": f"{ref.rationale} [memory: {why}]".strip()}))
+        notes.append(f"Memory on {ref.name}: drafted at {params}: {why}")
+    return out, notes
 
 
 def samples_from(rows: Sequence[Measurement], task_features: dict[str, dict[str, float]]) -> list["Sample"]:
@@ -221,22 +278,31 @@ def samples_from(rows: Sequence[Measurement], task_features: dict[str, dict[str,
 # -- reading the memory ----------------------------------------------------------------------------
 
 
-def prioritize(memory: "Memory", task: "Task", target: str,
-               strategies: list[StrategyRef]) -> tuple[list[StrategyRef], str]:
-    """The plan's strategies reordered by how they fared on the nearest measured tasks, with the notes
-    that say so; unchanged (and logged) when memory has nothing or cannot be read."""
+def prioritize(memory: "Memory", task: "Task", target: str, strategies: list[StrategyRef],
+               data_dir: Path | None = None) -> tuple[list[StrategyRef], str]:
+    """The plan's strategies reordered by how they fared on the nearest measured tasks (same op family
+    first), each tunable one set to be drafted at its recalled (or, with ``data_dir``, model-picked)
+    parameters, with the notes that say so; unchanged (and logged) when memory has nothing or cannot be read."""
     try:
-        priors = strategy_priors(memory.strategy_outcomes(task, target, NEIGHBOURS))
+        matches, rows = memory.nearest_measured(task, target, NEIGHBOURS)
+        priors = strategy_priors(strategy_outcomes(rows, matches))
+        model = learned_model(memory, data_dir, task, target) if data_dir is not None else None
     except Exception as exc:  # memory is advice: a session goes on without it
         log.warning("priors.strategies_unavailable", task=task.id, error=f"{type(exc).__name__}: {exc}")
         return strategies, ""
-    return order_strategies(strategies, priors)
+    ordered, notes = order_strategies(strategies, priors)
+    try:
+        drafted, param_notes = draft_params(ordered, rows, matches, predictor(model) if model else None)
+    except Exception as exc:  # a model that cannot predict leaves the defaults
+        log.warning("priors.params_unavailable", task=task.id, error=f"{type(exc).__name__}: {exc}")
+        return ordered, notes
+    return drafted, "\n".join(n for n in [notes, *param_notes] if n)
 
 
-def learned_rank(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRef,
-                 target: str) -> Callable[[list[Config]], list[Config]] | None:
-    """The learned cost model's ranking of ``ref``'s configurations on ``task``, or None (switched off,
-    or too little measured to learn from)."""
+def learned_model(memory: "Memory", data_dir: Path, task: "Task",
+                  target: str) -> tuple["LearnedCostModel", dict[str, float]] | None:
+    """The learned cost model of ``target`` and ``task``'s features; None when switched off or too little is
+    measured to learn from."""
     from maxkernel.tuning import learned
 
     if not learned.enabled():
@@ -250,7 +316,28 @@ def learned_rank(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRe
     model = learned.cached_model(learned.model_path(data_dir, target), memory.measured_count(), samples)
     if model is None:
         return None
-    features = learned.task_features(memory.signature(task))
+    return model, learned.task_features(memory.signature(task))
+
+
+def predictor(found: tuple["LearnedCostModel", dict[str, float]]) -> Callable[[StrategyRef], Callable[[list[Config]], list[float]]]:
+    """For a strategy, the model's predicted speedup of each configuration over the strategy's typical one."""
+    model, features = found
+
+    def for_strategy(ref: StrategyRef) -> Callable[[list[Config]], list[float]]:
+        extents = tiled_extents(ref.extents, ref.space)
+        return lambda configs: model.predict(features, ref.name, ref.kind, configs, extents)
+
+    return for_strategy
+
+
+def learned_rank(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRef,
+                 target: str) -> Callable[[list[Config]], list[Config]] | None:
+    """The learned cost model's ranking of ``ref``'s configurations on ``task``, or None (switched off,
+    or too little measured to learn from)."""
+    found = learned_model(memory, data_dir, task, target)
+    if found is None:
+        return None
+    model, features = found
     extents = tiled_extents(ref.extents, ref.space)
     return lambda configs: model.order(features, ref.name, ref.kind, configs, extents)
 
@@ -258,7 +345,8 @@ def learned_rank(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRe
 def tuning_priors(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRef,
                   target: str) -> tuple[StrategyRef, Order | None]:
     """``ref`` with its parameters set to where tuning should start, and the order of the other trials
-    (the learned cost model's, or None for the hand-written one)."""
+    (the learned cost model's, or None for the hand-written one). A strategy the planner already set to
+    its recalled parameters starts where it was drafted: that trial is judged already."""
     if not ref.space:
         return ref, None
     try:
@@ -268,7 +356,7 @@ def tuning_priors(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyR
     except Exception as exc:  # memory is advice: the tuner goes on with the hand-written order
         log.warning("priors.tuning_unavailable", task=task.id, strategy=ref.name, error=f"{type(exc).__name__}: {exc}")
         return ref, None
-    start = found[0] if found else None
+    start = found[0] if found else dict(ref.params)
     if found:
         ref = ref.model_copy(update={"params": start, "rationale": f"{ref.rationale} [memory: {found[1]}]".strip()})
         log.info("priors.tuning_start", task=task.id, strategy=ref.name, start=start)

@@ -5,7 +5,13 @@ runs of the tasks outside its fold). Tasks are split round-robin into ``--folds`
 the other folds' memory only (its kernels, notes and every recorded evaluation, which the strategy
 priors, parameter priors and learned cost model read), never its fold-mates'. ``--warm`` adds tasks that
 only fill memory. Each session gets ``--budget`` evaluations. Speedups are confirmed: the best kernel of
-each run is measured again ``--confirm`` times and the median is its figure.
+each run is measured again ``--confirm`` times, the median is its figure and (max - min) / median its
+noise (both in the table and the JSON).
+
+``--min-cold-evals K`` measures warm only the tasks whose cold run first reached its confirmed best at
+evaluation K or later (and whose best beats the reference); the rest only fill memory. The choice is made
+from the cold runs alone, before any warm run, and printed: a task whose cold best comes at evaluation 1
+leaves a ratio that can never drop below 1, and says nothing about whether memory finds things sooner.
 
 Per task: evaluations and seconds to the first correct kernel and to within ``--tolerance`` of the cold
 run's confirmed best, and each run's final confirmed best. ``ratio``, over the tasks whose cold confirmed
@@ -15,6 +21,7 @@ tolerance on 45 of 50; the ratio with ``--no-cost-model`` higher than without. `
 phase both ways against the same cold runs; ``--keep DIR`` keeps every run's data dir to inspect.
 
     python benchmarks/memory_reuse.py --measure 41k_Gemm_Add_ReLU,44k_Matmul_Divide_GELU --warm 35k_Gemm_Scaling_Hardtanh_GELU --budget 8
+    python benchmarks/memory_reuse.py --measure 27k_Matmul_Mish_Mish,24k_Matmul_Scale_ResidualAdd_Clamp_LogSumExp_Mish,47k_Matmul_Add_Swish_Tanh_GELU_Hardtanh --folds 3 --min-cold-evals 3 --compare
     python benchmarks/memory_reuse.py --budget 30                         # the full run: 50 tasks, 5 folds
 """
 
@@ -57,6 +64,13 @@ class Run(BaseModel):
     best_strategy: str = ""
     is_reference: bool = True
     confirmed: float | None = None
+    confirm_runs: list[float] = []
+    engine_confirmed: float | None = None
+
+    def reach_at(self, goal: float | None, miss: int) -> int:
+        """The evaluation at which the run first measured ``goal`` (``miss`` when it never did)."""
+        step = self.reach(goal) if goal else None
+        return step.n if step else miss
 
     def first_correct(self) -> Step | None:
         return next((s for s in self.steps if s.passed), None)
@@ -72,21 +86,25 @@ async def optimize(task: str, services: Any, budget: int, time_s: float) -> Any:
     return await run_auto(task, services=services, budget=AutoBudget(max_evaluations=budget, time_s=time_s))
 
 
-def confirm(services: Any, task: str, result: Any, times: int) -> float | None:
-    """The best kernel's speedup measured again ``times`` times (median of the passing runs); the
-    session's own confirmed figure when it reports one."""
-    own = getattr(result, "confirmed_speedup", None)
-    if own is not None:
-        return float(own)
-    if not result.best_source:
-        return None
+def confirm(services: Any, task: str, result: Any, times: int) -> list[float]:
+    """The speedups of ``times`` fresh measurements of the run's best kernel (the passing ones); its median
+    is the run's figure and its spread the noise of that figure. The engine's own confirmation (the lower
+    of two runs' lower ends) is kept beside it, not used: every run is judged the same way here."""
+    if not result.best_source or times <= 0:
+        return []
     from maxkernel.evaluation import evaluate_candidate
 
     loaded = services.task(task)
     got = [evaluate_candidate(loaded, result.best_source, result.target, "cpu", "confirm.py", services.evaluator)
            for _ in range(times)]
-    speeds = [r.speedup for r in got if r.passed and r.speedup is not None]
-    return round(statistics.median(speeds), 4) if speeds else None
+    return [round(float(r.speedup), 4) for r in got if r.passed and r.speedup is not None]
+
+
+def spread(runs: list[float]) -> float | None:
+    """(max - min) / median of a run's confirmation readings: how far one reading of it can move."""
+    if len(runs) < 2:
+        return None
+    return round((max(runs) - min(runs)) / statistics.median(runs), 3)
 
 
 def steps_of(store: Any, session_id: str) -> tuple[list[Step], float]:
@@ -120,15 +138,17 @@ def run_in(data_dir: Path, task: str, evaluator: Any, args: argparse.Namespace, 
         result = asyncio.run(optimize(task, services, args.budget, args.time_s))
         steps, seconds = steps_of(services.store, result.session_id)
         report = result.best_report
-        confirmed = confirm(services, task, result, args.confirm)
+        runs = confirm(services, task, result, args.confirm)
+        confirmed = round(statistics.median(runs), 4) if runs else None
         # A best that does not beat the reference once confirmed is the reference returned.
         is_reference = (result.best_source is None or result.best_strategy == "reference" or confirmed is None
                         or confirmed <= 1.0 or (report is not None and report.label == "reference-equivalent"))
         run = Run(task=task, session_id=result.session_id, evaluations=result.evaluations, seconds=seconds,
-                  steps=steps, best_strategy=result.best_strategy, is_reference=is_reference, confirmed=confirmed)
+                  steps=steps, best_strategy=result.best_strategy, is_reference=is_reference, confirmed=confirmed,
+                  confirm_runs=runs, engine_confirmed=getattr(result, "confirmed_speedup", None))
     finally:
         asyncio.run(services.aclose())
-    print(f"  {label} {task}: {run.best_strategy or '-'} confirmed {run.confirmed}x, "
+    print(f"  {label} {task}: {run.best_strategy or '-'} confirmed {run.confirmed}x {runs}, "
           f"{run.evaluations} evaluations, {run.seconds} s", flush=True)
     return run
 
@@ -181,8 +201,25 @@ def folds_of(tasks: list[str], n: int) -> list[list[str]]:
     return [tasks[i::n] for i in range(n)]
 
 
+def goal_of(cold: Run, tolerance: float) -> float | None:
+    """What a run must measure to count as reaching the cold run's confirmed best."""
+    return cold.confirmed * (1 - tolerance) if cold.confirmed else None
+
+
+def select_late(cold: dict[str, Run], measured: list[str], args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The tasks whose cold search needed several evaluations (``--min-cold-evals``) to reach its confirmed
+    best, and whose best is not the reference; chosen from the cold runs alone, before any warm run. A
+    cold best found at the first evaluation leaves a ratio that cannot drop below 1. The rest only fill memory."""
+    keep: list[str] = []
+    for task in measured:
+        run = cold[task]
+        if not run.is_reference and run.reach_at(goal_of(run, args.tolerance), args.budget + 1) >= args.min_cold_evals:
+            keep.append(task)
+    return keep, [t for t in measured if t not in keep]
+
+
 def row(cold: Run, warm: Run, args: argparse.Namespace) -> dict[str, Any]:
-    goal = cold.confirmed * (1 - args.tolerance) if cold.confirmed else None
+    goal = goal_of(cold, args.tolerance)
     miss = args.budget + 1
     c_first, w_first = cold.first_correct(), warm.first_correct()
     c_reach = cold.reach(goal) if goal else None
@@ -193,7 +230,10 @@ def row(cold: Run, warm: Run, args: argparse.Namespace) -> dict[str, Any]:
             "warm_reach": w_reach.n if w_reach else None, "warm_reach_s": w_reach.seconds if w_reach else None,
             "cold_best": cold.confirmed, "warm_best": warm.confirmed, "cold_strategy": cold.best_strategy,
             "warm_strategy": warm.best_strategy, "cold_is_reference": cold.is_reference,
-            "cold_evals_counted": (c_reach.n if c_reach else miss), "warm_evals_counted": (w_reach.n if w_reach else miss),
+            "cold_evals_counted": cold.reach_at(goal, miss), "warm_evals_counted": warm.reach_at(goal, miss),
+            "cold_confirm_runs": cold.confirm_runs, "warm_confirm_runs": warm.confirm_runs,
+            "cold_noise": spread(cold.confirm_runs), "warm_noise": spread(warm.confirm_runs),
+            "cold_engine_confirmed": cold.engine_confirmed, "warm_engine_confirmed": warm.engine_confirmed,
             "warm_at_least_cold": bool(warm.confirmed is not None and (cold.confirmed is None
                                        or warm.confirmed >= cold.confirmed * (1 - args.tolerance)))}
 
@@ -202,8 +242,11 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     counted = [r for r in rows if not r["cold_is_reference"] and r["cold_best"]]
     cold_total = sum(r["cold_evals_counted"] for r in counted)
     warm_total = sum(r["warm_evals_counted"] for r in counted)
+    noise = [n for r in rows for n in (r["cold_noise"], r["warm_noise"]) if n is not None]
     return {"ratio": round(warm_total / cold_total, 3) if cold_total else None, "tasks_counted": len(counted),
             "cold_total": cold_total, "warm_total": warm_total,
+            "noise_median": round(statistics.median(noise), 3) if noise else None,
+            "noise_max": max(noise) if noise else None,
             "warm_at_least_cold": f"{sum(r['warm_at_least_cold'] for r in rows)}/{len(rows)}"}
 
 
@@ -221,8 +264,9 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, title: str
     for r in rows:
         table.add_row(r["task"], pair(r["cold_first"], r["cold_first_s"]), pair(r["warm_first"], r["warm_first_s"]),
                       pair(r["cold_reach"], r["cold_reach_s"]), pair(r["warm_reach"], r["warm_reach_s"]),
-                      f"{r['cold_best']}x {r['cold_strategy']}" + (" (reference)" if r["cold_is_reference"] else ""),
-                      f"{r['warm_best']}x {r['warm_strategy']}")
+                      f"{r['cold_best']}x ±{r['cold_noise']} {r['cold_strategy']}"
+                      + (" (reference)" if r["cold_is_reference"] else ""),
+                      f"{r['warm_best']}x ±{r['warm_noise']} {r['warm_strategy']}")
     Console(width=200).print(table)
 
 
@@ -235,6 +279,9 @@ def main() -> int:
     parser.add_argument("--time-s", type=float, default=900.0, help="time limit of one session")
     parser.add_argument("--confirm", type=int, default=3, help="measurements of each run's best kernel")
     parser.add_argument("--tolerance", type=float, default=0.05, help="how close to the cold best counts as reached")
+    parser.add_argument("--min-cold-evals", type=int, default=1,
+                        help="measure warm only the tasks whose cold run first reached its confirmed best at this "
+                             "evaluation or later (and did not return the reference); the others only fill memory")
     parser.add_argument("--no-cost-model", action="store_true", help="warm runs order trials by hand, not by the learned model")
     parser.add_argument("--compare", action="store_true",
                         help="run the warm phase twice, with and without the learned cost model, against the same cold runs")
@@ -273,6 +320,14 @@ def main() -> int:
         print(f"cold: {len(measured) + len(extra)} tasks, each with an empty memory", flush=True)
         cold_dirs = {t: root / f"cold-{i}" for i, t in enumerate(measured + extra)}
         cold = {t: run_in(d, t, evaluator, args, "cold") for t, d in cold_dirs.items()}
+        measured, dropped = select_late(cold, measured, args)
+        extra += dropped
+        print(f"measured warm: {len(measured)} tasks whose cold best is not the reference and came at evaluation "
+              f"{args.min_cold_evals} or later ({', '.join(measured) or 'none'}); memory only: {', '.join(dropped) or 'none'}",
+              flush=True)
+        if not measured:
+            print("error: no measured task needed that many cold evaluations; lower --min-cold-evals", file=sys.stderr)
+            return 1
         variants = [("warm", not args.no_cost_model)] + ([("warm-hand", False)] if args.compare else [])
         warm: dict[str, dict[str, Run]] = {}
         for tag, model_on in variants:
@@ -289,11 +344,16 @@ def main() -> int:
         summary = summarize(rows)
         print(f"{tag}: ratio (warm / cold evaluations to the cold confirmed best, {summary['tasks_counted']} tasks "
               f"whose cold best is not the reference): {summary['ratio']} (target <= 0.33); warm best >= cold best "
-              f"within {args.tolerance:.0%}: {summary['warm_at_least_cold']}")
+              f"within {args.tolerance:.0%}: {summary['warm_at_least_cold']}; confirmation spread (max - min over "
+              f"median of {args.confirm} runs): median {summary['noise_median']}, max {summary['noise_max']}")
         sections["learned" if model_on else "no_cost_model"] = {"rows": rows, **summary}
     report: dict[str, Any] = dict(sections["no_cost_model" if args.no_cost_model else "learned"])
     if args.compare:
         report["no_cost_model"] = sections["no_cost_model"]
+    report["cold"] = {t: {"best": r.confirmed, "confirm_runs": r.confirm_runs, "noise": spread(r.confirm_runs),
+                          "strategy": r.best_strategy, "is_reference": r.is_reference, "measured_warm": t in measured,
+                          "reach": r.reach_at(goal_of(r, args.tolerance), args.budget + 1), "evaluations": r.evaluations}
+                      for t, r in cold.items()}
     report["args"] = {k: str(v) for k, v in vars(args).items()}
     print(f"{time.monotonic() - started:.0f} s in all")
     if args.json:

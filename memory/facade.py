@@ -28,6 +28,7 @@ from memory.insights import (
     StrategyOutcome,
     TaskMatch,
     measurements_from_events,
+    op_family,
     rank_tasks,
     strategy_outcomes,
 )
@@ -344,10 +345,14 @@ class Memory:
         self, task: TaskLike, target: str, k: int = 5
     ) -> tuple[list[TaskMatch], list[Measurement]]:
         """The ``k`` tasks measured on ``target`` that are structurally closest to ``task`` (by the same
-        embedding that recall uses), and their measurements. Only the nearest tasks' events are read."""
+        embedding that recall uses, which holds the shape class; tasks of another op family count half),
+        and their measurements. Only the nearest tasks' events are read."""
         ids = self.store.event_task_ids([*JUDGED, TUNED])
-        vectors = {tid: self.embedder.embed(sig) for tid, sig in self.signatures(ids).items()}
-        ranked = rank_tasks(self.embedder.embed(self.signature(task)), vectors, len(vectors))
+        signatures = self.signatures(ids)
+        vectors = {tid: self.embedder.embed(sig) for tid, sig in signatures.items()}
+        families = {tid: op_family(sig.primitives) for tid, sig in signatures.items()}
+        query = self.signature(task)
+        ranked = rank_tasks(self.embedder.embed(query), vectors, len(vectors), families, op_family(query.primitives))
         matches: list[TaskMatch] = []
         rows: list[Measurement] = []
         step = max(2 * k, 1)

@@ -22,6 +22,9 @@ UNTRANSFERABLE_KINDS = frozenset({"recalled", "tool-check"})
 JUDGED = ("EvalReport", "FixRequest")
 TUNED = "TuneReport"
 PLANNED = "Plan"
+FAMILY_PRIMITIVES = frozenset({"dot_general", "ragged_dot_general", "conv_general_dilated", "scan", "while",
+                               "gather", "scatter", "scatter-add", "cumsum"})
+OTHER_FAMILY = 0.5  # what a task of another op family weighs against its structural similarity
 
 
 class Measurement(BaseModel):
@@ -123,9 +126,25 @@ def _lower_end(report: dict[str, Any]) -> float | None:
     return float(interval[0]) if interval else report.get("speedup")
 
 
-def rank_tasks(query: np.ndarray, vectors: dict[str, np.ndarray], k: int) -> list[TaskMatch]:
-    """The ``k`` tasks whose vectors are closest to ``query`` (cosine; vectors are unit length)."""
-    scored = [TaskMatch(task_id=tid, score=float(np.dot(query, vec))) for tid, vec in vectors.items()]
+def op_family(primitives: Iterable[str]) -> frozenset[str]:
+    """The primitives that decide which kernels fit a task (a contraction, a convolution, a loop, an
+    indexed read or write): tasks with the same set are built the same way, whatever their epilogue."""
+    return frozenset(p for p in primitives if p in FAMILY_PRIMITIVES)
+
+
+def rank_tasks(query: np.ndarray, vectors: dict[str, np.ndarray], k: int,
+               families: dict[str, frozenset[str]] | None = None,
+               family: frozenset[str] | None = None) -> list[TaskMatch]:
+    """The ``k`` tasks whose vectors are closest to ``query`` (cosine; vectors are unit length). With
+    ``families``, a task of another op family than ``family`` counts ``OTHER_FAMILY`` times its cosine: it
+    ranks behind the tasks of the same family and weighs less in the priors."""
+    def score(tid: str, vec: np.ndarray) -> float:
+        cosine = float(np.dot(query, vec))
+        if families is None or family is None or families.get(tid) == family:
+            return cosine
+        return cosine * OTHER_FAMILY
+
+    scored = [TaskMatch(task_id=tid, score=score(tid, vec)) for tid, vec in vectors.items()]
     scored.sort(key=lambda m: (-m.score, m.task_id))
     return scored[:k]
 

@@ -43,9 +43,11 @@ class RulesBrain(Brain):
             strategies.insert(0, StrategyRef(name=f"recall:{best.id}", kind=RECALLED, params={"source": best.code},
                                              rationale=f"verified before for this task "
                                                        f"({format_speedup(best.speedup, best.speedup_ci)})"))
-        # Strategies that won on the nearest measured tasks go first, those that failed there last.
+        # The one place memory orders the plan: strategies that won on the nearest measured tasks (same op
+        # family first) go first, those that failed or lost there last, and each tunable one is drafted at
+        # the parameters it reached there (or the learned cost model's pick).
         strategies, remembered = await asyncio.to_thread(prioritize, self.services.memory, task, request.target,
-                                                         strategies)
+                                                         strategies, self.services.settings.data_path)
         notes = "\n".join([n.text for n in recall.notes] + ([remembered] if remembered else [])
                           + ([request.feedback] if request.feedback else []))
         return PlanOutcome(analysis=analysis.summary(), strategies=strategies, notes=notes)
@@ -91,8 +93,12 @@ class RulesBrain(Brain):
         # Recalled parameters (scaled to this task) are tried first, the learned cost model orders the rest.
         start, order = await asyncio.to_thread(tuning_priors, self.services.memory, self.services.settings.data_path,
                                                self.tools.task, ref, self.tools.target)
+        # When tuning starts where the draft was written, the first trial is the draft (both orders measure
+        # the start first): judged already, it costs no evaluation and takes none of the strategy's trials.
+        free = int(start.params == ref.params)
+        trials = None if budget.tune_max_trials is None else budget.tune_max_trials + free
         result = await asyncio.to_thread(tune, self.tools.task, _strategy(start), self.tools.target, evaluate,
-                                         window, budget.seed, budget.tune_max_trials, order=order)
+                                         window, budget.seed, trials, order=order)
         return _outcome(self.tools.task, ref, result, profile)
 
 

@@ -76,7 +76,10 @@ def test_a_combination_of_rewrites_borrows_the_prior_of_its_parts() -> None:
     combo = StrategyRef(name="rewrite:cheaper_activations+dead_code", kind="rewrite")
     other = StrategyRef(name="rewrite:dead_code", kind="rewrite")
     ordered, _ = order_strategies([other, TAIL, combo], priors)
-    assert [s.name for s in ordered] == [combo.name, TAIL.name, other.name]
+    # The fused tail passed there but lost to the rewrite (1.2x against 1.8x): it goes behind the
+    # rewrite memory knows nothing of.
+    assert [s.name for s in ordered] == [combo.name, other.name, TAIL.name]
+    assert "where the best reached 1.80x" in ordered[2].rationale
     assert "as rewrite:idle_subgraphs+cheaper_activations: won on a" in ordered[0].rationale
 
 
