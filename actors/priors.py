@@ -135,8 +135,8 @@ def order_strategies(strategies: Sequence[StrategyRef], priors: dict[str, Strate
 
 def snap(value: Any, legal: Sequence[Any]) -> Any:
     """The legal value nearest to ``value`` (in log scale for positive numbers; the smaller on a tie)."""
-    if value in legal or not legal:
-        return value if value in legal else None
+    if value in legal or not legal:  # the legal value itself: a scaled 128.0 becomes the block 128
+        return legal[legal.index(value)] if value in legal else None
     numbers = [v for v in legal if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not numbers:
         return None
@@ -237,7 +237,7 @@ def model_pick(ref: StrategyRef, predict: Callable[[list[Config]], list[float]])
 
 
 def draft_params(strategies: Sequence[StrategyRef], rows: Sequence[Measurement], matches: Sequence[TaskMatch],
-                 predictor: Callable[[StrategyRef], Callable[[list[Config]], list[float]] | None] | None = None,
+                 predict_for: Callable[[StrategyRef], Callable[[list[Config]], list[float]] | None] | None = None,
                  ) -> tuple[list[StrategyRef], list[str]]:
     """Each tunable strategy set to be drafted where its tuning would start: the best parameters the same
     strategy reached on the most similar recalled task, scaled to this one; else, when the learned cost

@@ -11,7 +11,9 @@ from actors.brains.base import Tools
 from actors.brains.rules import RulesBrain
 from actors.config import ActorConfig
 from actors.priors import (
+    draft_params,
     first_then,
+    model_pick,
     order_strategies,
     param_start,
     prioritize,
@@ -24,7 +26,7 @@ from actors.priors import (
 from actors.services import Services
 from jaxbench import load_task
 from maxkernel.config import Settings
-from maxkernel.messages import OptimizeRequest, Recall, StrategyRef
+from maxkernel.messages import OptimizeRequest, Plan, Recall, StrategyRef
 from maxkernel.tuning import learned
 from measured_sessions import record_session
 from memory import Memory
@@ -222,3 +224,117 @@ def test_the_rules_planner_orders_its_plan_by_memory(tmp_path: Path) -> None:
     assert names[0] == "template:matmul_epilogue" and names[-2:] == ["template:rowblock", "reference"]
     assert f"won on {GEMMS[0]}" in outcome.strategies[0].rationale
     assert "Memory on template:rowblock" in outcome.notes and "failed on" in outcome.notes
+
+
+# -- transfer through the rules planner: strategy and parameters from a similar task ------------------
+
+ROW41 = StrategyRef(name="template:rowblock", kind="template", params={"block_rows": 512},
+                    space={"block_rows": [32, 64, 128, 256, 512]}, extents={"block_rows": 512})
+EPI41 = StrategyRef(name="template:matmul_epilogue", kind="template",
+                    params={"block_m": 512, "block_n": 1024, "block_k": 2048},
+                    space={"block_m": [256, 512], "block_n": [512, 1024], "block_k": [1024, 2048]},
+                    extents={"block_rows": 512})
+
+
+def _plan(services: Services, task_id: str):
+    async def unused(*_: object) -> None:
+        raise AssertionError("planning evaluates nothing")
+
+    tools = Tools(task=services.task(task_id), target="cpu", size="cpu", evaluate=unused, recall=unused)  # type: ignore[arg-type]
+    brain = RulesBrain("planner", services, tools)
+    request = OptimizeRequest(session_id="s", task_id=task_id)
+    return brain, asyncio.run(brain.plan(request, Recall(session_id="s", task_id=task_id)))
+
+
+def test_a_similar_tasks_tuned_winner_is_drafted_first_at_its_parameters(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(learned.ENV_SWITCH, "off")  # the recalled parameters alone decide the draft
+    services = Services(ActorConfig(data_dir=str(tmp_path / "data")))
+    try:
+        _, cold = _plan(services, GEMMS[2])
+        # On 41k the rowblock template won once tuned to 128-row blocks; the epilogue template passed but lost.
+        record_session(services.store, GEMMS[0], [ROW41, EPI41, TAIL, REF],
+                       {"template:rowblock": ("ok", 1.1), "template:matmul_epilogue": ("ok", 1.05),
+                        "template:fused_tail": ("ok", 0.5)},
+                       tuned={"template:rowblock": [({"block_rows": 128}, "ok", 1.9), ({"block_rows": 256}, "ok", 1.3)]})
+        brain, warm = _plan(services, GEMMS[2])
+        first = warm.strategies[0]
+        source = asyncio.run(brain.draft(Plan(session_id="s", task_id=GEMMS[2], strategies=warm.strategies)))
+        from maxkernel.rules import render
+
+        at_recalled = render(services.task(GEMMS[2]), _strategy(first), {"block_rows": 128})
+        at_defaults = render(services.task(GEMMS[2]), _strategy(first), {"block_rows": 512})
+    finally:
+        asyncio.run(services.aclose())
+    assert cold.strategies[0].name == "rewrite:cheaper_activations"  # without memory: the planner's own order
+    assert next(s for s in cold.strategies if s.name == "template:rowblock").params == {"block_rows": 512}
+    assert [s.name for s in warm.strategies] == ["template:rowblock", "rewrite:cheaper_activations",
+                                                 "template:matmul_epilogue", "template:fused_tail", "reference"]
+    assert first.params == {"block_rows": 128}  # 128 of 512 rows there, 512 rows here
+    assert type(first.params["block_rows"]) is int  # a block size, not the scaled float
+    assert f"won on {GEMMS[0]}" in first.rationale and "1.90x" in first.rationale
+    assert source == at_recalled and source != at_defaults  # the first draft is written at those parameters
+    loser = warm.strategies[2]
+    assert "without winning, where the best reached 1.90x" in loser.rationale
+    assert "drafted at {'block_rows': 128}" in warm.notes
+
+
+def _strategy(ref: StrategyRef):
+    from actors.brains.rules import _strategy as as_strategy
+
+    return as_strategy(ref)
+
+
+def test_a_strategy_that_failed_on_a_similar_task_is_demoted(tmp_path: Path) -> None:
+    services = Services(ActorConfig(data_dir=str(tmp_path / "data")))
+    try:
+        record_session(services.store, GEMMS[0], [ROW41, EPI41, REF],
+                       {"template:rowblock": ("compile_error", None), "template:matmul_epilogue": ("ok", 1.4)})
+        _, warm = _plan(services, GEMMS[2])
+    finally:
+        asyncio.run(services.aclose())
+    names = [s.name for s in warm.strategies]
+    assert names[0] == "template:matmul_epilogue"
+    assert names.index("template:rowblock") > names.index("rewrite:cheaper_activations")  # behind the unknown
+    assert names[-1] == "reference"
+    row = warm.strategies[names.index("template:rowblock")]
+    assert "failed on" in row.rationale and "does not divide" in row.rationale
+    assert row.params == {"block_rows": 512}  # nothing passed there: no parameters to carry over
+
+
+def test_neighbours_of_another_op_family_count_half(memory: Memory) -> None:
+    record_session(memory.store, GEMMS[0], [TAIL, REF], {"template:fused_tail": ("ok", 1.2)})
+    record_session(memory.store, "12p_RMSNorm", [TAIL, REF], {"template:fused_tail": ("ok", 2.0)})
+    query = memory.signature(GEMMS[2])
+    cosine = {t: float(memory.embedder.embed(query) @ memory.embedder.embed(memory.signature(t)))
+              for t in (GEMMS[0], "12p_RMSNorm")}
+    scores = {m.task_id: m.score for m in memory.similar_tasks(GEMMS[2], k=5)}
+    assert scores[GEMMS[0]] == pytest.approx(cosine[GEMMS[0]])  # a matmul like the query: its full similarity
+    assert scores["12p_RMSNorm"] == pytest.approx(cosine["12p_RMSNorm"] * 0.5)  # no matmul: half
+
+
+def test_the_learned_model_picks_the_draft_only_when_clearly_ahead() -> None:
+    ref = ROWBLOCK  # defaults 128 of [64, 128, 256, 512]
+    gains = {64: 1.0, 128: 1.0, 256: 1.3, 512: 0.7}
+
+    def predict(configs: list[dict]) -> list[float]:
+        return [gains[c["block_rows"]] for c in configs]
+
+    drafted, notes = draft_params([ref, TAIL], [], [], lambda _ref: predict)
+    assert drafted[0].params == {"block_rows": 256} and "learned cost model" in drafted[0].rationale
+    assert drafted[1] == TAIL and len(notes) == 1  # nothing to tune: left alone
+    gains[256] = 1.05  # within one measurement's noise of the defaults: they stay
+    assert model_pick(ref, predict) is None
+    assert draft_params([ref], [], [], None) == ([ref], [])
+    # A recalled start wins over the model's pick.
+    rows = [measured("near", {"block_rows": 512}, 1.5)]
+    recalled, _ = draft_params([ref], rows, [TaskMatch(task_id="near", score=0.9)], lambda _ref: predict)
+    assert recalled[0].params == {"block_rows": 256} and "scaled from" in recalled[0].rationale
+
+
+def test_tuning_starts_where_the_plan_drafted() -> None:
+    drafted = {"block_rows": 256, "note": "kept"}  # a parameter outside the space does not hide the start
+    order = first_then(drafted, lambda cs: sorted(cs, key=lambda c: c["block_rows"]))
+    assert order is not None
+    assert order([{"block_rows": b} for b in (512, 64, 256, 128)]) == [
+        {"block_rows": 256}, {"block_rows": 64}, {"block_rows": 128}, {"block_rows": 512}]
