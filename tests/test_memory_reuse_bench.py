@@ -1,0 +1,61 @@
+"""The bookkeeping of benchmarks/memory_reuse.py: which tasks are measured warm, how a run's noise is told,
+and what the ratio counts."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "memory_reuse.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("memory_reuse", BENCH)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["memory_reuse"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(bench: ModuleType, task: str, readings: list[float | None], confirmed: float | None,
+        is_reference: bool = False, confirm_runs: list[float] | None = None):
+    steps = [bench.Step(n=i + 1, seconds=float(i), passed=r is not None, speedup=r) for i, r in enumerate(readings)]
+    return bench.Run(task=task, session_id="s", evaluations=len(steps), seconds=float(len(steps)), steps=steps,
+                     best_strategy="x", is_reference=is_reference, confirmed=confirmed,
+                     confirm_runs=confirm_runs or [])
+
+
+ARGS = argparse.Namespace(tolerance=0.05, budget=6, min_cold_evals=3)
+
+
+def test_only_tasks_whose_cold_best_came_late_are_measured_warm(bench: ModuleType) -> None:
+    cold = {"early": run(bench, "early", [2.0, 1.1, 1.2], 2.0),               # best at evaluation 1
+            "late": run(bench, "late", [1.1, None, 1.2, 1.9], 2.0),            # 1.9 is within 5% of 2.0: at 4
+            "never": run(bench, "never", [1.1, 1.2], 2.0),                     # confirmed above every reading
+            "third": run(bench, "third", [1.0, 1.1, 1.5], 1.5),                # exactly at the threshold
+            "reference": run(bench, "reference", [0.9, 0.8, 0.7, 0.95], 0.95, is_reference=True)}
+    measured, dropped = bench.select_late(cold, list(cold), ARGS)
+    assert measured == ["late", "never", "third"]
+    assert dropped == ["early", "reference"]
+    assert cold["never"].reach_at(bench.goal_of(cold["never"], 0.05), ARGS.budget + 1) == 7  # budget + 1
+
+
+def test_ratio_counts_evaluations_to_the_cold_best_and_states_the_noise(bench: ModuleType) -> None:
+    cold = run(bench, "t", [1.1, 1.2, 1.3, 2.0], 2.0, confirm_runs=[1.9, 2.0, 2.2])
+    warm = run(bench, "t", [1.95, 1.0], 2.1, confirm_runs=[2.0, 2.1, 2.1])
+    missed = run(bench, "t", [1.2, 1.3], 1.3, confirm_runs=[1.3, 1.3])
+    rows = [bench.row(cold, warm, ARGS), bench.row(cold, missed, ARGS)]
+    assert [r["warm_evals_counted"] for r in rows] == [1, 7] and rows[0]["cold_evals_counted"] == 4
+    summary = bench.summarize(rows)
+    assert summary["ratio"] == pytest.approx((1 + 7) / (4 + 4), abs=1e-3)
+    assert rows[0]["cold_noise"] == pytest.approx(0.15) and rows[1]["warm_noise"] == 0.0
+    assert summary["noise_max"] == pytest.approx(0.15)
+    assert summary["warm_at_least_cold"] == "1/2"
+    assert bench.spread([1.0]) is None  # one reading tells no spread
