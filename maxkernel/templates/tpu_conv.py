@@ -409,7 +409,7 @@ def _conv_source(p: ConvPlan) -> str:
         store = "\n        ".join(
             [f"a = epilogue({loads})"] + (["o_ref[...] = a.astype(o_ref.dtype)"] if p.writes_output else []) + [
                 "# The last step's planes past the output are computed, not written: left out of the sums.",
-                "keep = jax.lax.broadcasted_iota(jnp.int32, a.shape, 2) < first - pl.program_id(1) * tile[2]",
+                "keep = jax.lax.broadcasted_iota(jnp.int32, a.shape, 2) < first - step * tile[2]",
                 "a = jnp.where(keep, a.astype(jnp.float32), 0.0)",
                 "s_ref[...] = _channel_sums(a).reshape(s_ref.shape)",
                 "q_ref[...] = _channel_sums(a * a).reshape(q_ref.shape)"])
@@ -421,7 +421,7 @@ def _conv_source(p: ConvPlan) -> str:
     return f'''def _conv_kernel(x_ref, w_ref, {refs}{outs}acc_ref, *, shifts, epilogue, shapes, tile, crop, first):
     """Sum over kernel offsets of weight tile @ shifted window of the slab, into an f32 tile of
     [BLOCK_N channels, positions]; cropped to the output's extents in VMEM, {doc}."""
-    c = pl.program_id(3)
+    step, c = pl.program_id(1), pl.program_id(3)
 
     @pl.when(c == 0)
     def _init():
