@@ -46,6 +46,7 @@ class _Reduction:
     view: tuple[int, ...]  # its shape as the reduction sees it
     squared: bool
     centre: Operand | None  # ``m`` of ``(a - m)**2``
+    trailing: int  # the view's last axes that hold the positions
 
 
 def _squared_operand(node: Node | None) -> Operand | None:
@@ -80,9 +81,8 @@ def _reduction(node: Node, producers: dict[Var, Node], nd: int) -> _Reduction | 
     while base in producers and producers[base].prim == "reshape" and isinstance(producers[base].ins[0], Var):
         base = producers[base].ins[0]  # type: ignore[assignment]
     rank = len(view)
-    if rank < nd + 1 or len(base.shape) != nd + 2 or view[-nd:] != tuple(base.shape[-nd:]):
-        return None  # the reshape must keep the spatial axes as they are
-    if not set(range(rank - nd, rank)) <= set(axes):
+    trailing = _position_axes(view, tuple(base.shape), nd)
+    if trailing is None or not set(range(rank - trailing, rank)) <= set(axes):
         return None  # the sum must span every position
     if centre is not None:
         if isinstance(centre, Const):
@@ -91,7 +91,19 @@ def _reduction(node: Node, producers: dict[Var, Node], nd: int) -> _Reduction | 
         elif len(centre.shape) != rank or any(
                 (e != 1) if a in axes else (e != v) for a, (e, v) in enumerate(zip(centre.shape, view))):
             return None
-    return _Reduction(node, base, view, squared, centre)
+    return _Reduction(node, base, view, squared, centre, trailing)
+
+
+def _position_axes(view: tuple[int, ...], shape: tuple[int, ...], nd: int) -> int | None:
+    """How many trailing axes of ``view`` (a row-major reshape of ``shape`` [N, C, *positions]) hold the
+    positions: the fewest whose product is theirs, the axes before them splitting or merging N and C only."""
+    if len(shape) != nd + 2:
+        return None
+    positions = int(np.prod(shape[2:]))
+    for k in range(1, len(view)):
+        if int(np.prod(view[-k:])) == positions and int(np.prod(view[:-k])) == shape[0] * shape[1]:
+            return k
+    return None
 
 
 def _per_position(prefix: Program, h: Var, o: int) -> bool:
@@ -168,7 +180,7 @@ def _read_from_sums(program: Program, node: Node, r: _Reduction, stats: tuple[Va
     sums, squares, counts = stats
     splice = Splice(program)
     axes = tuple(int(a) for a in node.params["axes"])
-    view = r.view[:-nd] + (1,) * nd
+    view = r.view[:-r.trailing] + (1,) * r.trailing
 
     def reduced(stat: Var) -> Operand:
         return splice.reduce_sum(splice.reshape(stat, view), axes)

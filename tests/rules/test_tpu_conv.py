@@ -106,6 +106,37 @@ def test_a_group_norm_finishes_from_per_channel_sums_as_the_reference_does(task_
     assert not np.allclose(np.asarray(wrong), np.asarray(want), rtol=1e-3, atol=1e-3)
 
 
+def test_a_norm_over_positions_merged_into_one_axis_reads_the_sums_too() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from maxkernel.analysis.program import ProgramBuilder
+    from maxkernel.rewrites.emit import emit_function
+    from maxkernel.templates.conv_stats import split
+
+    def tail(h, b):  # type: ignore[no-untyped-def]
+        a = jnp.tanh(h + b[None, :, None, None])
+        flat = a.reshape(a.shape[0], a.shape[1], -1)  # an instance norm over the flattened positions
+        m = flat.mean(axis=2, keepdims=True)
+        v = jnp.mean((flat - m) ** 2, axis=2, keepdims=True)
+        return ((flat - m) / jnp.sqrt(v + 1e-5)).reshape(a.shape)
+
+    shapes = (jax.ShapeDtypeStruct((2, 8, 6, 10), jnp.float32), jax.ShapeDtypeStruct((8,), jnp.float32))
+    found = split(ProgramBuilder().build(jax.make_jaxpr(tail)(*shapes), ["h", "b"]), 8, 2)
+    assert found is not None and found.replaced == 2
+    names: dict[str, object] = {"jax": jax, "jnp": jnp}
+    exec(emit_function(found.prefix, "prefix"), names)
+    exec(emit_function(found.finish, "finish"), names)
+    h, b = jax.random.normal(jax.random.key(0), (2, 8, 6, 10)), 0.3 * jax.random.normal(jax.random.key(1), (8,))
+    a = names["prefix"](h, b)
+    sums, squares = a.sum(axis=(2, 3), keepdims=True), (a * a).sum(axis=(2, 3), keepdims=True)
+    got = names["finish"](a, sums, squares, jnp.full(sums.shape, 60.0))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(tail(h, b)), rtol=1e-4, atol=1e-4)
+    # A sum over part of the positions is no statistic of the kernel's blocks: nothing is split.
+    partial = lambda h, b: jnp.sum(h + b[None, :, None, None], axis=3)  # noqa: E731
+    assert split(ProgramBuilder().build(jax.make_jaxpr(partial)(*shapes), ["h", "b"]), 8, 2) is None
+
+
 def test_a_batch_norm_is_fused_as_channel_sums_and_correct_in_interpret_mode(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("34k_Conv2d_Activation_BatchNorm")  # Mish, then statistics over batch and positions
     full = plan(task, ("full",))
