@@ -194,8 +194,8 @@ def _read_from_sums(program: Program, node: Node, r: _Reduction, stats: tuple[Va
         result = reduced(squares)
     else:
         m: Operand = r.centre
-        if isinstance(m, Var):
-            m = splice.reshape(m, tuple(node.out.shape))
+        if isinstance(m, Var):  # squeezed, not reshaped: no extent of the traced size is written down
+            m = splice.add(lax.squeeze_p, [m], dimensions=axes)
         q, s = reduced(squares), reduced(sums)
         twice = splice.mul(splice.mul(s, m), scalar(2.0, np.float32))
         spread = splice.mul(splice.mul(m, m), count)

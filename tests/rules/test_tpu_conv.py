@@ -137,6 +137,20 @@ def test_a_norm_over_positions_merged_into_one_axis_reads_the_sums_too() -> None
     assert split(ProgramBuilder().build(jax.make_jaxpr(partial)(*shapes), ["h", "b"]), 8, 2) is None
 
 
+def test_an_instance_norm_finish_runs_at_a_batch_it_was_not_written_at() -> None:
+    import jax.numpy as jnp
+
+    task = load_task("22k_Conv2d_InstanceNorm_Divide")  # batch == out_channels at full size
+    full = plan(task, ("cpu", "full"))
+    assert not isinstance(full, str) and full.stats is not None and () in full.epilogues
+    names: dict[str, object] = {"jax": __import__("jax"), "jnp": jnp}
+    exec(full.epilogues[()], names)
+    y = jnp.ones((4, full.o, 3, 5), jnp.float32)
+    stats = jnp.ones((4, full.o, 1, 1), jnp.float32)
+    # The mean is squeezed out of the statistics, not reshaped to extents read where batch == channels.
+    assert names["_epilogue"](y, stats * 15.0, stats * 30.0, stats * 15.0).shape == y.shape
+
+
 def test_a_batch_norm_is_fused_as_channel_sums_and_correct_in_interpret_mode(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("34k_Conv2d_Activation_BatchNorm")  # Mish, then statistics over batch and positions
     full = plan(task, ("full",))
