@@ -8,9 +8,11 @@ stride-1 convolution of the stride-dilated input, which is how the references wr
   padded input's full width
   (the columns past the true output width are computed, and dropped in VMEM before the one write);
 - the grid steps over blocks of ``BLOCK_D`` output planes (rows in 2-D) of each sample; a step's input is
-  its planes plus the halo the kernel reaches, gathered by XLA into overlapping slabs (the halo is read
-  twice: priced as XLA's gather). No im2col buffer: each offset's window is a static slice of the slab in
-  VMEM, [in-channels on sublanes, positions on lanes];
+  its planes plus the halo the kernel reaches, read as an element-offset window of the flat input
+  (``pl.Element``: the windows overlap, the halo is fetched from HBM by both steps that need it, and no
+  copy of the input is made; the last window's reach past the input's end feeds only positions past the
+  output, which are dropped and left out of any sums). No im2col buffer: each offset's window is a static
+  slice of the slab in VMEM, [in-channels on sublanes, positions on lanes];
 - the output tile [``BLOCK_N`` out-channels x the step's output positions] accumulates in f32 over the
   (kernel offsets x ``BLOCK_C`` in-channel blocks) reduction, the in-channel blocks on the innermost grid
   axis; MXU operands bf16 with f32 accumulation, for f32 inputs at full precision the 3-pass bf16 split or
@@ -431,7 +433,7 @@ def _conv_source(p: ConvPlan) -> str:
     rows = acc_ref.shape[1]
     acc = acc_ref[...]
     for t, shift in enumerate(shifts):
-        acc = acc + _product(w_ref[t], x_ref[0, :, shift:shift + rows])
+        acc = acc + _product(w_ref[t], x_ref[:, shift:shift + rows])
     acc_ref[...] = acc
 
     @pl.when(c == pl.num_programs(3) - 1)
@@ -453,9 +455,10 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
     out_dtype = dtype_expr(np.dtype(p.out.dtype if p.tileable else (
         p.stats.prefix.outputs[0].dtype if p.stats is not None else p.tail.inputs[0].dtype)))
     item = p.in_dtype.itemsize
-    in_specs = ["pl.BlockSpec((1, block_c, span), lambda b, s, j, cc: (b, cc, s))",
+    in_specs = ["pl.BlockSpec((None, pl.Element(block_c), pl.Element(span, (0, beyond))), "
+                "lambda b, s, j, cc: (b, cc * block_c, s * rows))",
                 "pl.BlockSpec((len(shifts), block_n, block_c), lambda b, s, j, cc: (0, j, cc))"]
-    operands = ["slabs", "w_taps"]
+    operands = ["flat", "w_taps"]
     shapes = "()"
     if fused:
         in_specs += ["pl.BlockSpec((block_n, 1), lambda b, s, j, cc: (j, 0))"] * len(fused)
@@ -486,10 +489,10 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
         "    steps = -(-out[0] // planes)",
         "    block_n, block_c = _fit(BLOCK_N, o), _fit(BLOCK_C, c)",
         "    flat = xp.reshape((n, c, -1))",
-        "    # Each step's slab: its output planes' rows and the halo the kernel reaches past them (zeros past",
-        "    # the input's end).",
-        "    index = (jnp.arange(steps) * rows)[:, None] + jnp.arange(span)[None, :]",
-        "    slabs = jnp.take(flat, index.reshape(-1), axis=2, mode=\"fill\", fill_value=0)  # [n, c, steps * span]",
+        "    # Each step reads its slab, its output planes' rows and the halo the kernel reaches past them, as an",
+        "    # element-offset window of the flat input: overlapping windows, no copy. The last window reaches past",
+        "    # the input's end; what it reads there feeds only positions past the output, which are dropped.",
+        "    beyond = max(0, (steps - 1) * rows + span - flat.shape[2])",
         "    w_taps = jnp.moveaxis(w.reshape((o, c, -1)), 2, 0)  # [offsets, O, C]",
         "    tile = (1, block_n, planes) + spatial[1:]",
         f"    epilogue = _epilogue_for({extents})",
