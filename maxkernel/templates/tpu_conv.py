@@ -8,9 +8,11 @@ stride-1 convolution of the stride-dilated input, which is how the references wr
   padded input's full width
   (the columns past the true output width are computed, and dropped in VMEM before the one write);
 - the grid steps over blocks of ``BLOCK_D`` output planes (rows in 2-D) of each sample; a step's input is
-  its planes plus the halo the kernel reaches, gathered by XLA into overlapping slabs (the halo is read
-  twice: priced as XLA's gather). No im2col buffer: each offset's window is a static slice of the slab in
-  VMEM, [in-channels on sublanes, positions on lanes];
+  its planes plus the halo the kernel reaches, read as an element-offset window of the flat input
+  (``pl.Element``: the windows overlap, the halo is fetched from HBM by both steps that need it, and no
+  copy of the input is made; the last window's reach past the input's end feeds only positions past the
+  output, which are dropped and left out of any sums). No im2col buffer: each offset's window is a static
+  slice of the slab in VMEM, [in-channels on sublanes, positions on lanes];
 - the output tile [``BLOCK_N`` out-channels x the step's output positions] accumulates in f32 over the
   (kernel offsets x ``BLOCK_C`` in-channel blocks) reduction, the in-channel blocks on the innermost grid
   axis; MXU operands bf16 with f32 accumulation, for f32 inputs at full precision the 3-pass bf16 split or
@@ -18,8 +20,12 @@ stride-1 convolution of the stride-dilated input, which is how the references wr
   this template reuses): weight tile [BLOCK_N, BLOCK_C] @ window [BLOCK_C, positions]. Channels on the
   tile's rows, positions on its lanes: the output is written in the reference's channels-first layout;
 - an elementwise epilogue with per-channel operands (biases, scales) runs on the accumulator on the last
-  in-channel step; any other epilogue (norms over positions or groups, pooling, reductions over channels)
-  runs in XLA on the convolution's output, as the GEMM template does for epilogues that couple rows.
+  in-channel step; an epilogue whose reductions sum the output over every position (norms over positions,
+  groups or the batch, global pooling) is split (:mod:`maxkernel.templates.conv_stats`): its per-position
+  prefix runs on the accumulator, which is written together with per-block f32 sums of it and of its
+  square per channel, and XLA finishes from those sums, reading the output once (not at all when only
+  the sums are needed); any other epilogue (reductions over channels alone) runs in XLA on the
+  convolution's output, as the GEMM template does for epilogues that couple rows.
 Every shape is read from the arguments; block sizes are the named constants, halved only to divide a
 smaller extent, so the body priced at ``full`` is the body checked at a smaller twin size.
 """
@@ -33,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from maxkernel.analysis.graph import ELEMENTWISE
@@ -41,6 +48,7 @@ from maxkernel.rewrites.activations import _one_minus_erf
 from maxkernel.rewrites.build import splice_traced
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
 from maxkernel.templates.base import FIT_SOURCE, TemplateSpace, tpu_target
+from maxkernel.templates.conv_stats import StatsSplit, split
 from maxkernel.templates.tpu_gemm import HEADER, HIGHEST, W_KN_DIMENSIONS, _epilogue_name, _epilogue_source, _extent, _mxu_source, _passes, _size_statics, _vmem_cap, chosen_passes
 
 if TYPE_CHECKING:
@@ -73,7 +81,22 @@ class ConvPlan:
     precision: str
     tail: Program  # inputs: the convolution's output ``h`` then the other inputs it reads
     tileable: bool  # elementwise, every other operand per output channel
-    epilogues: dict[tuple[int, ...], str] = field(default_factory=dict)
+    stats: StatsSplit | None = None  # a prefix fused in the kernel and a finish from per-channel sums
+    epilogues: dict[tuple[int, ...], str] = field(default_factory=dict)  # XLA's part, per extents
+    prefix: str = ""  # the fused prefix's source, when split
+
+    @property
+    def finish(self) -> Program:
+        """What XLA runs after the kernel: the finish from the sums when split, else the whole tail."""
+        return self.stats.finish if self.stats is not None else self.tail
+
+    @property
+    def writes_output(self) -> bool:
+        """Whether the kernel writes the convolution's output (a split finish may need only its sums)."""
+        if self.stats is None:
+            return True
+        a = self.stats.finish.inputs[0]
+        return a in self.stats.finish.outputs or any(a in n.ins for n in self.stats.finish.nodes)
 
     @property
     def out(self) -> Var:
@@ -175,15 +198,15 @@ def match(program: Program) -> ConvPlan | str:
     precision = p.get("precision")
     levels = precision if isinstance(precision, (tuple, list)) else (precision,)
     names = {str(getattr(q, "name", q)).upper() for q in levels if q is not None}
+    stats = None if tileable else split(tail, o, len(taps))
     return ConvPlan(x, weights, prologue, x.shape[0], c, o, taps, padded, tuple(conv.out.shape[2:]), pads,
-                    np.dtype(x.dtype), HIGHEST if HIGHEST in names else "DEFAULT", tail, tileable)
+                    np.dtype(x.dtype), HIGHEST if HIGHEST in names else "DEFAULT", tail, tileable, stats)
 
 
 def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
     """The plan at every size, the epilogue emitted once when it reads every size from its operands, else
     once per (output extents, integer statics) it is rendered for."""
     found: list[ConvPlan] = []
-    texts: dict[tuple[int, ...], str] = {}
     for size in sizes:
         p = match(trace_program(task, size).dce())
         if isinstance(p, str):
@@ -192,14 +215,22 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
             reason = emittable(program) if program is not None else None
             if reason is not None:
                 return reason
+        found.append(p)
+    prefixes = {emit_function(p.stats.prefix, "_prefix", "The reference after its convolution, per position.")
+                for p in found if p.stats is not None}
+    if len(prefixes) != 1 or any(p.stats is None or emittable(p.stats.finish) for p in found):
+        for p in found:  # split at every size the same way, or at none
+            p.stats = None
+    texts: dict[tuple[int, ...], str] = {}
+    for size, p in zip(sizes, found):
         static = static_args(task, size)
         key = (p.o,) + p.out_spatial + tuple(int(static[k]) for k in _size_statics(static))
-        text = emit_function(p.tail, _epilogue_name(key), f"The reference after its convolution, for {_extent(key)}.")
+        text = emit_function(p.finish, _epilogue_name(key), f"The reference after its convolution, for {_extent(key)}.")
         if texts.setdefault(key, text) != text:
             return "the computation after the convolution is written differently for the same extents"
-        found.append(p)
     if len({(p.in_dtype, p.precision, p.tileable, p.pads, p.taps, p.rhs is None) for p in found}) != 1:
         return "a convolution laid out differently at different sizes"
+    found[-1].prefix = prefixes.pop() if found[-1].stats is not None else ""
     generic = {text.replace(_epilogue_name(key), "_epilogue").replace(f", for {_extent(key)}.", ".")
                for key, text in texts.items()}
     one = generic.pop() if len(generic) == 1 else None
@@ -224,7 +255,9 @@ def _probe_text(task: "Task", p: ConvPlan) -> str | None:
         probe = match(trace_program(task, "cpu", shapes).dce())
     except Exception:  # the reference ties its extents together (a norm over a width equal to the channels)
         return None
-    return None if isinstance(probe, str) else emit_function(probe.tail, "_epilogue", "The reference after its convolution.")
+    if isinstance(probe, str) or (probe.stats is None) != (p.stats is None):
+        return None
+    return emit_function(probe.finish, "_epilogue", "The reference after its convolution.")
 
 
 def _round_up(a: int, b: int) -> int:
@@ -327,9 +360,13 @@ class TpuConvTemplate:
         doc = (f'"""{task.id}: {self.description}.\n\nGenerated by MaxKernel\'s rules brain: {params["block_n"]} '
                f"out-channels x {params['block_d']} output planes a step, {params['block_c']} in-channels a "
                f"reduction step, {passes} MXU pass{'es' if passes > 1 else ''} per product, the epilogue "
-               + ("fused" if p.tileable else "left to XLA (it reduces or couples positions)") + '.\n"""\n')
+               + ("fused" if p.tileable else "split: its per-position prefix fused, per-channel sums written beside "
+                  "the output, XLA finishing from them" if p.stats is not None
+                  else "left to XLA (it reduces or couples positions)") + '.\n"""\n')
         parts = [doc, HEADER.replace("import math\n", "import itertools\nimport math\n"), _constants(params), FIT_SOURCE, "", _mxu_source(W_KN_DIMENSIONS, passes),
                  _epilogue_source(p), LAYOUT_SOURCE]  # type: ignore[arg-type]
+        if p.stats is not None:
+            parts.append(p.prefix + "\n\n\n" + CHANNEL_SUMS_SOURCE)
         if p.rhs is not None:
             parts.append(emit_function(p.rhs, "_conv_weight", "The kernel the reference convolves with, from its inputs.")
                          + "\n\n")
@@ -346,21 +383,48 @@ def _constants(params: dict[str, Any]) -> str:
     ]) + "\n"
 
 
-def _conv_source(p: ConvPlan) -> str:
-    extras = [v.name for v in p.tail.inputs[1:]] if p.tileable else []
-    refs = "".join(f"{name}_ref, " for name in extras)
+def _channel_sums(v):
+    """Sum of a tile [1, channels, planes, ...] over its positions, per channel: [1, channels]."""
+    return jnp.sum(v, axis=tuple(range(2, v.ndim)))
+
+
+CHANNEL_SUMS_SOURCE = inspect.getsource(_channel_sums) + "\n"
+
+
+def _fused_operands(p: ConvPlan) -> list[str]:
+    """The per-channel operands the kernel reads for the epilogue it fuses."""
     if p.tileable:
-        loads = ", ".join(["y"] + [f"{name}_ref[...].reshape((acc.shape[0],) + shapes[{i}])"
-                                   for i, name in enumerate(extras)])
+        return [v.name for v in p.tail.inputs[1:]]
+    return [v.name for v in p.stats.prefix.inputs[1:]] if p.stats is not None else []
+
+
+def _conv_source(p: ConvPlan) -> str:
+    extras = _fused_operands(p)
+    refs = "".join(f"{name}_ref, " for name in extras)
+    loads = ", ".join(["y"] + [f"{name}_ref[...].reshape((acc.shape[0],) + shapes[{i}])"
+                               for i, name in enumerate(extras)])
+    outs = "o_ref, " if p.writes_output else ""
+    if p.tileable:
         store = f"o_ref[...] = epilogue({loads}).astype(o_ref.dtype)"
         doc = "the reference's epilogue on the last in-channel step, one write"
+    elif p.stats is not None:
+        outs += "s_ref, q_ref, "
+        store = "\n        ".join(
+            [f"a = epilogue({loads})"] + (["o_ref[...] = a.astype(o_ref.dtype)"] if p.writes_output else []) + [
+                "# The last step's planes past the output are computed, not written: left out of the sums.",
+                "keep = jax.lax.broadcasted_iota(jnp.int32, a.shape, 2) < first - step * tile[2]",
+                "a = jnp.where(keep, a.astype(jnp.float32), 0.0)",
+                "s_ref[...] = _channel_sums(a).reshape(s_ref.shape)",
+                "q_ref[...] = _channel_sums(a * a).reshape(q_ref.shape)"])
+        doc = ("the reference's per-position prefix on the last in-channel step, "
+               + ("written once with " if p.writes_output else "only ") + "its f32 sums and sums of squares per channel")
     else:
         store = "o_ref[...] = y.astype(o_ref.dtype)"
         doc = "written once on the last in-channel step"
-    return f'''def _conv_kernel(x_ref, w_ref, {refs}o_ref, acc_ref, *, shifts, epilogue, shapes, tile, crop):
+    return f'''def _conv_kernel(x_ref, w_ref, {refs}{outs}acc_ref, *, shifts, epilogue, shapes, tile, crop, first):
     """Sum over kernel offsets of weight tile @ shifted window of the slab, into an f32 tile of
     [BLOCK_N channels, positions]; cropped to the output's extents in VMEM, {doc}."""
-    c = pl.program_id(3)
+    step, c = pl.program_id(1), pl.program_id(3)
 
     @pl.when(c == 0)
     def _init():
@@ -369,7 +433,7 @@ def _conv_source(p: ConvPlan) -> str:
     rows = acc_ref.shape[1]
     acc = acc_ref[...]
     for t, shift in enumerate(shifts):
-        acc = acc + _product(w_ref[t], x_ref[0, :, shift:shift + rows])
+        acc = acc + _product(w_ref[t], x_ref[:, shift:shift + rows])
     acc_ref[...] = acc
 
     @pl.when(c == pl.num_programs(3) - 1)
@@ -385,18 +449,30 @@ def _conv_source(p: ConvPlan) -> str:
 def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
     x = p.x.name
     weight = f"_conv_weight({', '.join(v.name for v in p.weights)})" if p.rhs is not None else p.weights[0].name
-    others = [v.name for v in p.tail.inputs[1:]]
+    others = [v.name for v in p.finish.inputs[(4 if p.stats is not None else 1):]]
+    fused = _fused_operands(p)
     extents = "(" + ", ".join(["o", "*out"] + [f"static[{k!r}]" for k in statics]) + ")"
-    out_dtype = dtype_expr(np.dtype(p.out.dtype)) if p.tileable else dtype_expr(np.dtype(p.tail.inputs[0].dtype))
+    out_dtype = dtype_expr(np.dtype(p.out.dtype if p.tileable else (
+        p.stats.prefix.outputs[0].dtype if p.stats is not None else p.tail.inputs[0].dtype)))
     item = p.in_dtype.itemsize
-    in_specs = ["pl.BlockSpec((1, block_c, span), lambda b, s, j, cc: (b, cc, s))",
+    in_specs = ["pl.BlockSpec((None, pl.Element(block_c), pl.Element(span, (0, beyond))), "
+                "lambda b, s, j, cc: (b, cc * block_c, s * rows))",
                 "pl.BlockSpec((len(shifts), block_n, block_c), lambda b, s, j, cc: (0, j, cc))"]
-    operands = ["slabs", "w_taps"]
+    operands = ["flat", "w_taps"]
     shapes = "()"
-    if p.tileable:
-        in_specs += ["pl.BlockSpec((block_n, 1), lambda b, s, j, cc: (j, 0))"] * len(others)
-        operands += [f"{name}.reshape((o, 1))" for name in others]
-        shapes = "(" + "".join(f"{name}.shape[1:], " for name in others) + ")"
+    if fused:
+        in_specs += ["pl.BlockSpec((block_n, 1), lambda b, s, j, cc: (j, 0))"] * len(fused)
+        operands += [f"{name}.reshape((o, 1))" for name in fused]
+        shapes = "(" + "".join(f"{name}.shape[1:], " for name in fused) + ")"
+    fused_epilogue = "epilogue" if p.tileable else "_prefix" if p.stats is not None else "None"
+    results = ", ".join((["h"] if p.writes_output else []) + (["s", "q"] if p.stats is not None else []))
+    out_shapes, out_specs = [], []
+    if p.writes_output:
+        out_shapes.append(f"jax.ShapeDtypeStruct((n, o) + out, {out_dtype})")
+        out_specs.append("pl.BlockSpec((1, block_n, planes) + out[1:], lambda b, s, j, cc: (b, j, s) + (0,) * (len(out) - 1))")
+    if p.stats is not None:
+        out_shapes += ["jax.ShapeDtypeStruct((n, steps, 1, o), jnp.float32)"] * 2
+        out_specs += ["pl.BlockSpec((1, 1, 1, block_n), lambda b, s, j, cc: (b, s, 0, j))"] * 2
     lines = [
         f"def kernel({', '.join(names)}, **static):",
         f"    w = {weight}",
@@ -413,23 +489,23 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
         "    steps = -(-out[0] // planes)",
         "    block_n, block_c = _fit(BLOCK_N, o), _fit(BLOCK_C, c)",
         "    flat = xp.reshape((n, c, -1))",
-        "    # Each step's slab: its output planes' rows and the halo the kernel reaches past them (zeros past",
-        "    # the input's end).",
-        "    index = (jnp.arange(steps) * rows)[:, None] + jnp.arange(span)[None, :]",
-        "    slabs = jnp.take(flat, index.reshape(-1), axis=2, mode=\"fill\", fill_value=0)  # [n, c, steps * span]",
+        "    # Each step reads its slab, its output planes' rows and the halo the kernel reaches past them, as an",
+        "    # element-offset window of the flat input: overlapping windows, no copy. The last window reaches past",
+        "    # the input's end; what it reads there feeds only positions past the output, which are dropped.",
+        "    beyond = max(0, (steps - 1) * rows + span - flat.shape[2])",
         "    w_taps = jnp.moveaxis(w.reshape((o, c, -1)), 2, 0)  # [offsets, O, C]",
         "    tile = (1, block_n, planes) + spatial[1:]",
         f"    epilogue = _epilogue_for({extents})",
         f"    planned = 2 * (max(block_c, 8) * span + len(shifts) * block_n * max(block_c, 128)) * {item}"
         " + 3 * block_n * rows * 4 + 5 * max(block_c, 8) * rows * 4",
-        "    h = pl.pallas_call(",
-        f"        functools.partial(_conv_kernel, shifts=shifts, epilogue={'epilogue' if p.tileable else 'None'}, "
-        f"shapes={shapes}, tile=tile, crop=out[1:]),",
-        f"        out_shape=jax.ShapeDtypeStruct((n, o) + out, {out_dtype}),",
+        f"    {results}{',' if ',' not in results else ''} = pl.pallas_call(",
+        f"        functools.partial(_conv_kernel, shifts=shifts, epilogue={fused_epilogue}, "
+        f"shapes={shapes}, tile=tile, crop=out[1:], first=out[0]),",
+        f"        out_shape=[{', '.join(out_shapes)}],",
         "        grid=(n, steps, o // block_n, c // block_c),",
         "        in_specs=[" + ", ".join(in_specs) + "],",
         "        # The last step's planes past the output are not written (a partial edge block).",
-        "        out_specs=pl.BlockSpec((1, block_n, planes) + out[1:], lambda b, s, j, cc: (b, j, s) + (0,) * (len(out) - 1)),",
+        f"        out_specs=[{', '.join(out_specs)}],",
         "        scratch_shapes=[pltpu.VMEM((block_n, rows), jnp.float32)],",
         "        compiler_params=pltpu.CompilerParams(",
         '            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),',
@@ -438,6 +514,14 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
     ]
     if p.tileable:
         lines.append("    return h")
+    elif p.stats is not None:
+        lines += [
+            "    # XLA finishes from the per-block sums: summed over the steps, per (sample, channel).",
+            "    sums = jnp.sum(s, axis=(1, 2)).reshape((n, o) + (1,) * len(out))",
+            "    squares = jnp.sum(q, axis=(1, 2)).reshape((n, o) + (1,) * len(out))",
+            "    counts = jnp.full(sums.shape, math.prod(out), jnp.float32)  # the positions each sum spans",
+            f"    return epilogue({'h' if p.writes_output else 'None'}, sums, squares, counts"
+            f"{''.join(', ' + name for name in others)})"]
     else:
         lines.append("    # The epilogue reduces over positions or channels: XLA runs it on the convolution's output.")
         lines.append(f"    return epilogue(h{''.join(', ' + name for name in others)})")

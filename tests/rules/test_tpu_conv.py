@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import types
 
+import numpy as np
 import pytest
 
 from jaxbench.task import load_task
@@ -62,25 +63,134 @@ def test_3d_convolution_at_full_precision_is_correct_and_lowers(declared_size_ev
     assert result.ok, result.reason
 
 
-def test_an_epilogue_that_reduces_over_positions_runs_in_xla_on_the_output() -> None:
-    task = load_task("25k_Conv3d_GroupNorm_Mean")  # group norm, then a mean over channels and positions
-    full = plan(task, ("full",))
-    assert not isinstance(full, str) and not full.tileable
-    source = TPU_CONV.render(task, _space_is_legal(task.id), ("cpu", "full"))
-    assert "return epilogue(h, conv_bias, gamma, beta)" in source and "epilogue=None" in source
+def _tail_and_finish(task_id: str) -> tuple[object, ...]:
+    """The tail after the convolution and its split, as functions, with inputs drawn at the cpu size."""
+    import jax
+    import jax.numpy as jnp
+
+    from maxkernel.analysis.program import trace_program
+    from maxkernel.rewrites.emit import emit_function
+    from maxkernel.templates.tpu_conv import match
+
+    p = match(trace_program(load_task(task_id), "cpu").dce())
+    assert not isinstance(p, str) and p.stats is not None
+    names: dict[str, object] = {"jax": jax, "jnp": jnp}
+    for program, name in ((p.tail, "tail"), (p.stats.prefix, "prefix"), (p.stats.finish, "finish")):
+        exec(emit_function(program, name), names)
+    h = jax.random.normal(jax.random.key(0), p.tail.inputs[0].shape, jnp.float32) + 0.5
+    operands = {v.name: 1.0 + 0.3 * jax.random.normal(jax.random.key(i + 1), v.shape, jnp.float32)
+                for i, v in enumerate(p.tail.inputs[1:])}
+    return p, names, h, operands
 
 
-def test_an_epilogue_that_divides_by_a_square_image_is_written_per_extent() -> None:
-    task = load_task("39k_Conv2d_GELU_GlobalAvgPool")  # the mean over H x W, and H == W at every size
+@pytest.mark.parametrize("task_id", ["25k_Conv3d_GroupNorm_Mean",
+                                     "46k_Conv2d_GroupNorm_Tanh_HardSwish_ResidualAdd_LogSumExp"])
+def test_a_group_norm_finishes_from_per_channel_sums_as_the_reference_does(task_id: str) -> None:
+    import jax.numpy as jnp
+
+    p, names, h, operands = _tail_and_finish(task_id)
+    assert p.stats.replaced == 2  # the mean and the variance
+    # Only the normalize and what follows read the output; no reduction of the output is left but the
+    # reference's own last one (the mean over channels and positions, the logsumexp over channels).
+    a_in = p.stats.finish.inputs[0]
+    assert all(n.ins[0] is not a_in for n in p.stats.finish.nodes if n.prim == "reduce_sum")
+    a = names["prefix"](h, *[operands[v.name] for v in p.stats.prefix.inputs[1:]])
+    axes = tuple(range(2, a.ndim))
+    sums, squares = jnp.sum(a, axis=axes, keepdims=True), jnp.sum(a * a, axis=axes, keepdims=True)
+    counts = jnp.full(sums.shape, float(np.prod(a.shape[2:])), jnp.float32)
+    got = names["finish"](a, sums, squares, counts, *[operands[v.name] for v in p.stats.finish.inputs[4:]])
+    want = names["tail"](h, *[operands[v.name] for v in p.tail.inputs[1:]])
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
+    # The counts are an operand: the finish divides by them, not by a literal of the traced batch.
+    wrong = names["finish"](a, sums, squares, 2 * counts, *[operands[v.name] for v in p.stats.finish.inputs[4:]])
+    assert not np.allclose(np.asarray(wrong), np.asarray(want), rtol=1e-3, atol=1e-3)
+
+
+def test_a_norm_over_positions_merged_into_one_axis_reads_the_sums_too() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from maxkernel.analysis.program import ProgramBuilder
+    from maxkernel.rewrites.emit import emit_function
+    from maxkernel.templates.conv_stats import split
+
+    def tail(h, b):  # type: ignore[no-untyped-def]
+        a = jnp.tanh(h + b[None, :, None, None])
+        flat = a.reshape(a.shape[0], a.shape[1], -1)  # an instance norm over the flattened positions
+        m = flat.mean(axis=2, keepdims=True)
+        v = jnp.mean((flat - m) ** 2, axis=2, keepdims=True)
+        return ((flat - m) / jnp.sqrt(v + 1e-5)).reshape(a.shape)
+
+    shapes = (jax.ShapeDtypeStruct((2, 8, 6, 10), jnp.float32), jax.ShapeDtypeStruct((8,), jnp.float32))
+    found = split(ProgramBuilder().build(jax.make_jaxpr(tail)(*shapes), ["h", "b"]), 8, 2)
+    assert found is not None and found.replaced == 2
+    names: dict[str, object] = {"jax": jax, "jnp": jnp}
+    exec(emit_function(found.prefix, "prefix"), names)
+    exec(emit_function(found.finish, "finish"), names)
+    h, b = jax.random.normal(jax.random.key(0), (2, 8, 6, 10)), 0.3 * jax.random.normal(jax.random.key(1), (8,))
+    a = names["prefix"](h, b)
+    sums, squares = a.sum(axis=(2, 3), keepdims=True), (a * a).sum(axis=(2, 3), keepdims=True)
+    got = names["finish"](a, sums, squares, jnp.full(sums.shape, 60.0))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(tail(h, b)), rtol=1e-4, atol=1e-4)
+    # A sum over part of the positions is no statistic of the kernel's blocks: nothing is split.
+    partial = lambda h, b: jnp.sum(h + b[None, :, None, None], axis=3)  # noqa: E731
+    assert split(ProgramBuilder().build(jax.make_jaxpr(partial)(*shapes), ["h", "b"]), 8, 2) is None
+
+
+def test_an_instance_norm_finish_runs_at_a_batch_it_was_not_written_at() -> None:
+    import jax.numpy as jnp
+
+    task = load_task("22k_Conv2d_InstanceNorm_Divide")  # batch == out_channels at full size
     full = plan(task, ("cpu", "full"))
-    assert not isinstance(full, str)
-    # Written once, it would divide by the height twice: wrong wherever a check size halves the height only.
+    assert not isinstance(full, str) and full.stats is not None and () in full.epilogues
+    names: dict[str, object] = {"jax": __import__("jax"), "jnp": jnp}
+    exec(full.epilogues[()], names)
+    y = jnp.ones((4, full.o, 3, 5), jnp.float32)
+    stats = jnp.ones((4, full.o, 1, 1), jnp.float32)
+    # The mean is squeezed out of the statistics, not reshaped to extents read where batch == channels.
+    assert names["_epilogue"](y, stats * 15.0, stats * 30.0, stats * 15.0).shape == y.shape
+
+
+def test_a_batch_norm_is_fused_as_channel_sums_and_correct_in_interpret_mode(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
+    task = load_task("34k_Conv2d_Activation_BatchNorm")  # Mish, then statistics over batch and positions
+    full = plan(task, ("full",))
+    assert not isinstance(full, str) and not full.tileable and full.stats is not None and full.writes_output
+    # Two channel blocks and 8-row steps over 30 output rows: the last step's two rows past the output are
+    # computed but must stay out of the sums.
+    source = TPU_CONV.render(task, {"block_n": 16, "block_c": 16, "block_d": 8, "passes": 3}, ("cpu", "full"))
+    assert "s_ref[...] = _channel_sums(a)" in source and "epilogue=_prefix" in source
+    assert "return epilogue(h, sums, squares, counts, gamma, beta)" in source
+    report = declared_size_evaluator.evaluate(task, source)
+    assert report.passed and report.label == "pallas-kernel", report.reason
+
+    result = validate_tpu(TPU_CONV.render(task, _space_is_legal(task.id), ("cpu", "full")), task, "v6e")
+    assert result.ok, result.reason
+
+
+def test_a_global_pool_needs_only_the_sums_and_writes_no_output() -> None:
+    task = load_task("39k_Conv2d_GELU_GlobalAvgPool")
+    full = plan(task, ("cpu", "full"))
+    assert not isinstance(full, str) and full.stats is not None and not full.writes_output
+    # The mean divides by the counts it is given: one finish for every extent, square images included.
+    assert () in full.epilogues
+    source = TPU_CONV.render(task, {"block_n": 32, "block_c": 8, "block_d": 8, "passes": 3}, ("cpu", "full"))
+    assert "o_ref" not in source and "return epilogue(None, sums, squares, counts)" in source
+    result = validate_tpu(TPU_CONV.render(task, _space_is_legal(task.id), ("cpu", "full")), task, "v6e")
+    assert result.ok, result.reason
+
+
+def test_an_epilogue_that_reads_a_square_image_is_written_per_extent() -> None:
+    task = load_task("28k_ConvTranspose3d_LayerNorm_GELU_Scaling")  # a layer norm over the width; H == W
+    full = plan(task, ("cpu", "full"))
+    assert not isinstance(full, str) and full.stats is None
+    # Written once, it could read the height where the width is meant: wrong wherever a check size halves
+    # one of them only.
     assert () not in full.epilogues and len(full.epilogues) == 2
-    source = TPU_CONV.render(task, _space_is_legal(task.id), ("cpu", "full"))
+    source = TPU_CONV.render(task, {"block_n": 64, "block_c": 32, "block_d": 2, "passes": 3}, ("cpu", "full"))
     module = types.ModuleType("candidate")
     exec(compile(source, "candidate.py", "exec"), module.__dict__)
     with pytest.raises(ValueError, match="written for extents"):
-        module._epilogue_for((full.o, 127, 254))
+        module._epilogue_for((full.o, 32, 64, 62, 1, 2))
 
 
 def test_a_transposed_convolution_is_the_convolution_of_the_dilated_input() -> None:
@@ -88,8 +198,10 @@ def test_a_transposed_convolution_is_the_convolution_of_the_dilated_input() -> N
     cpu = plan(task, ("cpu",))
     assert not isinstance(cpu, str)
     assert cpu.pads == ((2, 2, 1),) * 3 and cpu.rhs is not None  # stride 2 as interior padding; the flipped kernel
+    # The layer norm reduces over the width alone, not over every position: XLA runs it on the output.
+    assert cpu.stats is None
     source = TPU_CONV.render(task, {"block_n": 16, "block_c": 8, "block_d": 4, "passes": 3}, ("cpu",))
-    assert "def _conv_weight(weight)" in source and "jax.lax.pad(x" in source
+    assert "def _conv_weight(weight)" in source and "jax.lax.pad(x" in source and "epilogue=None" in source
 
 
 def test_the_template_is_offered_on_tpu_targets_only() -> None:
