@@ -178,3 +178,30 @@ def test_a_draw_over_the_bound_is_drawn_again_on_a_coarser_grid_and_named(quick_
     assert check.passed and "(drawn again: unseen size batch=" in check.detail, check.detail
     ran = int(check.detail.removeprefix("unseen size batch=").split(",")[0].split(" ")[0])
     assert ran % 8 == 0 and ran != 16 and "grid steps (limit 64)" in check.detail
+
+
+def _small_copy(tmp_path: Path, task_id: str, cpu: str) -> "object":
+    """A suite task in a folder of its own, its ``cpu`` size replaced by a smaller one (same free sizes)."""
+    import re
+
+    folder = tmp_path / task_id
+    shutil.copytree(SUITE_DIR / task_id, folder)
+    spec = (folder / "task.yaml").read_text()
+    (folder / "task.yaml").write_text(re.sub(r"  cpu: \{[^}]*\}", "  cpu: {" + cpu + "}", spec))
+    return load_task(folder)
+
+
+@pytest.mark.parametrize(("task_id", "cpu"), [
+    ("2p_GQA_Attention", "batch: 1, q_heads: 2, kv_heads: 1, seq: 128, head_dim: 32"),  # no mask: padding alone masks
+    ("5p_Flex_Attention", "batch: 1, heads: 1, seq: 128, head_dim: 32, num_buckets: 32"),  # square blocks, a bias tile
+], ids=["gqa", "bias"])
+def test_flash_attention_serves_a_sequence_its_blocks_do_not_divide(quick_evaluator, tmp_path, task_id, cpu):
+    from maxkernel.templates.attention import FLASH_ATTENTION
+
+    task = _small_copy(tmp_path, task_id, cpu)
+    source = FLASH_ATTENTION.render(task, {"block_q": 64, "block_k": 64}, ("cpu",))
+    report = quick_evaluator.evaluate(task, source)
+    assert report.status == "ok", report.reason
+    check = report.check("correct_unseen_size")
+    seq = int(check.detail.split("seq=")[1].split()[0].rstrip(","))
+    assert check.passed and seq % 64 and "drawn again" not in check.detail, check.detail  # a partial last block ran
