@@ -205,3 +205,27 @@ def test_flash_attention_serves_a_sequence_its_blocks_do_not_divide(quick_evalua
     check = report.check("correct_unseen_size")
     seq = int(check.detail.split("seq=")[1].split()[0].rstrip(","))
     assert check.passed and seq % 64 and "drawn again" not in check.detail, check.detail  # a partial last block ran
+
+
+def test_the_gpu_matmul_masks_a_partial_tile_at_an_unseen_batch(quick_evaluator, tmp_path):
+    from maxkernel.analysis import analyze_task
+    from maxkernel.rules.strategy import propose_strategies, render
+
+    task = _small_copy(tmp_path, "41k_Gemm_Add_ReLU", "batch: 64, in_features: 64, out_features: 32")
+    (strategy,) = [s for s in propose_strategies(task, analyze_task(task), "gpu-h100")
+                   if s.name == "template:gpu_matmul_epilogue"]
+    source = render(task, strategy, {"block_m": 32, "block_n": 32, "block_k": 16})
+    assert "plt.store(o_ref, out, mask=row_ok & col_ok)" in source
+    report = quick_evaluator.evaluate(task, source)
+    assert report.status == "ok", report.reason
+    check = report.check("correct_unseen_size")
+    assert check.passed and int(check.detail.split("batch=")[1].split()[0]) % 32, check.detail  # a partial tile ran
+
+
+def test_a_pallas_modules_masked_load_is_not_file_access_but_numpys_load_is():
+    from jaxbench.static_checks import scan
+
+    source = ("from jax.experimental.pallas import triton as plt\nimport numpy as np\n\n\ndef kernel(x_ref):\n"
+              "    return plt.load(x_ref, mask=None), np.load('expected.npy')\n")
+    findings, _ = scan(source)
+    assert [(f.rule, f.line, f.detail) for f in findings] == [("file-access", 6, "use of np.load (reads or writes files)")]
