@@ -229,3 +229,26 @@ def test_a_pallas_modules_masked_load_is_not_file_access_but_numpys_load_is():
               "    return plt.load(x_ref, mask=None), np.load('expected.npy')\n")
     findings, _ = scan(source)
     assert [(f.rule, f.line, f.detail) for f in findings] == [("file-access", 6, "use of np.load (reads or writes files)")]
+
+
+# Exact float32 at the declared batch; at any other, the matmul at default precision, which a TPU computes
+# on bfloat16 operands (an f32 machine computes it exactly).
+PRECISE_AT_ITS_BATCH_ONLY = """\
+import jax
+import jax.numpy as jnp
+
+
+def kernel(x, weight, bias):
+    precision = jax.lax.Precision.HIGHEST if x.shape[0] == 64 else None
+    return jnp.maximum(jnp.matmul(x, weight.T, precision=precision) + bias, 0.0)
+"""
+
+
+def test_on_a_tpu_target_the_unseen_size_runs_interpreted_with_the_tpus_matmul_numerics(quick_evaluator, tmp_path):
+    task = _small_copy(tmp_path, "41k_Gemm_Add_ReLU", "batch: 64, in_features: 256, out_features: 32")
+    here = quick_evaluator.evaluate(task, PRECISE_AT_ITS_BATCH_ONLY)  # cpu: exact f32 at every size
+    assert here.status == "ok" and here.check("correct_unseen_size").passed, here.reason
+    # As the TPU path runs it at its check size: TPU interpret mode, the mode a tpu target gets here.
+    tpu = quick_evaluator.evaluate(task, PRECISE_AT_ITS_BATCH_ONLY, target="tpu-v6e")
+    assert tpu.check("correct_inputs_seed_0").passed  # HIGHEST at the declared size: exact on a TPU too
+    assert tpu.status == "incorrect" and tpu.reason.startswith("unseen size batch="), tpu.reason
