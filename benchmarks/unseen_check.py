@@ -9,7 +9,9 @@ in TPU interpret mode with the TPU's matmul numerics at the candidate's check si
 drawn from the task's free parameters (bounded by its grid steps, like the ``cpu`` check). Prints per task
 the template, its parameters, the check size, the unseen size run and its verdict, and the count of
 winners that passed. ``--seeds`` sets the correctness seeds at the check size (the unseen run is one
-input set whatever it is). A refused draw (the template raising for a size it does not serve) is
+input set whatever it is); ``--timeout-s`` the evaluator's wall-clock budget for one candidate, all its runs
+together (the evaluator's default is 120 s; on a loaded machine the unseen run, which comes last, is what
+a short budget cuts). A refused draw (the template raising for a size it does not serve) is
 ``incorrect`` and counts as failed.
 """
 
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="tpu-v6e", help="a TPU target, e.g. tpu-v6e")
     parser.add_argument("--tasks", nargs="*", help="a subset of the winners' tasks (default: all)")
     parser.add_argument("--seeds", type=int, default=1, help="correctness seeds at the check size")
+    parser.add_argument("--timeout-s", type=float, default=120.0,
+                        help="the evaluator's wall-clock budget per candidate (its default; a TPU check may get more)")
     parser.add_argument("--json", type=Path, help="write the rows as JSON (rewritten after every task)")
     args = parser.parse_args(argv)
     console = Console(stderr=True)
@@ -130,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     from jaxbench.pool import WorkerPool
 
     rows: list[dict[str, Any]] = []
-    with Evaluator(pool=WorkerPool(1), config=EvalConfig(correctness_seeds=args.seeds, unseen_size=True)) as ev:
+    with Evaluator(pool=WorkerPool(1), config=EvalConfig(correctness_seeds=args.seeds, unseen_size=True,
+                                                                   timeout_s=args.timeout_s)) as ev:
         for task_id in args.tasks or list(WINNERS):
             row = _row(task_id, args.target, ev)
             rows.append(row)
