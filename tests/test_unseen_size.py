@@ -252,3 +252,25 @@ def test_on_a_tpu_target_the_unseen_size_runs_interpreted_with_the_tpus_matmul_n
     tpu = quick_evaluator.evaluate(task, PRECISE_AT_ITS_BATCH_ONLY, target="tpu-v6e")
     assert tpu.check("correct_inputs_seed_0").passed  # HIGHEST at the declared size: exact on a TPU too
     assert tpu.status == "incorrect" and tpu.reason.startswith("unseen size batch="), tpu.reason
+
+
+@pytest.mark.parametrize(("task_id", "cpu", "params"), [
+    # A group norm after the matmul runs in XLA on the product; its text follows the group count, not the batch.
+    ("40k_Gemm_GroupNorm_Min_BiasAdd", "batch: 64, in_features: 128, out_features: 256, num_groups: 8",
+     {"block_m": 32, "block_n": 128, "block_k": 128, "passes": 3}),
+    # A logsumexp per row: the row-block kernel after the GEMM, its last block of rows partial.
+    ("24k_Matmul_Scale_ResidualAdd_Clamp_LogSumExp_Mish", "batch: 64, input_size: 128, hidden_size: 256",
+     {"block_m": 32, "block_n": 128, "block_k": 128, "passes": 3, "block_rows": 16}),
+], ids=["xla_tail", "row_tail"])
+def test_the_tpu_gemm_serves_an_unseen_batch_in_partial_blocks(quick_evaluator, tmp_path, task_id, cpu, params):
+    from maxkernel.templates.base import sizes_for
+    from maxkernel.templates.tpu_gemm import TPU_GEMM
+
+    task = _small_copy(tmp_path, task_id, cpu)
+    source = TPU_GEMM.render(task, params, sizes_for("tpu-v6e"))
+    assert "pl.cdiv(m, block_m)" in source
+    report = quick_evaluator.evaluate(task, source, target="tpu-v6e")  # TPU interpret mode and numerics
+    assert report.status == "ok", report.reason
+    check = report.check("correct_unseen_size")
+    batch = int(check.detail.split("batch=")[1].split()[0])
+    assert check.passed and batch % 16 and "drawn again" not in check.detail, check.detail
