@@ -75,6 +75,7 @@ class _Scanner(ast.NodeVisitor):
     def __init__(self) -> None:
         self.findings: list[Finding] = []
         self.module_aliases: set[str] = set()
+        self.pallas_aliases: set[str] = set()  # names bound to a Pallas module: its ``load`` is a masked ref read
         self.imports_pallas = False
         self.depth = 0
 
@@ -96,6 +97,8 @@ class _Scanner(ast.NodeVisitor):
         for alias in node.names:
             self._check_module(alias.name, node)
             self.module_aliases.add(alias.asname or alias.name.split(".")[0])
+            if alias.asname and alias.name.startswith("jax.experimental.pallas"):
+                self.pallas_aliases.add(alias.asname)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.level:
@@ -109,6 +112,8 @@ class _Scanner(ast.NodeVisitor):
             if alias.name in CALLBACK_ATTRS:
                 self.add("host-callback", node, f"import of {module}.{alias.name}")
             self.module_aliases.add(alias.asname or alias.name)
+            if (module == "jax.experimental" and alias.name == "pallas") or module.startswith("jax.experimental.pallas"):
+                self.pallas_aliases.add(alias.asname or alias.name)
 
     def visit_Call(self, node: ast.Call) -> None:
         if isinstance(node.func, ast.Name) and node.func.id in FORBIDDEN_CALLS:
@@ -121,7 +126,8 @@ class _Scanner(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr in FORBIDDEN_ATTRS:
             self.add("introspection", node, f"access to .{node.attr}")
-        if node.attr in FILE_IO_ATTRS and _root_name(node) in self.module_aliases:
+        pallas_read = node.attr == "load" and isinstance(node.value, ast.Name) and node.value.id in self.pallas_aliases
+        if node.attr in FILE_IO_ATTRS and _root_name(node) in self.module_aliases and not pallas_read:
             self.add("file-access", node, f"use of {_dotted(node)} (reads or writes files)")
         if node.attr in CALLBACK_ATTRS:
             self.add("host-callback", node, f"use of {_dotted(node)} (Python running inside the timed kernel)")

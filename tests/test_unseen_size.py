@@ -178,3 +178,99 @@ def test_a_draw_over_the_bound_is_drawn_again_on_a_coarser_grid_and_named(quick_
     assert check.passed and "(drawn again: unseen size batch=" in check.detail, check.detail
     ran = int(check.detail.removeprefix("unseen size batch=").split(",")[0].split(" ")[0])
     assert ran % 8 == 0 and ran != 16 and "grid steps (limit 64)" in check.detail
+
+
+def _small_copy(tmp_path: Path, task_id: str, cpu: str) -> "object":
+    """A suite task in a folder of its own, its ``cpu`` size replaced by a smaller one (same free sizes)."""
+    import re
+
+    folder = tmp_path / task_id
+    shutil.copytree(SUITE_DIR / task_id, folder)
+    spec = (folder / "task.yaml").read_text()
+    (folder / "task.yaml").write_text(re.sub(r"  cpu: \{[^}]*\}", "  cpu: {" + cpu + "}", spec))
+    return load_task(folder)
+
+
+@pytest.mark.parametrize(("task_id", "cpu"), [
+    ("2p_GQA_Attention", "batch: 1, q_heads: 2, kv_heads: 1, seq: 128, head_dim: 32"),  # no mask: padding alone masks
+    ("5p_Flex_Attention", "batch: 1, heads: 1, seq: 128, head_dim: 32, num_buckets: 32"),  # square blocks, a bias tile
+], ids=["gqa", "bias"])
+def test_flash_attention_serves_a_sequence_its_blocks_do_not_divide(quick_evaluator, tmp_path, task_id, cpu):
+    from maxkernel.templates.attention import FLASH_ATTENTION
+
+    task = _small_copy(tmp_path, task_id, cpu)
+    source = FLASH_ATTENTION.render(task, {"block_q": 64, "block_k": 64}, ("cpu",))
+    report = quick_evaluator.evaluate(task, source)
+    assert report.status == "ok", report.reason
+    check = report.check("correct_unseen_size")
+    seq = int(check.detail.split("seq=")[1].split()[0].rstrip(","))
+    assert check.passed and seq % 64 and "drawn again" not in check.detail, check.detail  # a partial last block ran
+
+
+def test_the_gpu_matmul_masks_a_partial_tile_at_an_unseen_batch(quick_evaluator, tmp_path):
+    from maxkernel.analysis import analyze_task
+    from maxkernel.rules.strategy import propose_strategies, render
+
+    task = _small_copy(tmp_path, "41k_Gemm_Add_ReLU", "batch: 64, in_features: 64, out_features: 32")
+    (strategy,) = [s for s in propose_strategies(task, analyze_task(task), "gpu-h100")
+                   if s.name == "template:gpu_matmul_epilogue"]
+    source = render(task, strategy, {"block_m": 32, "block_n": 32, "block_k": 16})
+    assert "plt.store(o_ref, out, mask=row_ok & col_ok)" in source
+    report = quick_evaluator.evaluate(task, source)
+    assert report.status == "ok", report.reason
+    check = report.check("correct_unseen_size")
+    assert check.passed and int(check.detail.split("batch=")[1].split()[0]) % 32, check.detail  # a partial tile ran
+
+
+def test_a_pallas_modules_masked_load_is_not_file_access_but_numpys_load_is():
+    from jaxbench.static_checks import scan
+
+    source = ("from jax.experimental.pallas import triton as plt\nimport numpy as np\n\n\ndef kernel(x_ref):\n"
+              "    return plt.load(x_ref, mask=None), np.load('expected.npy')\n")
+    findings, _ = scan(source)
+    assert [(f.rule, f.line, f.detail) for f in findings] == [("file-access", 6, "use of np.load (reads or writes files)")]
+
+
+# Exact float32 at the declared batch; at any other, the matmul at default precision, which a TPU computes
+# on bfloat16 operands (an f32 machine computes it exactly).
+PRECISE_AT_ITS_BATCH_ONLY = """\
+import jax
+import jax.numpy as jnp
+
+
+def kernel(x, weight, bias):
+    precision = jax.lax.Precision.HIGHEST if x.shape[0] == 64 else None
+    return jnp.maximum(jnp.matmul(x, weight.T, precision=precision) + bias, 0.0)
+"""
+
+
+def test_on_a_tpu_target_the_unseen_size_runs_interpreted_with_the_tpus_matmul_numerics(quick_evaluator, tmp_path):
+    task = _small_copy(tmp_path, "41k_Gemm_Add_ReLU", "batch: 64, in_features: 256, out_features: 32")
+    here = quick_evaluator.evaluate(task, PRECISE_AT_ITS_BATCH_ONLY)  # cpu: exact f32 at every size
+    assert here.status == "ok" and here.check("correct_unseen_size").passed, here.reason
+    # As the TPU path runs it at its check size: TPU interpret mode, the mode a tpu target gets here.
+    tpu = quick_evaluator.evaluate(task, PRECISE_AT_ITS_BATCH_ONLY, target="tpu-v6e")
+    assert tpu.check("correct_inputs_seed_0").passed  # HIGHEST at the declared size: exact on a TPU too
+    assert tpu.status == "incorrect" and tpu.reason.startswith("unseen size batch="), tpu.reason
+
+
+@pytest.mark.parametrize(("task_id", "cpu", "params"), [
+    # A group norm after the matmul runs in XLA on the product; its text follows the group count, not the batch.
+    ("40k_Gemm_GroupNorm_Min_BiasAdd", "batch: 64, in_features: 128, out_features: 256, num_groups: 8",
+     {"block_m": 32, "block_n": 128, "block_k": 128, "passes": 3}),
+    # A logsumexp per row: the row-block kernel after the GEMM, its last block of rows partial.
+    ("24k_Matmul_Scale_ResidualAdd_Clamp_LogSumExp_Mish", "batch: 64, input_size: 128, hidden_size: 256",
+     {"block_m": 32, "block_n": 128, "block_k": 128, "passes": 3, "block_rows": 16}),
+], ids=["xla_tail", "row_tail"])
+def test_the_tpu_gemm_serves_an_unseen_batch_in_partial_blocks(quick_evaluator, tmp_path, task_id, cpu, params):
+    from maxkernel.templates.base import sizes_for
+    from maxkernel.templates.tpu_gemm import TPU_GEMM
+
+    task = _small_copy(tmp_path, task_id, cpu)
+    source = TPU_GEMM.render(task, params, sizes_for("tpu-v6e"))
+    assert "pl.cdiv(m, block_m)" in source
+    report = quick_evaluator.evaluate(task, source, target="tpu-v6e")  # TPU interpret mode and numerics
+    assert report.status == "ok", report.reason
+    check = report.check("correct_unseen_size")
+    batch = int(check.detail.split("batch=")[1].split()[0])
+    assert check.passed and batch % 16 and "drawn again" not in check.detail, check.detail

@@ -15,8 +15,10 @@ What an expert writes, and why:
 - masked scores take a large finite value (no ``inf - inf``), and the output is normalised once, after the
   row's last key block;
 - ``dimension_semantics``: batch and kv heads are parallel, the step axis carries the accumulators.
-The emitted code reads every shape from its arguments; block sizes are named constants, shrunk only to
-divide a smaller sequence, so the same body runs at every size.
+The emitted code reads every shape from its arguments; block sizes are named constants (the whole sequence
+when it is shorter), and a sequence they do not divide ends in a partial block: its padded query rows are
+cut on write, and the step of a partial key block masks the keys past the end and zeroes their values (a
+padded value row would reach the output through ``0 * value``), so the same body runs at every size.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 from maxkernel.analysis.program import Program, Var, arg_names, static_args, trace_program
 from maxkernel.rewrites.emit import EmitError, dtype_expr, scalar_text
 from maxkernel.rewrites.numeric import TooLargeToEvaluate
-from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
+from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
 from maxkernel.templates.bias import TILES_SOURCE, bias_tile_count, is_relative_bias
 from maxkernel.templates.masks import MaskFormula, recover
 
@@ -263,24 +265,17 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
     if table:
         lines += [TILES_SOURCE, ""]
     lines += [
-        FIT_SOURCE,
-        "",
-        "",
         f"def _schedule(seq_q, seq_k, block_q, block_k{keywords}):",
-        '    """The grid steps: every (query block, key block) pair with a visible key, row by row, and flags."""',
-    ]
-    if p.mask is not None:
-        lines += [
-            f"    visible = _visible(np.arange(seq_q)[:, None], np.arange(seq_k)[None, :]{', ' + passed if passed else ''})",
-            "    tiles = np.broadcast_to(visible, (seq_q, seq_k)).reshape(seq_q // block_q, block_q, seq_k // block_k, block_k)",
-            "    seen, whole = tiles.any(axis=(1, 3)), tiles.all(axis=(1, 3))",
-        ]
-    else:
-        lines += [
-            "    seen = np.ones((seq_q // block_q, seq_k // block_k), dtype=bool)",
-            "    whole = seen",
-        ]
-    lines += [
+        '    """The grid steps: every (query block, key block) pair with a visible key, row by row, and flags.',
+        "",
+        "    Positions past the end of a partial last block count as hidden, so its blocks are masked.",
+        '    """',
+        "    q_count, kv_count = pl.cdiv(seq_q, block_q), pl.cdiv(seq_k, block_k)",
+        "    padded = np.zeros((q_count * block_q, kv_count * block_k), dtype=bool)",
+        (f"    padded[:seq_q, :seq_k] = _visible(np.arange(seq_q)[:, None], np.arange(seq_k)[None, :]"
+         f"{', ' + passed if passed else ''})" if p.mask is not None else "    padded[:seq_q, :seq_k] = True"),
+        "    tiles = padded.reshape(q_count, block_q, kv_count, block_k)",
+        "    seen, whole = tiles.any(axis=(1, 3)), tiles.all(axis=(1, 3))",
         "    q_blocks, kv_blocks, flags = [], [], []",
         "    for i, row in enumerate(seen):",
         "        cols = np.flatnonzero(row)",
@@ -293,7 +288,7 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
         "",
         "",
         f"def _flash_kernel(q_blocks_ref, kv_blocks_ref, flags_ref, q_ref, k_ref, v_ref,{bias_ref} o_ref, m_ref, l_ref,",
-        f"                  acc_ref, *, block_q, block_k, scale{', far' if table else ''}{static}):",
+        f"                  acc_ref, *, block_q, block_k, seq_k, scale{', far' if table else ''}{static}):",
         "    t = pl.program_id(2)",
         "    flags = flags_ref[t]",
         "",
@@ -307,14 +302,17 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
         "        k = k_ref[...]",
         "        v = v_ref[...]",
     ]
-    if p.mask is not None:
-        lines += [
-            "        if masked:",
-            "            # Positions as a column and a row: the formula broadcasts them to the block only at the end.",
-            "            rows = q_blocks_ref[t] * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)",
-            "            cols = kv_blocks_ref[t] * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)",
-            f"            visible = _visible(rows, cols{', ' + passed if passed else ''})",
-        ]
+    lines += [
+        "        if masked:",
+        "            # Positions as a column and a row: the formula broadcasts them to the block only at the end.",
+        "            rows = q_blocks_ref[t] * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)",
+        "            cols = kv_blocks_ref[t] * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)",
+        "            visible = cols < seq_k  # keys past the end of a partial last block",
+        *([f"            visible = visible & _visible(rows, cols{', ' + passed if passed else ''})"]
+          if p.mask is not None else []),
+        "            key_rows = kv_blocks_ref[t] * block_k + jax.lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)",
+        "            v = jnp.where(key_rows < seq_k, v, jnp.zeros_like(v))",
+    ]
     lines += [
         *(["        distance = jnp.clip(q_blocks_ref[t] - kv_blocks_ref[t], -1, far) + 1  # the bias tile"] if table else []),
         "        for h in range(q_ref.shape[0]):  # the query heads that share this kv head",
@@ -324,11 +322,10 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
     ]
     if table:
         lines += ["            s = s + bias_ref[h, distance].astype(jnp.float32)  # this block distance's bias tile"]
-    if p.mask is not None:
-        lines += [
-            "            if masked:",
-            "                s = jnp.where(visible, s, MASK_VALUE)",
-        ]
+    lines += [
+        "            if masked:",
+        "                s = jnp.where(visible, s, MASK_VALUE)",
+    ]
     lines += [
         "            m_prev = m_ref[h]",
         "            m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))",
@@ -343,13 +340,10 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
         "            m_ref[h] = m_next",
         "",
     ]
-    if p.mask is not None:
-        lines += [
-            "    pl.when((flags & PARTIAL) != 0)(functools.partial(_accumulate, True))",
-            "    pl.when((flags & PARTIAL) == 0)(functools.partial(_accumulate, False))",
-        ]
-    else:
-        lines += ["    _accumulate(False)"]
+    lines += [
+        "    pl.when((flags & PARTIAL) != 0)(functools.partial(_accumulate, True))",
+        "    pl.when((flags & PARTIAL) == 0)(functools.partial(_accumulate, False))",
+    ]
     lines += [
         "",
         "    @pl.when((flags & LAST) != 0)",
@@ -361,11 +355,12 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
         f"    batch, q_heads, seq_q, head_dim = {q}.shape",
         f"    kv_heads, seq_k = {k}.shape[1], {k}.shape[2]",
         "    group = q_heads // kv_heads  # consecutive query heads share a kv head",
-        *(["    block_q = block_k = _fit(BLOCK_Q, math.gcd(seq_q, seq_k))  # square: a tile per block distance",
+        *(["    # Square: a tile per block distance; the whole sequence when it is shorter (else a multiple of 8).",
+           "    block_q = block_k = seq_q if seq_q == seq_k <= BLOCK_Q else max(8, min(BLOCK_Q, seq_q, seq_k) // 8 * 8)",
            f"    tiles, far = _bias_tiles({table}, block_q)"] if table else
-          ["    block_q, block_k = _fit(BLOCK_Q, seq_q), _fit(BLOCK_K, seq_k)"]),
+          ["    block_q, block_k = min(BLOCK_Q, seq_q), min(BLOCK_K, seq_k)  # partial last blocks: see the kernel"]),
         f"    q_blocks, kv_blocks, flags = _schedule(seq_q, seq_k, block_q, block_k{', ' + passed if passed else ''})",
-        f"    body = functools.partial(_flash_kernel, block_q=block_q, block_k=block_k, scale={p.scale_text}"
+        f"    body = functools.partial(_flash_kernel, block_q=block_q, block_k=block_k, seq_k=seq_k, scale={p.scale_text}"
         f"{', far=far' if table else ''}"
         f"{', ' + passed if passed else ''})",
         "    grid_spec = pltpu.PrefetchScalarGridSpec(",

@@ -22,7 +22,6 @@ import numpy as np
 
 from maxkernel.analysis.program import arg_names, input_shapes, static_args, trace_program
 from maxkernel.rewrites.emit import EmitError, emit_function, emittable
-from maxkernel.rewrites.source import size_dispatch
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
 from maxkernel.templates.tpu_rows import RowsPlan, _bodies_source, _kernel_source, _key
 
@@ -137,12 +136,6 @@ def _row_bytes(task: "Task", size: str) -> tuple[int, int]:
         else:
             whole += int(np.prod(s.shape)) * s.dtype.itemsize
     return per_row, whole
-
-
-def _dispatch(items: list[tuple[str, tuple[tuple[int, ...], ...]]], names: list[str]) -> str:
-    """Each specialization for its argument shapes; any other shape refused, naming those served (the GPU
-    matmul's per-size kernels)."""
-    return size_dispatch({str(i): item for i, item in enumerate(items)}, names[: len(items[0][1])]) + "\n"
 
 
 ROWBLOCK = RowBlockTemplate()

@@ -14,7 +14,10 @@ What an expert writes for ``epilogue(x @ w)`` on a TPU:
   group norms, pooling over features) runs in a second kernel over blocks of whole rows of the product;
 - ``dimension_semantics``: M and N tiles are parallel, K carries the accumulator.
 Every shape is read from the arguments, block sizes are the named constants ``BLOCK_M``, ``BLOCK_N``,
-``BLOCK_K`` and ``BLOCK_ROWS``, halved only to divide a smaller extent, so one body serves every size. The
+``BLOCK_K`` and ``BLOCK_ROWS`` (the whole extent when it is smaller). Rows and columns of the product are
+independent, so an M, N or row count they do not divide ends in a partial block (Pallas pads its reads and
+drops its writes past the end); ``BLOCK_K`` is halved until it divides K (padding is never summed). One
+body serves every size, with the steps of the tuned blocks. The
 epilogue is the reference's own, written out as JAX with its shapes read from its operands.
 """
 
@@ -71,6 +74,7 @@ class GemmPlan:
     row_blocked: tuple[bool, ...]  # per tail input after ``h``: shares the product's row axis
     epilogues: dict[tuple[int, ...], str] = field(default_factory=dict)  # extents -> emitted tail (): one for all
     placement: str = "tile"  # where the tail runs: "tile" (in the GEMM), "rows" (row-block kernel), "xla"
+    rows_keyed: bool = True  # an XLA tail's constants may follow the row count (else only the row width does)
 
     @property
     def out(self) -> Var:
@@ -277,9 +281,10 @@ def retry_precise(source: str, report: "EvalReport") -> str | None:
 def plan(task: "Task", sizes: tuple[str, ...]) -> GemmPlan | str:
     """The plan at every size. The epilogue is emitted once when it reads every size from its operands;
     else once per extent that its constants follow (the row width, and the rows too when XLA runs it on
-    the whole product: a mean over the batch divides by the batch)."""
+    the whole product and a redrawn batch changes its text: a mean over the batch divides by the batch)."""
     found: list[GemmPlan] = []
     texts: dict[tuple[int, ...], str] = {}
+    rows_keyed = _rows_keyed(task, sizes[0])
     for size in sizes:
         p = match(trace_program(task, size).dce())
         if isinstance(p, str):
@@ -288,6 +293,7 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> GemmPlan | str:
         if reason is not None:
             return reason
         p.placement = placement(task, p)
+        p.rows_keyed = rows_keyed
         key = _extents(p, static_args(task, size))
         text = emit_function(p.tail, _epilogue_name(key), f"The reference after its matmul, for {_extent(key)}.")
         if texts.setdefault(key, text) != text:
@@ -301,6 +307,24 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> GemmPlan | str:
     return found[-1]
 
 
+def _rows_keyed(task: "Task", size: str) -> bool:
+    """Whether an XLA tail's text follows the row count: it is emitted at ``size`` and at ``size`` with the
+    task's free sizes redrawn (the batch a model calls it with), and compared. Different text (a mean over
+    the batch divides by it) keys the tail by its rows too; the same text serves any row count."""
+    import random
+
+    if not task.spec.free:
+        return True
+    probe = task.with_size("rows_probe", task.draw_unseen(size, random.Random(0)))
+    texts = []
+    for task_at, at in ((task, size), (probe, "rows_probe")):
+        p = match(trace_program(task_at, at).dce())
+        if isinstance(p, str) or emittable(p.tail) is not None:
+            return True
+        texts.append(emit_function(p.tail, "_epilogue"))
+    return texts[0] != texts[1]
+
+
 def _size_statics(static: dict[str, Any]) -> list[str]:
     """The static arguments that are sizes (integers): the epilogue's reshapes and constants may follow them."""
     return sorted(k for k, v in static.items() if isinstance(v, int) and not isinstance(v, bool))
@@ -309,7 +333,7 @@ def _size_statics(static: dict[str, Any]) -> list[str]:
 def _extents(p: GemmPlan, static: dict[str, Any]) -> tuple[int, ...]:
     """What the epilogue's constants may follow: the row width (and the rows, when XLA runs it on the whole
     product), then every integer static argument (a group count)."""
-    return ((p.m, p.n) if p.placement == "xla" else (p.n,)) + tuple(int(static[k]) for k in _size_statics(static))
+    return ((p.m, p.n) if p.placement == "xla" and p.rows_keyed else (p.n,)) + tuple(int(static[k]) for k in _size_statics(static))
 
 
 def _epilogue_name(key: tuple[int, ...]) -> str:
@@ -444,7 +468,7 @@ def _whole(a):
 
 def _kernel_source(p: GemmPlan, names: list[str], statics: list[str]) -> str:
     x, w = p.x.name, p.w.name
-    dims = ["m", "n"] if p.placement == "xla" else ["n"]
+    dims = ["m", "n"] if p.placement == "xla" and p.rows_keyed else ["n"]
     extents = "(" + ", ".join(dims + [f"static[{k!r}]" for k in statics]) + ("," if len(dims) + len(statics) == 1 else "") + ")"
     others = [v.name for v in p.tail.inputs[1:]]
     w_spec = ("pl.BlockSpec((block_n, block_k), lambda i, j, kk: (j, kk))" if p.w_nk
@@ -468,7 +492,7 @@ def _kernel_source(p: GemmPlan, names: list[str], statics: list[str]) -> str:
         f"def kernel({', '.join(names)}, **static):",
         f"    m, k = {x}.shape",
         f"    n = {n_expr}",
-        "    block_m, block_n, block_k = _fit(BLOCK_M, m), _fit(BLOCK_N, n), _fit(BLOCK_K, k)",
+        "    block_m, block_n, block_k = min(BLOCK_M, m), min(BLOCK_N, n), _fit(BLOCK_K, k)  # partial last M, N tiles",
         "    # What one step holds (blocks double-buffered, the f32 accumulator, split operands): the limit",
         "    # is raised to it, with headroom for Mosaic's own temporaries.",
         f"    planned = 2 * (block_m * block_k + block_k * block_n) * {item} + 2 * block_m * block_n * 4 * 2"
@@ -477,7 +501,7 @@ def _kernel_source(p: GemmPlan, names: list[str], statics: list[str]) -> str:
         "    h = pl.pallas_call(",
         f"        functools.partial(_gemm_kernel, epilogue={'epilogue' if p.placement == 'tile' else 'None'}),",
         f"        out_shape=jax.ShapeDtypeStruct((m, n), {gemm_out}),",
-        "        grid=(m // block_m, n // block_n, k // block_k),",
+        "        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), k // block_k),",
         "        in_specs=[" + ", ".join(in_specs) + "],",
         "        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j, kk: (i, j)),",
         "        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],",
@@ -499,14 +523,14 @@ def _kernel_source(p: GemmPlan, names: list[str], statics: list[str]) -> str:
     shapes = ", ".join(["(block_rows, n)"] + [f"(block_rows,) + {name}.shape[1:]" if blocked else f"{name}.shape"
                                               for name, blocked in zip(others, p.row_blocked)])
     lines += [
-        "    block_rows = _fit(BLOCK_ROWS, m)",
+        "    block_rows = min(BLOCK_ROWS, m)  # a partial last block: no row reads another",
         f"    out = jax.eval_shape(epilogue, h{''.join(', ' + o for o in others)})",
         "    cols = math.prod(out.shape[1:])",
         f"    body = functools.partial(_rows_kernel, epilogue=epilogue, shapes=({shapes},))",
         "    rows = pl.pallas_call(",
         "        body,",
         "        out_shape=jax.ShapeDtypeStruct((m, cols), out.dtype),",
-        "        grid=(m // block_rows,),",
+        "        grid=(pl.cdiv(m, block_rows),),",
         "        in_specs=[" + ", ".join(row_specs) + "],",
         "        out_specs=pl.BlockSpec((block_rows, cols), lambda i: (i, 0)),",
         '        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),',
