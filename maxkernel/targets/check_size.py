@@ -172,6 +172,10 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec, interpreted
     else:
         for name, value in full.items():
             floor, multiple_of = _floor(task, name, cpu)
+            if name in task.spec.free and isinstance(value, int) and floor < value and floor % multiple_of == 0:
+                shrink(name, [floor])  # one trace where the halvings down to a free minimum would take many
+                if chosen[name] == floor:
+                    continue
             shrink(name, _ladder(value, floor, multiple_of))
             shrink(name, _doublings(value, floor, multiple_of, chosen[name]))
     # Why each parameter could not shrink further (a rung above the chosen value proves nothing).
