@@ -28,6 +28,7 @@ from jaxbench.interpret import InterpretMode, default_mode
 from jaxbench.pool import WorkerFailure, WorkerHandle, WorkerPool
 from jaxbench.report import CheckResult, EvalReport
 from jaxbench.task import SUITE_DIR, Task, TaskError, _draw_value, load_task
+from jaxbench.task_check import full_shapes
 from jaxbench.timing import round_scale, speedup_interval, stats
 
 SUSPICIOUS_SPEEDUP = 20.0
@@ -120,7 +121,9 @@ class _Reference:
 
 
 def _compile_reference(task: Task, size: str) -> _Reference:
-    args, static = task.get_inputs(jax.random.key(0), size)
+    """The reference compiled for the abstract inputs of ``size``: compiling needs their shapes, not a draw
+    (at a check size that keeps the full hidden width, one draw of the weights costs seconds)."""
+    args, static, _ = full_shapes(task, size)
     fn = partial(task.reference, **static)
     try:
         closed = jax.make_jaxpr(fn)(*args)
@@ -258,10 +261,12 @@ class Evaluator:
             # Until its reply is read the pipe is mid-conversation: any failure here retires the worker.
             recycle = True
             worker.send(self._load_request(ref, source, filename, interpret))
+            judging = time.monotonic()
             seeds = [secrets.randbits(31) for _ in range(cfg.correctness_seeds)]
             sets = [ref.inputs(s) for s in seeds]
             sets.append(shifted(ref.inputs(secrets.randbits(31))))
             expected = [ref.run(s) for s in sets]
+            deadline = _judged(deadline, judging)
             loaded = worker.receive(_left(deadline))
             recycle = False
             if not loaded.get("ok"):
@@ -349,7 +354,9 @@ class Evaluator:
         refused: list[str] = []
         for values in unseen_draws(task, base, random.Random(secrets.randbits(63))):
             shown = "unseen size " + ", ".join(f"{name}={values[name]}" for name in task.spec.free)
+            judging = time.monotonic()
             ref = _compile_reference(task.with_size("unseen", values), "unseen")
+            deadline = _judged(deadline, judging)
             request = {**self._load_request(ref, source, filename, interpret),
                        "max_grid_steps": unseen_step_limit(base_steps, task, base, values)}
             try:
@@ -357,8 +364,10 @@ class Evaluator:
                 if loaded.get("status") == "over_budget":
                     refused.append(f"{shown}: {loaded.get('reason', '')}")
                     continue
+                judging = time.monotonic()
                 inputs = ref.inputs(secrets.randbits(31))
                 expected = ref.run(inputs)
+                deadline = _judged(deadline, judging)
                 ran = worker.request({"op": "run", "inputs": [inputs]}, _left(deadline)) if loaded.get("ok") else loaded
             except WorkerFailure as failure:
                 raise WorkerFailure(failure.status, f"{shown}: {failure.reason}") from failure
@@ -505,6 +514,13 @@ def _differs(a: Any, b: Any) -> bool:
 
 def _left(deadline: float) -> float:
     return max(1.0, deadline - time.monotonic())
+
+
+def _judged(deadline: float, since: float) -> float:
+    """``deadline`` moved on by the judge's own time since ``since`` (drawing inputs, compiling and running
+    the reference): the timeout bounds the candidate's work, and a check size that keeps large weights makes
+    the judge's draws take most of a minute on a loaded machine."""
+    return deadline + (time.monotonic() - since)
 
 
 def _fail(report: EvalReport, status: str, reason: str) -> None:

@@ -113,3 +113,37 @@ def test_task_outside_the_suite_works_like_a_suite_id(quick_evaluator, tmp_path)
     shutil.copytree(load_task(RMS).path, folder)
     report = quick_evaluator.evaluate(load_task(folder), example("rmsnorm_12p.py"))
     assert report.status == "ok" and report.task == RMS
+
+
+def test_the_judges_own_drawing_time_is_not_the_candidates(declared_size_evaluator, monkeypatch):
+    """A check size that keeps large weights makes the judge's draws take most of a minute on a loaded
+    machine: the candidate's compile and runs still get the whole timeout."""
+    import time
+
+    import jaxbench.evaluate as evaluate
+    from jaxbench.pool import WorkerHandle
+    from jaxbench.task import load_task
+
+    offset = [0.0]
+    clock = type("Clock", (), {"monotonic": staticmethod(lambda: time.monotonic() + offset[0])})
+    monkeypatch.setattr(evaluate, "time", clock)
+    draw = evaluate._Reference.inputs
+
+    def slow_draw(self, seed):  # type: ignore[no-untyped-def]
+        offset[0] += 1000.0  # each draw "takes" 1000 s: far past the 120 s timeout
+        return draw(self, seed)
+
+    given: list[float] = []
+    receive = WorkerHandle.receive
+
+    def recorded(self, timeout_s):  # type: ignore[no-untyped-def]
+        given.append(timeout_s)
+        return receive(self, timeout_s)
+
+    monkeypatch.setattr(evaluate._Reference, "inputs", slow_draw)
+    monkeypatch.setattr(WorkerHandle, "receive", recorded)
+    task = load_task(RMS)
+    report = declared_size_evaluator.evaluate(task, reference_candidate(RMS))
+    assert report.status == "ok", report.reason
+    # Before, the compile's reply was awaited for the 1 s floor left of a deadline 4000 s gone.
+    assert given and given[0] > 60.0

@@ -4,7 +4,8 @@
 Starting from ``full``, each integer size parameter is halved while the candidate traced there stays a twin
 of its ``full`` trace (:mod:`maxkernel.targets.twins`: the same kernels, bodies, block shapes and XLA code,
 at least two grid steps along each axis that has two or more at ``full``, at least two trips of each static
-loop that makes two or more); a parameter is never taken below its ``cpu`` value (the smallest size the
+loop that makes two or more), then, where the halvings miss them (an extent with an odd factor its floor
+lacks), its floor doubled while below what the halvings kept; a parameter is never taken below its ``cpu`` value (the smallest size the
 task is known to work at) unless the task declares it ``free`` (served at any value: batch, tokens), which
 goes down to its declared minimum; the ``cpu`` size itself is used when it is a twin. Free parameters matter
 for kernels whose grid steps are expensive to interpret, such as paged attention's page-by-page DMAs: the
@@ -94,6 +95,23 @@ def _ladder(value: Any, floor: Any, multiple_of: int = 1) -> list[int]:
     return rungs
 
 
+def _doublings(value: Any, floor: Any, multiple_of: int, below: Any) -> list[int]:
+    """Smaller values the halvings of ``value`` miss: ``floor`` doubled while under ``below`` (the value the
+    halvings kept), largest first, each a multiple of ``multiple_of`` and none a halving of ``value``. An
+    extent with an odd factor the floor lacks (14336 = 7 x 2048 against a ``cpu`` value of 512) halves to
+    1792 or 896, where a block of 256 no longer divides it or the grid shrinks another way; 512 keeps the
+    blocks and still runs two steps."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (value, floor, below)):
+        return []
+    halvings = set(_ladder(value, floor, multiple_of))
+    rungs, current = [], floor
+    while current < below:
+        if current % multiple_of == 0 and current not in halvings:
+            rungs.append(current)
+        current *= 2
+    return rungs[::-1]
+
+
 def _floor(task: Task, name: str, cpu: dict[str, Any]) -> tuple[Any, int]:
     """(lowest value, step) a size parameter may take at a check size: a free parameter's declared minimum,
     else the parameter's ``cpu`` value."""
@@ -136,18 +154,32 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec, interpreted
 
     cpu = task.size("cpu")
     chosen = dict(full)
-    stopped: list[str] = []  # why each parameter could not shrink further
+    failed: list[tuple[str, int, str]] = []  # (parameter, value, why it is not a twin there)
+
+    def shrink(name: str, rungs: list[int]) -> None:
+        """Take ``name`` down the ``rungs`` (largest first) while the trace stays a twin."""
+        nonlocal chosen
+        for smaller in rungs:
+            trial = {**chosen, name: smaller}
+            why = kept(trial)
+            if why is not None:
+                failed.append((name, smaller, why))
+                return
+            chosen = trial
+
     if cpu != full and kept(cpu) is None:
         chosen = cpu
     else:
         for name, value in full.items():
-            for smaller in _ladder(value, *_floor(task, name, cpu)):
-                trial = {**chosen, name: smaller}
-                why = kept(trial)
-                if why is not None:
-                    stopped.append(f"{name}={smaller}: {why}")
-                    break
-                chosen = trial
+            floor, multiple_of = _floor(task, name, cpu)
+            if name in task.spec.free and isinstance(value, int) and floor < value and floor % multiple_of == 0:
+                shrink(name, [floor])  # one trace where the halvings down to a free minimum would take many
+                if chosen[name] == floor:
+                    continue
+            shrink(name, _ladder(value, floor, multiple_of))
+            shrink(name, _doublings(value, floor, multiple_of, chosen[name]))
+    # Why each parameter could not shrink further (a rung above the chosen value proves nothing).
+    stopped = [f"{name}={value}: {why}" for name, value, why in failed if value < chosen[name]]
     checked = traced(chosen)
     assert not isinstance(checked, str)  # every chosen size traced (full itself was traced first)
     calls = find_pallas_calls(checked)

@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from target_kernels import PLAIN_JAX_RMSNORM, RMSNORM_TASK, matmul_source, rmsnorm_source, write_task
+from target_kernels import MATMUL_TASK, PLAIN_JAX_RMSNORM, RMSNORM_TASK, matmul_source, rmsnorm_source, write_task
 
 from jaxbench.task import Task, load_task
 from maxkernel.evaluation import evaluate_candidate
-from maxkernel.targets.check_size import CHECK_MEMORY_BYTES, derive_check_size, trace_at
+from maxkernel.targets.check_size import CHECK_MEMORY_BYTES, _doublings, derive_check_size, trace_at
 from maxkernel.targets.jaxpr_walk import find_pallas_calls
 from maxkernel.targets.loader import load_candidate
 from maxkernel.targets.specs import load_tpu_spec
@@ -76,6 +76,24 @@ def test_honest_tiled_matmul_is_checked_with_its_full_blocks_and_two_steps_per_a
 def test_cpu_size_is_used_when_it_keeps_the_block_configuration(rmsnorm_task: Task) -> None:
     check = _check(rmsnorm_source(128), rmsnorm_task)
     assert check.refusal is None and check.values == rmsnorm_task.size("cpu") and check.grid_steps == 2
+
+
+# k at full is three 512-blocks: its halving (768) runs one k step, and 384 is under the cpu floor (512).
+ODD_K_TASK = {
+    "task.yaml": MATMUL_TASK["task.yaml"].replace("id: tgt_matmul", "id: tgt_odd_k").replace(
+        "full: {m: 1024, k: 2048,", "full: {m: 1024, k: 1536,"),
+    "reference.py": MATMUL_TASK["reference.py"],
+}
+
+
+def test_an_extent_with_an_odd_factor_is_checked_at_its_floor_doubled(tmp_path: Path) -> None:
+    task = load_task(write_task(tmp_path / "odd_k", ODD_K_TASK))
+    check = _check(matmul_source(256, 256, 512), task)
+    # 1024 is no halving of 1536 but keeps the 512-blocks and runs two k steps; 512 would run one.
+    assert check.refusal is None and check.values == {"m": 512, "k": 1024, "n": 512}
+    assert check.grid_steps == 8 and {s.split(":")[0] for s in check.smaller} >= {"k=768", "k=512"}
+    assert _doublings(14336, 512, 1, 1792) == [1024, 512]  # 10p's intermediate under its 256-column blocks
+    assert _doublings(4096, 512, 1, 4096) == []  # every doubling of the floor is a halving already tried
 
 
 def test_too_few_steps_at_a_size_are_named(matmul_task: Task) -> None:
