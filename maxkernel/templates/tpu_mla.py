@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from maxkernel.analysis.program import arg_names, static_args, trace_program
-from maxkernel.rewrites.emit import EmitError
 from maxkernel.templates.attention import FlashPlan, render_flash
-from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, tpu_target
+from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, analysed_at, tpu_target
 from maxkernel.templates.masks import CAUSAL
 from maxkernel.templates.tpu_gemm import SPLIT_SOURCE
 
@@ -171,10 +170,7 @@ class TpuMlaTemplate:
                              space={"block_q": sorted({f[0] for f in fits}), "block_k": sorted({f[1] for f in fits})})
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
-        shapes = [analyse(task, size) for size in sizes]
-        failed = next((s for s in shapes if isinstance(s, str)), None)
-        if failed is not None:
-            raise EmitError(failed)
+        analysed_at(task, sizes, analyse, lambda s: (s.qk_dim, s.v_dim, s.names))
         return render_mla(task, int(params["block_q"]), int(params["block_k"]))
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from maxkernel.analysis.program import Const, Node, Program, Var, arg_names, static_args, trace_program
 from maxkernel.rewrites.emit import EmitError
-from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, tpu_target
+from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, analysed_at, tpu_target
 from maxkernel.templates.tpu_gemm import HEADER, W_KN_DIMENSIONS, W_NK_DIMENSIONS, _mxu_source, _passes, chosen_passes
 from maxkernel.templates.tpu_mlp import _precision
 
@@ -190,12 +190,6 @@ def vmem_bytes(a: RetentionShape, block_q: int, block_k: int) -> int:
     return blocks + block_q * a.head_dim * 4 + tiles
 
 
-def steps(seq: int, block_q: int, block_k: int) -> int:
-    """Grid steps of one (batch, head): the block pairs with a key at or before a query."""
-    return sum(min(seq // block_k, (i + 1) * block_q // block_k + (1 if (i + 1) * block_q % block_k else 0))
-               for i in range(seq // block_q))
-
-
 class TpuRetentionTemplate:
     name = "tpu_retention"
     description = "decayed causal retention over the visible block pairs, the decay built in VMEM, group norm fused"
@@ -222,13 +216,7 @@ class TpuRetentionTemplate:
                                     "passes": _passes(a)})
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
-        shapes = [analyse(task, size) for size in sizes]
-        failed = next((s for s in shapes if isinstance(s, str)), None)
-        if failed is not None:
-            raise EmitError(failed)
-        found = [s for s in shapes if not isinstance(s, str)]
-        if len({(s.in_dtype, s.precision, s.eps, s.names) for s in found}) != 1:
-            raise EmitError("argument roles, dtypes or the epsilon change with size")
+        found = analysed_at(task, sizes, analyse, lambda s: (s.in_dtype, s.precision, s.eps, s.names))
         if any(not math.isclose(s.scale, 1.0 / math.sqrt(s.head_dim), rel_tol=1e-6) for s in found):
             raise EmitError("a score scale other than 1/sqrt(head_dim)")
         passes = chosen_passes(found[0], params)

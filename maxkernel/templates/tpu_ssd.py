@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from maxkernel.analysis.program import arg_names, static_args, trace_program
-from maxkernel.rewrites.emit import EmitError
-from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, tpu_target
+from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, analysed_at, tpu_target
 from maxkernel.templates.tpu_gemm import HEADER, W_KN_DIMENSIONS, W_NK_DIMENSIONS, _mxu_source, _passes, chosen_passes
 from maxkernel.templates.tpu_mlp import _precision
 
@@ -164,13 +163,7 @@ class TpuSsdTemplate:
                                     "passes": _passes(a)})
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
-        shapes = [analyse(task, size) for size in sizes]
-        failed = next((s for s in shapes if isinstance(s, str)), None)
-        if failed is not None:
-            raise EmitError(failed)
-        found = [s for s in shapes if not isinstance(s, str)]
-        if len({(s.in_dtype, s.precision, s.names) for s in found}) != 1:
-            raise EmitError("argument roles or dtypes that change with size")
+        found = analysed_at(task, sizes, analyse, lambda s: (s.in_dtype, s.precision, s.names))
         return render_ssd(task, found[0], int(params["chunk"]), int(params["block_h"]), chosen_passes(found[0], params))
 
 
