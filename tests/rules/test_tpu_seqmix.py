@@ -18,6 +18,7 @@ from jaxbench.evaluate import shifted
 from jaxbench.task import Task, load_task
 from maxkernel.analysis import TaskAnalysis, analyze_task
 from maxkernel.rewrites.emit import EmitError
+from maxkernel.rules.strategy import templates_for
 from maxkernel.targets import validate_tpu
 from maxkernel.templates.tpu_mla import TPU_MLA
 from maxkernel.templates.tpu_retention import TPU_RETENTION
@@ -49,6 +50,11 @@ def _analysed(task_id: str) -> tuple[Task, TaskAnalysis]:
 def test_each_template_applies_to_its_computation_only(template, own, other) -> None:
     assert template.applies(*_analysed(own)) is None
     assert template.applies(*_analysed(other)) is not None
+
+
+def test_the_planner_offers_them_on_tpu_targets() -> None:
+    assert {TPU_RETENTION, TPU_MLA, TPU_SSD} <= set(templates_for("tpu-v6e"))
+    assert not {TPU_RETENTION, TPU_MLA, TPU_SSD} & set(templates_for("cpu"))
 
 
 def test_retention_matches_the_reference_in_tpu_interpret_mode() -> None:
