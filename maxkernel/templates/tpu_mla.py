@@ -170,7 +170,7 @@ class TpuMlaTemplate:
                              space={"block_q": sorted({f[0] for f in fits}), "block_k": sorted({f[1] for f in fits})})
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
-        analysed_at(task, sizes, analyse, lambda s: (s.qk_dim, s.v_dim, s.names))
+        analysed_at(task, sizes, analyse, lambda s: s.names)
         return render_mla(task, int(params["block_q"]), int(params["block_k"]))
 
 
