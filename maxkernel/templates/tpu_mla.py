@@ -46,7 +46,7 @@ SIGNATURE = frozenset({"dot_general", "rsqrt", "exp", "reduce_max", "cos", "sin"
 PROBE = (1, 16, 64, 2, 32, 32, 16, 8, 24)
 PROBE_TOLERANCE = 3e-2  # bf16 output of bf16 inputs
 # The scores' bf16 passes: q and k are f32 values (projections of normalised latents) whose bf16 rounding
-# moves large scores outside a bf16 task's tolerance on shifted inputs (measured: 773 of 262144 outputs at
+# moves large scores outside a bf16 task's tolerance on shifted inputs (measured: 773 of 524288 outputs at
 # the cpu size); their high and low parts, laid side by side along the head, make one bf16 product the
 # 3-pass split q_hi k_hi + q_lo k_hi + q_hi k_lo.
 SCORE_PASSES = 3
