@@ -220,8 +220,11 @@ class FlashAttentionTemplate:
         return render_flash(task, found, block_q, int(params.get("block_k", block_q)))
 
 
-def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
-    names = arg_names(task)
+def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int, names: list[str] | None = None,
+                 entry: str = "kernel", doc: str | None = None) -> str:
+    """The candidate source; ``names`` (the arguments, default the task's), ``entry`` (the function's name)
+    and ``doc`` (the module docstring) let another template call this kernel from its own ``kernel``."""
+    names = names if names is not None else arg_names(task)
     q, k, v = names[:3]
     table = names[3] if p.bias is not None else ""
     if p.bias is not None and block_q != block_k:
@@ -234,7 +237,7 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
     f32 = np.dtype(p.in_dtype) == np.float32
     precision = ", precision=jax.lax.Precision.HIGHEST" if f32 else ""
     what = p.mask.description if p.mask is not None else "every key"
-    doc = (f'"""{task.id}: flash attention over the visible key blocks ({what}).\n\n'
+    doc = doc if doc is not None else (f'"""{task.id}: flash attention over the visible key blocks ({what}).\n\n'
            "Grid (batch, kv head, step): each step multiplies one query block, holding every query head that\n"
            "shares the kv head, by one key/value block, keeping the running row max and row sum in VMEM; the\n"
            "output is normalised once, after the row's last key block. The steps are the visible (query block,\n"
@@ -351,9 +354,9 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
         "        o_ref[...] = (acc_ref[...] * (1.0 / l_ref[...])).astype(o_ref.dtype)",
         "",
         "",
-        f"def kernel({q}, {k}, {v}{bias_arg}{keywords}):",
+        f"def {entry}({q}, {k}, {v}{bias_arg}{keywords}):",
         f"    batch, q_heads, seq_q, head_dim = {q}.shape",
-        f"    kv_heads, seq_k = {k}.shape[1], {k}.shape[2]",
+        f"    kv_heads, seq_k, v_dim = {k}.shape[1], {k}.shape[2], {v}.shape[3]  # v_dim may differ from head_dim",
         "    group = q_heads // kv_heads  # consecutive query heads share a kv head",
         *(["    # Square: a tile per block distance; the whole sequence when it is shorter (else a multiple of 8).",
            "    block_q = block_k = seq_q if seq_q == seq_k <= BLOCK_Q else max(8, min(BLOCK_Q, seq_q, seq_k) // 8 * 8)",
@@ -369,22 +372,22 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int) -> str:
         "        in_specs=[",
         "            pl.BlockSpec((None, group, block_q, head_dim), lambda b, g, t, qb, kb, f: (b, g, qb[t], 0)),",
         "            pl.BlockSpec((None, None, block_k, head_dim), lambda b, g, t, qb, kb, f: (b, g, kb[t], 0)),",
-        "            pl.BlockSpec((None, None, block_k, head_dim), lambda b, g, t, qb, kb, f: (b, g, kb[t], 0)),",
+        "            pl.BlockSpec((None, None, block_k, v_dim), lambda b, g, t, qb, kb, f: (b, g, kb[t], 0)),",
         *(["            # The group's bias tiles stay in VMEM for all of its steps: fetched once per (batch, kv head).",
            "            pl.BlockSpec((group, tiles.shape[1], block_q, block_k), lambda b, g, t, qb, kb, f: (g, 0, 0, 0)),"]
           if table else []),
         "        ],",
-        "        out_specs=pl.BlockSpec((None, group, block_q, head_dim), lambda b, g, t, qb, kb, f: (b, g, qb[t], 0)),",
+        "        out_specs=pl.BlockSpec((None, group, block_q, v_dim), lambda b, g, t, qb, kb, f: (b, g, qb[t], 0)),",
         "        scratch_shapes=[",
         "            pltpu.VMEM((group, block_q, 1), jnp.float32),  # running row max",
         "            pltpu.VMEM((group, block_q, 1), jnp.float32),  # running row sum",
-        "            pltpu.VMEM((group, block_q, head_dim), jnp.float32),  # unnormalised output",
+        "            pltpu.VMEM((group, block_q, v_dim), jnp.float32),  # unnormalised output",
         "        ],",
         "    )",
         "    return pl.pallas_call(",
         "        body,",
         "        grid_spec=grid_spec,",
-        f"        out_shape=jax.ShapeDtypeStruct({q}.shape, {dtype_expr(p.out_dtype)}),",
+        f"        out_shape=jax.ShapeDtypeStruct((batch, q_heads, seq_q, v_dim), {dtype_expr(p.out_dtype)}),",
         '        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),',
         f"    )(q_blocks, kv_blocks, flags, {q}, {k}, {v}{', tiles' if table else ''})",
     ]

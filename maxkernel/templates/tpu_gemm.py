@@ -389,16 +389,18 @@ def _dimension_numbers(p: GemmPlan) -> str:
     return W_NK_DIMENSIONS if p.w_nk else W_KN_DIMENSIONS
 
 
-def _mxu_source(dn: str, passes: int) -> str:
-    """The tile product ``_product(x, w)`` for ``passes`` bf16 MXU passes, contracting as ``dn`` says."""
-    if passes == 3:
-        return f'''def _split(a):
+SPLIT_SOURCE = '''def _split(a):
     """``a`` as a high and a low bf16 part: ``hi + lo`` keeps about 16 of f32's 24 mantissa bits."""
     hi = a.astype(jnp.bfloat16)
     return hi, (a - hi.astype(jnp.float32)).astype(jnp.bfloat16)
+'''
 
 
-def _product(x, w):
+def _mxu_source(dn: str, passes: int, name: str = "_product", split: bool = True) -> str:
+    """The tile product ``name(x, w)`` for ``passes`` bf16 MXU passes, contracting as ``dn`` says; ``split``:
+    also emit the ``_split`` helper of the 3-pass product (once per module when it has several products)."""
+    if passes == 3:
+        return (SPLIT_SOURCE + "\n\n" if split else "") + f'''def {name}(x, w):
     """One f32 tile product in three bf16 MXU passes (the lo x lo term is below f32 rounding here)."""
     x_hi, x_lo = _split(x)
     w_hi, w_lo = _split(w)
@@ -409,7 +411,7 @@ def _product(x, w):
     precision = ", precision=jax.lax.Precision.HIGHEST" if passes == 6 else ""
     why = ("f32 operands at full precision (six bf16 passes)" if passes == 6
            else "MXU operands in the input dtype, accumulated in f32")
-    return f'''def _product(x, w):
+    return f'''def {name}(x, w):
     """One tile product: {why}."""
     return jax.lax.dot_general(x, w, {dn}, preferred_element_type=jnp.float32{precision})
 

@@ -1,0 +1,110 @@
+"""The TPU sequence-mixing templates: retention (15p), latent attention (3p) and the chunked SSD scan (16p).
+
+Each is run in TPU interpret mode at a small size against the task's own reference, and its default blocks
+at ``full`` lower for tpu-v6e."""
+
+from __future__ import annotations
+
+import functools
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+
+from jaxbench.evaluate import shifted
+from jaxbench.task import Task, load_task
+from maxkernel.analysis import TaskAnalysis, analyze_task
+from maxkernel.rewrites.emit import EmitError
+from maxkernel.rules.strategy import templates_for
+from maxkernel.targets import validate_tpu
+from maxkernel.templates.tpu_mla import TPU_MLA
+from maxkernel.templates.tpu_retention import TPU_RETENTION
+from maxkernel.templates.tpu_ssd import TPU_SSD
+
+RETENTION, MLA, SSD = "15p_RetNet_Retention", "3p_MLA_Attention", "16p_Mamba2_SSD"
+
+
+def _module(source: str) -> types.ModuleType:
+    module = types.ModuleType("candidate")
+    exec(compile(source, "candidate.py", "exec"), module.__dict__)
+    return module
+
+
+def _interpret(module: types.ModuleType, args: list, static: dict) -> np.ndarray:
+    with pltpu.force_tpu_interpret_mode():
+        return np.asarray(jax.jit(lambda *a: module.kernel(*a, **static))(*args)).astype(np.float32)
+
+
+@functools.cache
+def _analysed(task_id: str) -> tuple[Task, TaskAnalysis]:
+    task = load_task(task_id)
+    return task, analyze_task(task)
+
+
+# Each template, its own task, and a task that computes something else in a similar form.
+@pytest.mark.parametrize(("template", "own", "other"), [(TPU_RETENTION, RETENTION, "1p_Flash_Attention"),
+                                                         (TPU_MLA, MLA, RETENTION), (TPU_SSD, SSD, RETENTION)])
+def test_each_template_applies_to_its_computation_only(template, own, other) -> None:
+    assert template.applies(*_analysed(own)) is None
+    assert template.applies(*_analysed(other)) is not None
+
+
+def test_the_planner_offers_them_on_tpu_targets() -> None:
+    assert {TPU_RETENTION, TPU_MLA, TPU_SSD} <= set(templates_for("tpu-v6e"))
+    assert not {TPU_RETENTION, TPU_MLA, TPU_SSD} & set(templates_for("cpu"))
+
+
+def test_retention_matches_the_reference_in_tpu_interpret_mode() -> None:
+    task = load_task(RETENTION)
+    # Key blocks half the query blocks: rows of two and four key blocks, the diagonal cut through twice.
+    module = _module(TPU_RETENTION.render(task, {"block_q": 128, "block_k": 64, "passes": 3}, ("cpu",)))
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 8, 256, 64)).astype(np.float32)) for _ in range(3))
+    got = _interpret(module, [q, k, v], {"eps": 1e-5})
+    expected = np.asarray(task.reference(q, k, v, eps=1e-5))
+    np.testing.assert_allclose(got, expected, rtol=5e-4, atol=5e-4)
+    with pytest.raises(ValueError, match="no log decays for 4 heads"):
+        module.kernel(q[:, :4], k[:, :4], v[:, :4], eps=1e-5)  # decays it was not rendered for are refused
+
+
+def test_retention_passes_follow_the_gemm_rule() -> None:
+    task = load_task(RETENTION)
+    with pytest.raises(EmitError, match="1 MXU passes"):  # f32 at HIGHEST: the 3-pass split or HIGHEST only
+        TPU_RETENTION.render(task, {"block_q": 128, "block_k": 128, "passes": 1}, ("cpu",))
+    highest = TPU_RETENTION.render(task, {"block_q": 128, "block_k": 128, "passes": 6}, ("cpu",))
+    assert "Precision.HIGHEST" in highest and "_split" not in highest
+
+
+def test_mla_matches_the_reference_on_shifted_inputs_in_tpu_interpret_mode() -> None:
+    task = load_task(MLA)
+    module = _module(TPU_MLA.render(task, {"block_q": 128, "block_k": 128}, ("cpu",)))
+    args, static = task.module.get_inputs(jax.random.PRNGKey(3), batch=1, seq=256, hidden=128, num_heads=2,
+                                          q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=32,
+                                          qk_rope_head_dim=16, v_head_dim=48)
+    # Shifted inputs give large scores: bf16 rounding of q, k or the latents would fail here.
+    args = [jnp.asarray(a) for a in shifted([np.asarray(a) for a in args])]
+    got = _interpret(module, args, static)
+    expected = np.asarray(task.reference(*args, **static)).astype(np.float32)
+    np.testing.assert_allclose(got, expected, rtol=3e-2, atol=6e-2)
+
+
+def test_ssd_matches_the_reference_across_chunks_in_tpu_interpret_mode() -> None:
+    task = load_task(SSD)
+    module = _module(TPU_SSD.render(task, {"chunk": 64, "block_h": 4, "passes": 3}, ("cpu",)))
+    args, static = task.module.get_inputs(jax.random.PRNGKey(2), batch=2, seq=256, heads=8, head_dim=16,
+                                          groups=2, state_dim=32)
+    got = _interpret(module, list(args), static)  # four chunks: the state crosses three chunk boundaries
+    expected = np.asarray(task.reference(*args, **static))
+    np.testing.assert_allclose(got, expected, rtol=5e-4, atol=5e-4)
+
+
+@pytest.mark.parametrize(("template", "task_id"), [(TPU_RETENTION, RETENTION), (TPU_MLA, MLA), (TPU_SSD, SSD)])
+def test_default_blocks_lower_for_tpu_v6e(template, task_id) -> None:
+    task = load_task(task_id)
+    space = template.space(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")
+    assert all(space.space[name] for name in space.defaults), space
+    result = validate_tpu(template.render(task, space.defaults, ("cpu", "full")), task, "v6e")
+    assert result.ok, result.reason
