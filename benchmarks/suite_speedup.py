@@ -18,8 +18,8 @@ parameters), and "ref as cand.": the judge's speedup of the reference itself eva
 that)), and "unseen": whether the returned kernel passed the evaluator's check at an unseen size drawn
 from the task's free sizes (with the size). At the end: tasks with a correct candidate that is not the reference itself, fast_1.1 / fast_1.5
 (share of tasks correct and at least 1.1x / 1.5x faster), and the geometric-mean speedup (a task without
-a confirmed faster candidate counts 1.0x), and how many returned non-reference kernels passed the unseen size. ``--compare-old`` runs the separate rules loop on the same
-tasks in the same run (alternating which goes first) and prints both tables. Every run uses one
+a confirmed faster candidate counts 1.0x), and how many returned non-reference kernels passed the unseen size.
+Every run uses one
 evaluator and a fresh data dir, so no task recalls a kernel from an earlier run of the benchmark.
 """
 
