@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -43,7 +44,17 @@ def _dead_here(owner: str | None) -> bool:
         return True
     except PermissionError:
         return False
-    return False
+    return _zombie(int(pid))
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits only to be reaped by its parent (Linux's state ``Z``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rpartition(")")[2].split()
+    return bool(fields) and fields[0] == "Z"
 
 
 class Claimer:
@@ -60,16 +71,18 @@ class Claimer:
                           sa.or_(jobs.c.lease_until.is_(None), jobs.c.lease_until < now))
         return sa.or_(jobs.c.status == "queued", expired)
 
-    def claim(self) -> JobInfo | None:
-        """The next job (highest priority, oldest first) among the queued and those whose lease ran out.
+    def claim(self, among: list[str] | None = None) -> JobInfo | None:
+        """The next job (highest priority, oldest first) among the queued and those whose lease ran out
+        (only of ``among`` when given).
 
         A taken-over job that was being cancelled is cancelled here rather than run again."""
         while True:
             now = utcnow()
             with self.queue.writer.begin() as conn:
-                query = (sa.select(jobs.c.id, jobs.c.attempts, jobs.c.status, jobs.c.owner)
-                         .where(self._claimable(now))
-                         .order_by(jobs.c.priority.desc(), jobs.c.created_at).limit(1))
+                query = sa.select(jobs.c.id, jobs.c.attempts, jobs.c.status, jobs.c.owner).where(self._claimable(now))
+                if among is not None:
+                    query = query.where(jobs.c.id.in_(among))
+                query = query.order_by(jobs.c.priority.desc(), jobs.c.created_at).limit(1)
                 if conn.dialect.name == "postgresql":
                     query = query.with_for_update(skip_locked=True)
                 row = conn.execute(query).first()

@@ -43,6 +43,7 @@ from orchestrators.jobs import JobInfo, JobQueue
 log = structlog.get_logger("orchestrators.daemon")
 
 STATE_FILE = "daemon.json"
+DEAD_CHECK_S = 1.0  # how often a daemon looks for jobs held by dead daemons of its host
 
 
 class DaemonState(BaseModel):
@@ -80,7 +81,7 @@ class Daemon:
         self.settings, self.concurrency, self.port, self.poll_s = settings, concurrency, port, poll_s
         self.bind = bind
         self.link = FleetLink(testers, token=settings.token) if testers else None
-        self.lease_s, self._renewed_at = lease_s, 0.0
+        self.lease_s, self._renewed_at, self._looked_for_dead_at = lease_s, 0.0, 0.0
         self.running: dict[str, asyncio.Task[None]] = {}
         self.peak_running = 0
         self.finished = 0
@@ -172,15 +173,27 @@ class Daemon:
         if task.exception() is not None:
             log.error("daemon.job_crashed", job=job_id, error=str(task.exception()))
 
-    async def _fill(self) -> None:
-        while len(self.running) < self.concurrency and not self._stop.is_set():
-            job = await asyncio.to_thread(self.claims.claim)
+    async def _fill(self, among: list[str] | None = None, limit: int | None = None) -> None:
+        while len(self.running) < (limit or self.concurrency) and not self._stop.is_set():
+            job = await asyncio.to_thread(self.claims.claim, among)
             if job is None:
                 return
             task = asyncio.create_task(self.run_job(job), name=f"job-{job.id}")
             self.running[job.id] = task
             task.add_done_callback(lambda t, job_id=job.id: self._done(job_id, t))
             self.peak_running = max(self.peak_running, len(self.running))
+
+    async def _take_over_dead(self) -> None:
+        """Jobs of a daemon of this host that died are made claimable as soon as the death is seen (every
+        ``DEAD_CHECK_S``), not when their leases end, and taken over here at once, even beyond this
+        daemon's concurrency (up to twice it): the fleet keeps the work in flight it had."""
+        now = time.monotonic()
+        if now - self._looked_for_dead_at < DEAD_CHECK_S:
+            return
+        self._looked_for_dead_at = now
+        dead = await asyncio.to_thread(self.claims.expire_dead_here)
+        if dead:
+            await self._fill(among=dead, limit=2 * self.concurrency)
 
     async def _cancel_wanted(self) -> None:
         wanted = await asyncio.to_thread(self.queue.wanted_cancelled)
@@ -193,13 +206,11 @@ class Daemon:
 
     async def _keep_leases(self) -> None:
         """Renew the leases of the running jobs (at most every third of a lease); a job another daemon
-        took over meanwhile (this one stalled past its lease) is stopped here without writing to it. The
-        jobs of a daemon of this host that died are made claimable at once, not when their leases end."""
+        took over meanwhile (this one stalled past its lease) is stopped here without writing to it."""
         now = time.monotonic()
         if now - self._renewed_at < self.lease_s / 3:
             return
         self._renewed_at = now
-        await asyncio.to_thread(self.claims.expire_dead_here)
         lost = await asyncio.to_thread(self.claims.renew, set(self.running))
         for job_id in lost & set(self.running):
             task = self.running[job_id]
@@ -238,6 +249,7 @@ class Daemon:
         try:
             while not self._stop.is_set():
                 await self._keep_leases()
+                await self._take_over_dead()
                 await self._cancel_wanted()
                 await self._fill()
                 try:

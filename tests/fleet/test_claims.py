@@ -110,3 +110,38 @@ def test_a_dead_local_daemons_jobs_are_claimable_at_once(store_url: str) -> None
         assert alive.expire_dead_here() == []  # a live owner keeps its lease
     finally:
         store.close()
+
+
+def test_a_daemon_that_died_unreaped_counts_as_dead(store_url: str) -> None:
+    """A killed daemon whose parent has not reaped it yet (a zombie) no longer holds its jobs."""
+    import subprocess
+    import sys
+
+    store, queue = _queue(store_url)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        job = queue.submit(JobSpec(task="t_zombie"))
+        deadline = time.monotonic() + 30
+        while open(f"/proc/{child.pid}/stat").read().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        host = socket.gethostname()[:30]
+        dead = Claimer(queue, owner=f"{host}:{child.pid}:abc", lease_s=600)
+        alive = Claimer(queue, owner=f"{host}:{os.getpid()}:def", lease_s=600)
+        assert dead.claim().id == job.id
+        assert alive.expire_dead_here() == [job.id]
+    finally:
+        child.wait()
+        store.close()
+
+
+def test_a_claim_among_given_jobs_takes_no_other(store_url: str) -> None:
+    store, queue = _queue(store_url)
+    try:
+        first, second = queue.submit(JobSpec(task="t_first")), queue.submit(JobSpec(task="t_second"))
+        claimer = Claimer(queue, owner="here:1:abc", lease_s=600)
+        assert claimer.claim(among=[second.id]).id == second.id  # not the older first job
+        assert claimer.claim(among=[second.id]) is None
+        assert queue.get(first.id).status == "queued"
+    finally:
+        store.close()
