@@ -193,6 +193,8 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
             task.add_done_callback(self._background_tasks.discard)
             return
         delivery.tries += 1
+        log.info("host.dispatched", kind=delivery.kind, source=delivery.source, worker=target,
+                 in_flight=len(self.inflight.get(target, {})), workers=len(self.live(delivery.agent_type)))
         connection = self._data_connections[target]
         if delivery.kind == "event":
             assert delivery.event is not None

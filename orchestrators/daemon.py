@@ -5,8 +5,8 @@ memory when it ends, so later jobs start from it. A job on a model layer (catego
 whole-layer run of ``maxkernel optimize-model`` (``orchestrators.model_opt``): its region sessions are
 Auto runs on the same services, and its layer file is written under ``<data_dir>/models/<job id>/``. Jobs live in the store (``orchestrators.jobs``): a
 daemon claims jobs under a lease it renews (``orchestrators.claims``), so many daemons share one queue and a
-dead one's jobs are taken over when their leases end; a job run again carries on from
-what its earlier sessions evaluated (``AutoRun.restore``); SIGTERM stops it gracefully (running
+dead one's jobs are taken over when their leases end (at once when it ran on this host); a job run
+again carries on from what its earlier sessions evaluated (``AutoRun.restore``); SIGTERM stops it gracefully (running
 jobs are cancelled and queued again, the HTTP API closes, the state file goes). With ``--testers HOST``
 the jobs' evaluations go through that gRPC host to the fleet's tester workers
 (``orchestrators.fleet_tester``) instead of this process's evaluator. ``python -m orchestrators.daemon``
@@ -173,9 +173,9 @@ class Daemon:
         if task.exception() is not None:
             log.error("daemon.job_crashed", job=job_id, error=str(task.exception()))
 
-    async def _fill(self, among: list[str] | None = None, limit: int | None = None) -> None:
-        while len(self.running) < (limit or self.concurrency) and not self._stop.is_set():
-            job = await asyncio.to_thread(self.claims.claim, among)
+    async def _fill(self) -> None:
+        while len(self.running) < self.concurrency and not self._stop.is_set():
+            job = await asyncio.to_thread(self.claims.claim)
             if job is None:
                 return
             task = asyncio.create_task(self.run_job(job), name=f"job-{job.id}")
@@ -183,17 +183,15 @@ class Daemon:
             task.add_done_callback(lambda t, job_id=job.id: self._done(job_id, t))
             self.peak_running = max(self.peak_running, len(self.running))
 
-    async def _take_over_dead(self) -> None:
+    async def _look_for_dead(self) -> None:
         """Jobs of a daemon of this host that died are made claimable as soon as the death is seen (every
-        ``DEAD_CHECK_S``), not when their leases end, and taken over here at once, even beyond this
-        daemon's concurrency (up to twice it): the fleet keeps the work in flight it had."""
+        ``DEAD_CHECK_S``), not when their leases end: the next free slot of any daemon takes them, before
+        queued jobs of their priority."""
         now = time.monotonic()
         if now - self._looked_for_dead_at < DEAD_CHECK_S:
             return
         self._looked_for_dead_at = now
-        dead = await asyncio.to_thread(self.claims.expire_dead_here)
-        if dead:
-            await self._fill(among=dead, limit=2 * self.concurrency)
+        await asyncio.to_thread(self.claims.expire_dead_here)
 
     async def _cancel_wanted(self) -> None:
         wanted = await asyncio.to_thread(self.queue.wanted_cancelled)
@@ -249,7 +247,7 @@ class Daemon:
         try:
             while not self._stop.is_set():
                 await self._keep_leases()
-                await self._take_over_dead()
+                await self._look_for_dead()
                 await self._cancel_wanted()
                 await self._fill()
                 try:

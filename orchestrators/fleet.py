@@ -291,8 +291,20 @@ def status(root: Path) -> list[dict[str, Any]]:
             row["doing"] = state.store_url
         elif proc.name == "host":
             row["doing"] = state.host
+        elif proc.name == "testers" and row["alive"]:
+            row["doing"] = _testers_doing(proc)
         rows.append(row)
     return rows
+
+
+def _testers_doing(supervisor: Proc) -> str:
+    """How many workers serve, how many spares wait on standby and how many took a dead one's place."""
+    lines = Path(supervisor.log).read_text(errors="replace").splitlines()
+    serving = sum(1 for pid in serving_workers(supervisor).values() if alive(pid))
+    promoted = {line.split()[2] for line in lines if line.startswith("promoted ")}
+    warm = {line.split()[1] for line in lines if line.startswith("standby ")} - promoted
+    spares = sum(1 for pid in warm if pid.isdigit() and alive(int(pid)))
+    return f"{serving} serving, {spares} on standby, {len(promoted)} spares promoted"
 
 
 def _daemon_doing(data_dir: Path) -> str:
