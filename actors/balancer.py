@@ -190,6 +190,8 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         pool = self.live(agent_type)
         if kind == "request" and agent_type in self.balanced:
             pool = [c for c in pool if self._requests_of(c) < PER_WORKER]
+        if kind == "event":  # only a worker that has subscribed its role hands an event to it (else it drops it)
+            pool = [c for c in pool if any(getattr(w, "agent_type", None) == agent_type for w in self.wanted.get(c, []))]
         if not pool:
             return None
         start = next(self._turn) % len(pool)
