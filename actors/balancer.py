@@ -1,17 +1,20 @@
 """The gRPC host's router: several workers per role, the load spread over them, work of a dead one re-run.
 
 AutoGen's host lets one worker hold an agent type. Here any number may: each request or event for a
-balanced role (the tester) goes to the live worker of that role with the least work in flight. What a
-worker was given stays in flight until it answers (an RPC response, or the report it publishes for an
-event); when the worker's connection drops, its in-flight work goes to another worker of the role, or
-waits for one to register (a supervisor restarting the dead one). A worker that already published the
+balanced role (the tester) goes to the live worker of that role with the least work in flight; a tester
+is given one request at a time, and the rest wait here, first come first served, so that no worker
+idles while work waits behind a busy one. What a worker was given stays in flight until it answers (an
+RPC response, or the report it publishes for an event); when the worker's connection drops, its
+in-flight work goes, ahead of the waiting work, to another worker of the role, or waits for one to
+register (a spare promoted, or a supervisor restarting the dead one). A worker that already published the
 report of a request before it died is not asked again: the host answers the caller with that report, so
 an evaluation is never judged twice in the record. Every caller numbers its requests from one, so a
 request is passed on under an id of the host's own (two daemons' request 6 to one tester are two
 requests) and its answer goes back under the caller's id. A verdict whose caller died before it came (a
 daemon killed while its job's draft was being judged) is kept for a while: when the same draft of the same
-task is asked judged again (the job carried on by another daemon), that verdict is the answer, so the code
-is judged once however many daemons died waiting for it.
+task is asked judged again (the job carried on by another daemon), that verdict is the answer; asked
+again while that judgement is still under way or waiting, the new caller adopts it and gets its verdict
+when it comes, so the code is judged once however many daemons died waiting for it.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ log = structlog.get_logger("actors.balancer")
 
 # What a worker publishes when it is done with a piece of work (the names the serializers give them).
 DONE_TYPES = frozenset({"EvalReport", "FixRequest", "SessionFinished"})
+PER_WORKER = 1  # requests a balanced worker is given at once (its evaluator judges one at a time)
 ORPHAN_TTL_S = 600.0  # how long a verdict whose caller died is kept for the one who asks again
 ORPHANS_KEPT = 256
 
@@ -86,6 +90,8 @@ class Delivery:
     reported: cloudevent_pb2.CloudEvent | None = None  # the report the worker published before answering
     tries: int = 0
     future: asyncio.Future[Any] | None = field(default=None, repr=False)
+    key: str | None = None  # what a request asks judged (``judgement_key``)
+    adopters: list[tuple[agent_worker_pb2.RpcRequest, str]] = field(default_factory=list)  # others waiting on it
 
 
 def _schema(event: cloudevent_pb2.CloudEvent) -> str:
@@ -109,6 +115,7 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         self._wire_ids = itertools.count(1)
         self.orphans: dict[str, tuple[float, agent_worker_pb2.RpcResponse]] = {}
         self.answered_from_orphan = 0
+        self.adopted = 0
 
     # -- registration ---------------------------------------------------------------------------
 
@@ -167,14 +174,24 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
                 continue
             self.redelivered += 1
             log.info("host.redelivered", kind=delivery.kind, agent_type=delivery.agent_type, source=delivery.source)
-            await self._dispatch(delivery)
+            await self._dispatch(delivery, first=True)
 
     def live(self, agent_type: str) -> list[str]:
         return [c for c in self.pools.get(agent_type, []) if c in self._data_connections]
 
-    def _pick(self, agent_type: str) -> str | None:
-        """The live worker of ``agent_type`` with the least work in flight (ties taken in turn)."""
+    def _requests_of(self, client_id: str) -> int:
+        return sum(1 for d in self.inflight.get(client_id, {}).values() if d.kind == "request")
+
+    def _pick(self, agent_type: str, kind: str = "request") -> str | None:
+        """The live worker of ``agent_type`` with the least work in flight (ties taken in turn); for a
+        request to a balanced role, None while every worker has its ``PER_WORKER`` requests: the request
+        waits here rather than in a busy worker, so no worker idles while work waits and a worker that
+        dies takes only what it was judging with it."""
         pool = self.live(agent_type)
+        if kind == "request" and agent_type in self.balanced:
+            pool = [c for c in pool if self._requests_of(c) < PER_WORKER]
+        if kind == "event":  # only a worker that has subscribed its role hands an event to it (else it drops it)
+            pool = [c for c in pool if any(getattr(w, "agent_type", None) == agent_type for w in self.wanted.get(c, []))]
         if not pool:
             return None
         start = next(self._turn) % len(pool)
@@ -183,16 +200,21 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
 
     # -- delivery -------------------------------------------------------------------------------
 
-    async def _dispatch(self, delivery: Delivery) -> None:
-        target = self._pick(delivery.agent_type)
-        if target is None:  # no worker of that role now: wait for one to register
-            self.parked.setdefault(delivery.agent_type, []).append(delivery)
+    async def _dispatch(self, delivery: Delivery, first: bool = False) -> None:
+        """Give ``delivery`` to a worker, or queue it here (``first``: ahead of the others, as work a
+        dead worker was given before them) until one is free."""
+        target = self._pick(delivery.agent_type, delivery.kind)
+        if target is None:  # no worker of that role free now: wait for one (to register, or to answer)
+            waiting = self.parked.setdefault(delivery.agent_type, [])
+            waiting.insert(0, delivery) if first else waiting.append(delivery)
             log.info("host.parked", agent_type=delivery.agent_type, source=delivery.source)
             task = asyncio.create_task(self._when_served(delivery))
             self._background_tasks.add(task)
             task.add_done_callback(self._background_tasks.discard)
             return
         delivery.tries += 1
+        log.info("host.dispatched", kind=delivery.kind, source=delivery.source, worker=target,
+                 in_flight=len(self.inflight.get(target, {})), workers=len(self.live(delivery.agent_type)))
         connection = self._data_connections[target]
         if delivery.kind == "event":
             assert delivery.event is not None
@@ -213,13 +235,13 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         self._background_tasks.add(task)
         task.add_done_callback(self._background_tasks.discard)
 
-    async def _when_served(self, delivery: Delivery, poll_s: float = 0.1) -> None:
-        """Dispatch a parked delivery once a worker of its role is registered and connected."""
-        while not self.live(delivery.agent_type):
+    async def _when_served(self, delivery: Delivery, poll_s: float = 0.05) -> None:
+        """Dispatch a parked delivery, first come first served, once a worker of its role is connected
+        and free for it."""
+        waiting = self.parked.setdefault(delivery.agent_type, [])
+        while waiting[0] is not delivery or self._pick(delivery.agent_type, delivery.kind) is None:
             await asyncio.sleep(poll_s)
-        waiting = self.parked.get(delivery.agent_type, [])
-        if delivery in waiting:
-            waiting.remove(delivery)
+        waiting.remove(delivery)
         await self._dispatch(delivery)
 
     async def _relay(self, delivery: Delivery, target: str, future: asyncio.Future[Any]) -> None:
@@ -233,8 +255,31 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
         answer = agent_worker_pb2.RpcResponse()
         answer.CopyFrom(response)
         answer.request_id = delivery.request.request_id  # the caller's own id again
-        if not await self._send_to(delivery.origin, agent_worker_pb2.Message(response=answer)):
+        await self._answer(delivery, answer)
+
+    async def _answer(self, delivery: Delivery, answer: agent_worker_pb2.RpcResponse) -> None:
+        """Send a verdict to the caller and to every caller that adopted the request; kept as an
+        orphan when none of them is there to take it."""
+        assert delivery.request is not None
+        taken = await self._send_to(delivery.origin, agent_worker_pb2.Message(response=answer))
+        for request, client_id in delivery.adopters:
+            if answer.error or not answer.payload.data:
+                again = agent_worker_pb2.RpcResponse(request_id=request.request_id, error=answer.error)
+            else:
+                again = readdressed(answer, request)
+            taken = await self._send_to(client_id, agent_worker_pb2.Message(response=again)) or taken
+        if not taken:
             self._keep_orphan(delivery.request, answer)
+
+    def _adoptable(self, request: agent_worker_pb2.RpcRequest) -> Delivery | None:
+        """A request in flight or waiting, whose caller died, that asks the same judgement as ``request``."""
+        key = judgement_key(request.payload)
+        if key is None:
+            return None
+        waiting = [d for deliveries in self.inflight.values() for d in deliveries.values()]
+        waiting += [d for deliveries in self.parked.values() for d in deliveries]
+        return next((d for d in waiting if d.kind == "request" and d.key == key
+                     and d.origin not in self._data_connections), None)
 
     def _keep_orphan(self, request: agent_worker_pb2.RpcRequest, answer: agent_worker_pb2.RpcResponse) -> None:
         key = judgement_key(request.payload)
@@ -266,7 +311,7 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
                 data_type=report.attributes[_constants.DATA_SCHEMA_ATTR].ce_string,
                 data_content_type=content.ce_string if content is not None else "application/json",
                 data=report.binary_data))
-        await self._send_to(delivery.origin, agent_worker_pb2.Message(response=response))
+        await self._answer(delivery, response)
 
     async def _send_to(self, client_id: str | None, message: agent_worker_pb2.Message) -> bool:
         """Send to a client; False when it is gone."""
@@ -317,8 +362,13 @@ class BalancingServicer(GrpcWorkerAgentRuntimeHostServicer):
             log.info("host.answered_from_orphan", source=request.target.key, request=request.request_id)
             await self._send_to(client_id, agent_worker_pb2.Message(response=kept))
             return
+        if agent_type in self.balanced and (running := self._adoptable(request)) is not None:
+            running.adopters.append((request, client_id))  # the judgement a dead caller asked for, still going
+            self.adopted += 1
+            log.info("host.adopted_in_flight", source=request.target.key, request=request.request_id)
+            return
         await self._dispatch(Delivery(kind="request", agent_type=agent_type, source=request.target.key,
-                                      request=request, origin=client_id))
+                                      request=request, origin=client_id, key=judgement_key(request.payload)))
 
     async def _process_event(self, event: cloudevent_pb2.CloudEvent) -> None:
         recipients = await self._subscription_manager.get_subscribed_recipients(

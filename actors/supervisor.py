@@ -1,10 +1,15 @@
-"""Keeps N worker processes alive: a worker that dies (killed, crashed) is started again.
+"""Keeps N worker processes alive: a worker that dies (killed, crashed) is replaced at once.
 
-    python -m actors.worker --supervise --count 3 --host 127.0.0.1:50051 --roles tester
+    python -m actors.worker --supervise --count 3 --spares 1 --host 127.0.0.1:50051 --roles tester
 
-Each worker runs in its own process group (so that its sandboxed evaluator processes go with it). The
-supervisor prints ``started <slot> <pid>`` for every start and ``ready <slot> <roles>`` when that worker
-is serving; SIGTERM stops the workers and then the supervisor. What a dead worker was doing is given to
+Each worker runs in its own process group (so that its sandboxed evaluator processes go with it). With
+``--spares S`` the supervisor also keeps S standby workers (``--standby``: imported, services and evaluator
+sandbox started, connected, not registered): when a worker dies a spare is promoted into its slot (SIGUSR1;
+it registers and serves within moments instead of the seconds a fresh Python, JAX and sandbox take) and a
+new spare starts behind it; without a spare the slot is started afresh. It prints ``started <slot> <pid>``
+for every fresh start, ``spare <pid>`` for every spare started, ``standby <pid>`` when a spare is warm,
+``promoted <slot> <pid>`` when a spare takes a slot and ``ready <slot> <roles>`` when a slot's worker is
+serving; SIGTERM stops the workers and then the supervisor. What a dead worker was doing is given to
 another by the host (``actors.balancer``).
 """
 
@@ -26,10 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Supervisor:
-    def __init__(self, worker_args: list[str], count: int, *, restart_delay_s: float = 0.5) -> None:
-        self.worker_args, self.count, self.restart_delay_s = worker_args, count, restart_delay_s
+    def __init__(self, worker_args: list[str], count: int, *, spares: int = 0, restart_delay_s: float = 0.5) -> None:
+        self.worker_args, self.count, self.spares, self.restart_delay_s = worker_args, count, spares, restart_delay_s
         self.procs: dict[int, subprocess.Popen[str]] = {}
+        self.standby: list[subprocess.Popen[str]] = []
         self.restarts = 0
+        self.promotions = 0
         self._stop = threading.Event()
         self._print = threading.Lock()
 
@@ -37,18 +44,49 @@ class Supervisor:
         with self._print:
             print(line, flush=True)
 
-    def _start(self, slot: int) -> None:
-        proc = subprocess.Popen([sys.executable, "-m", "actors.worker", *self.worker_args], cwd=str(ROOT),
+    def _spawn(self, *extra: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen([sys.executable, "-m", "actors.worker", *self.worker_args, *extra], cwd=str(ROOT),
                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-                                preexec_fn=_die_with_parent)
-        self.procs[slot] = proc
-        self._say(f"started {slot} {proc.pid}")
-        threading.Thread(target=self._relay, args=(slot, proc), daemon=True).start()
+                                preexec_fn=_standby_child if "--standby" in extra else _die_with_parent)
+        threading.Thread(target=self._relay, args=(proc,), daemon=True).start()
+        return proc
 
-    def _relay(self, slot: int, proc: subprocess.Popen[str]) -> None:
+    def _start(self, slot: int) -> None:
+        self.procs[slot] = self._spawn()
+        self._say(f"started {slot} {self.procs[slot].pid}")
+
+    def _start_spare(self) -> None:
+        proc = self._spawn("--standby")
+        self.standby.append(proc)
+        self._say(f"spare {proc.pid}")
+
+    def _replace(self, slot: int) -> None:
+        """Put a spare in ``slot`` at once (and start another behind it), or start the slot afresh."""
+        spare = next((p for p in self.standby if p.poll() is None), None)
+        if spare is None:
+            time.sleep(self.restart_delay_s)
+            if not self._stop.is_set():
+                self._start(slot)
+            return
+        self.standby.remove(spare)
+        self.procs[slot] = spare
+        spare.send_signal(signal.SIGUSR1)  # a spare still starting registers as soon as it is ready
+        self.promotions += 1
+        self._say(f"promoted {slot} {spare.pid}")
+        self._start_spare()
+
+    def _slot_of(self, proc: subprocess.Popen[str]) -> int | None:
+        return next((slot for slot, p in self.procs.items() if p is proc), None)
+
+    def _relay(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            if line.startswith("ready "):
+            if line.strip() == "standby":
+                self._say(f"standby {proc.pid}")
+            elif line.startswith("ready "):
+                deadline = time.monotonic() + 5  # a promoted spare may answer before its slot is written
+                while (slot := self._slot_of(proc)) is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 self._say(f"ready {slot} {line.removeprefix('ready ').strip()}")
 
     def stop(self) -> None:
@@ -59,8 +97,10 @@ class Supervisor:
             signal.signal(sig, lambda *_: self.stop())
         for slot in range(self.count):
             self._start(slot)
+        for _ in range(self.spares):
+            self._start_spare()
         try:
-            while not self._stop.wait(0.2):
+            while not self._stop.wait(0.05):
                 for slot, proc in list(self.procs.items()):
                     code = proc.poll()
                     if code is None:
@@ -68,15 +108,21 @@ class Supervisor:
                     self.restarts += 1
                     log.warning("supervisor.worker_died", slot=slot, pid=proc.pid, code=code, restarts=self.restarts)
                     _kill_group(proc.pid, signal.SIGKILL)  # whatever it left behind (evaluator sandboxes)
-                    time.sleep(self.restart_delay_s)
                     if not self._stop.is_set():
-                        self._start(slot)
+                        self._replace(slot)
+                for proc in [p for p in self.standby if p.poll() is not None]:
+                    log.warning("supervisor.spare_died", pid=proc.pid, code=proc.returncode)
+                    _kill_group(proc.pid, signal.SIGKILL)
+                    self.standby.remove(proc)
+                    if not self._stop.is_set():
+                        self._start_spare()
         finally:
-            for proc in self.procs.values():
+            everyone = [*self.procs.values(), *self.standby]
+            for proc in everyone:
                 if proc.poll() is None:
                     proc.terminate()
             deadline = time.monotonic() + 20
-            for proc in self.procs.values():
+            for proc in everyone:
                 try:
                     proc.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
@@ -91,6 +137,12 @@ def _die_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _standby_child() -> None:
+    """In a spare: SIGUSR1 held back until the worker has its handler (a promotion never kills it)."""
+    _die_with_parent()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 
 
 def _kill_group(pid: int, sig: int) -> None:

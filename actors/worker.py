@@ -2,46 +2,102 @@
 
     python -m actors.worker --host 127.0.0.1:50051 --roles tester --config actors.json
 
-It prints ``ready <roles>`` on stdout once its actors are registered, and stops on SIGTERM or SIGINT.
-With ``--supervise [--count N]`` it instead keeps N such workers running, starting again any that dies
-(``actors.supervisor``).
+It prints ``ready <roles>`` on stdout once its actors are registered, and stops on SIGTERM or SIGINT. A
+tester's evaluator sandbox is started before that, so the first evaluation pays no start-up. With
+``--standby`` it gets everything ready (imports, services, the sandbox, the connection to the host), prints
+``standby`` and registers its actors only when sent SIGUSR1: a warm spare that takes a dead worker's place
+at once. With ``--supervise [--count N] [--spares S]`` it instead keeps N such workers running and S spares
+warm (``actors.supervisor``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from actors.config import ActorConfig
-from actors.registry import register_actors
-from actors.services import Services
+if TYPE_CHECKING:
+    from actors.config import ActorConfig
+    from actors.services import Services
+
+PROMOTED = threading.Event()  # SIGUSR1 seen: a standby worker is to register and serve
 
 
-async def serve(host: str, roles: list[str], config: ActorConfig) -> None:
+def _promote(_sig: int, _frame: object) -> None:
+    PROMOTED.set()
+
+
+def prefork(services: Services, roles: list[str]) -> None:
+    """Start the evaluator's sandbox now (a tester's), rather than on the first evaluation it is given."""
+    from maxkernel.runtime import TESTER
+
+    if TESTER in roles:
+        pool = services.evaluator.pool
+        pool.release(pool.acquire())
+
+
+async def _promoted_or_stopped(poll_s: float = 0.05) -> bool:
+    """Wait for SIGUSR1 (True) or SIGTERM/SIGINT (False)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        while not PROMOTED.is_set():
+            if stop.is_set():
+                return False
+            await asyncio.sleep(poll_s)
+        return True
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def serve(host: str, roles: list[str], config: ActorConfig, *, standby: bool = False) -> None:
+    from actors.registry import register_actors
+    from actors.services import Services
     from maxkernel.runtime import connect_worker
 
     services = Services(config)
-    worker = await connect_worker(host)
     try:
-        await register_actors(worker, services, roles)
-        print("ready " + ",".join(roles), flush=True)
-        await worker.stop_when_signal()
+        await asyncio.to_thread(prefork, services, roles)
+        worker = await connect_worker(host)
+        serving = False
+        try:
+            if standby:
+                print("standby", flush=True)
+                if not await _promoted_or_stopped():
+                    return
+            await register_actors(worker, services, roles)
+            print("ready " + ",".join(roles), flush=True)
+            serving = True
+            await worker.stop_when_signal()
+        finally:
+            if not serving:
+                await worker.stop()
     finally:
         await services.aclose()
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGUSR1, _promote)  # first of all: a spare may be promoted while it still imports
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})  # its supervisor held it back until now
     parser = argparse.ArgumentParser(prog="python -m actors.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--host", required=True, help="address of the gRPC host, e.g. 127.0.0.1:50051")
     parser.add_argument("--roles", required=True, help="comma-separated roles, e.g. tester or planner,coder")
     parser.add_argument("--config", type=Path, help="ActorConfig as a YAML or JSON file")
+    parser.add_argument("--standby", action="store_true", help="get ready, then register only when sent SIGUSR1")
     parser.add_argument("--supervise", action="store_true", help="keep --count workers alive, restarting any that dies")
     parser.add_argument("--count", type=int, default=1, help="workers to keep alive under --supervise")
+    parser.add_argument("--spares", type=int, default=0, help="standby workers kept warm under --supervise, "
+                                                              "each taking a dead worker's place at once")
     args = parser.parse_args(argv)
-    if args.count < 1:
-        parser.error("--count must be at least 1")
+    if args.count < 1 or args.spares < 0:
+        parser.error("--count must be at least 1, --spares at least 0")
     from maxkernel.logging import configure
 
     configure("info" if args.supervise else "warning")
@@ -49,10 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         from actors.supervisor import Supervisor
 
         worker_args = ["--host", args.host, "--roles", args.roles, *(["--config", str(args.config)] if args.config else [])]
-        return Supervisor(worker_args, args.count).run()
+        return Supervisor(worker_args, args.count, spares=args.spares).run()
+    from actors.config import ActorConfig
+
     config = ActorConfig.from_file(args.config) if args.config else ActorConfig()
     try:
-        asyncio.run(serve(args.host, [r.strip() for r in args.roles.split(",") if r.strip()], config))
+        asyncio.run(serve(args.host, [r.strip() for r in args.roles.split(",") if r.strip()], config,
+                          standby=args.standby))
     except KeyboardInterrupt:
         pass
     return 0

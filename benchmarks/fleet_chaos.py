@@ -37,13 +37,6 @@ from orchestrators import fleet  # noqa: E402
 TASKS = ("41k_Gemm_Add_ReLU", "12p_RMSNorm", "21k_Gemm_Divide_Sum_Scaling")
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
 def _submit(store_url: str, count: int, seed: int, evals: int, seconds: float) -> list[str]:
     from memory import Store
     from orchestrators.auto import AutoBudget
@@ -146,7 +139,8 @@ class Killer:
         procs = self.state.procs
         daemons = [p for p in procs if p.name.startswith("daemon-")]
         supervisor = next((p for p in procs if p.name == "testers"), None)
-        workers = _children(supervisor.pid) if supervisor else []
+        # Only workers serving a slot: an idle spare on standby would be a kill that costs nothing.
+        workers = [pid for pid in fleet.serving_workers(supervisor).values() if fleet.alive(pid)] if supervisor else []
         kinds = ["daemon"] * bool(daemons) + ["worker"] * bool(workers) + ["chroma"]
         kind = self.rng.choice(kinds)
         if kind == "daemon":
@@ -160,7 +154,9 @@ class Killer:
         else:
             chroma = next(p for p in procs if p.name == "chroma")
             os.killpg(chroma.pid, signal.SIGKILL)
-            time.sleep(0.5)
+            gone = time.monotonic() + 5
+            while fleet.alive(chroma.pid) and time.monotonic() < gone:  # its port is free once it is reaped
+                time.sleep(0.02)
             procs[procs.index(chroma)] = fleet.start_chroma(Path(self.state.root), chroma.port)
         self.left -= 1
         self.done[kind] += 1
@@ -173,11 +169,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     os.environ["MAXKERNEL_EVAL_TIMING_ROUNDS"] = str(args.timing_rounds)
     os.environ["MAXKERNEL_EVAL_CORRECTNESS_SEEDS"] = str(args.seeds)
     began = time.monotonic()
-    state = fleet.up(root, daemons=args.daemons, testers=args.testers, concurrency=args.concurrency)
+    state = fleet.up(root, daemons=args.daemons, testers=args.testers, concurrency=args.concurrency,
+                     spares=args.spares)
     lease_s = 10.0
     try:
         hard_end = began + args.deadline
-        fleet.wait_ready(state, testers=args.testers, timeout_s=max(hard_end - time.monotonic(), 1))
+        fleet.wait_ready(state, testers=args.testers, spares=args.spares if args.testers else 0,
+                         timeout_s=max(hard_end - time.monotonic(), 1))
         # A few jobs first, not counted: every process's first compilations are paid before either phase.
         warm_ids = _submit(state.store_url, args.warmup, args.seed + 2, args.evals, args.job_seconds)
         _wait_done(state.store_url, warm_ids, hard_end)
@@ -226,6 +224,7 @@ def main() -> int:
     parser.add_argument("--every", type=float, default=4.0, help="seconds between kills")
     parser.add_argument("--daemons", type=int, default=2)
     parser.add_argument("--testers", type=int, default=3)
+    parser.add_argument("--spares", type=int, default=1, help="standby tester workers kept warm by the supervisor")
     parser.add_argument("--concurrency", type=int, default=2, help="jobs each daemon runs at once")
     parser.add_argument("--timing-rounds", type=int, default=3, help="timing rounds of each evaluation")
     parser.add_argument("--seeds", type=int, default=1, help="correctness input sets of each evaluation")
@@ -237,8 +236,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2, help="jobs run first and not counted")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if min(args.jobs, args.daemons, args.concurrency) < 1 or args.kills < 0:
-        parser.error("--jobs, --daemons and --concurrency must be at least 1, --kills at least 0")
+    if min(args.jobs, args.daemons, args.concurrency) < 1 or min(args.kills, args.spares) < 0:
+        parser.error("--jobs, --daemons and --concurrency must be at least 1, --kills and --spares at least 0")
     result = run(args)
     print(json.dumps({k: v for k, v in result.items() if k not in ("without_kills", "with_kills")}, indent=2))
     if args.json:

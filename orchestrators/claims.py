@@ -5,12 +5,15 @@ claimers each get a different row without waiting; SQLite's single writer serial
 and writing itself as the owner with a lease. While the job runs the daemon renews the lease; a job
 whose lease ran out (its daemon died or hung) is claimable again and is carried on from its event log.
 Every later write of the job names its owner, so a daemon that lost its lease can no longer finish it.
+A daemon of the same host that died (gone, or exited and not yet reaped) is seen at once from its
+process id, and its jobs made claimable without waiting out their leases.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -43,7 +46,17 @@ def _dead_here(owner: str | None) -> bool:
         return True
     except PermissionError:
         return False
-    return False
+    return _zombie(int(pid))
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits only to be reaped by its parent (Linux's state ``Z``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rpartition(")")[2].split()
+    return bool(fields) and fields[0] == "Z"
 
 
 class Claimer:
@@ -61,15 +74,17 @@ class Claimer:
         return sa.or_(jobs.c.status == "queued", expired)
 
     def claim(self) -> JobInfo | None:
-        """The next job (highest priority, oldest first) among the queued and those whose lease ran out.
+        """The next job among the queued and those whose lease ran out: highest priority first, within
+        it a job to take over before a queued one (it has work done that waits), then the oldest.
 
         A taken-over job that was being cancelled is cancelled here rather than run again."""
         while True:
             now = utcnow()
             with self.queue.writer.begin() as conn:
+                queued_last = sa.case((jobs.c.status == "queued", 1), else_=0)
                 query = (sa.select(jobs.c.id, jobs.c.attempts, jobs.c.status, jobs.c.owner)
                          .where(self._claimable(now))
-                         .order_by(jobs.c.priority.desc(), jobs.c.created_at).limit(1))
+                         .order_by(jobs.c.priority.desc(), queued_last, jobs.c.created_at).limit(1))
                 if conn.dialect.name == "postgresql":
                     query = query.with_for_update(skip_locked=True)
                 row = conn.execute(query).first()
@@ -87,10 +102,11 @@ class Claimer:
             return self.queue.get(row.id)
 
     def expire_dead_here(self) -> list[str]:
-        """End at once the leases of jobs held by dead daemons of this host (no need to wait them out)."""
+        """End at once the leases of jobs held by dead daemons of this host (no need to wait them out);
+        the jobs whose leases it ended (those ended already are left as they are)."""
         with self.queue.writer.begin() as conn:
             rows = conn.execute(sa.select(jobs.c.id, jobs.c.owner)
-                                .where(jobs.c.status.in_(("running", "cancelling")))).all()
+                                .where(jobs.c.status.in_(("running", "cancelling")), jobs.c.lease_until.is_not(None))).all()
             dead = [r.id for r in rows if _dead_here(r.owner)]
             if dead:
                 conn.execute(jobs.update().where(jobs.c.id.in_(dead)).values(lease_until=None))

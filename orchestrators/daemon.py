@@ -5,8 +5,8 @@ memory when it ends, so later jobs start from it. A job on a model layer (catego
 whole-layer run of ``maxkernel optimize-model`` (``orchestrators.model_opt``): its region sessions are
 Auto runs on the same services, and its layer file is written under ``<data_dir>/models/<job id>/``. Jobs live in the store (``orchestrators.jobs``): a
 daemon claims jobs under a lease it renews (``orchestrators.claims``), so many daemons share one queue and a
-dead one's jobs are taken over when their leases end; a job run again carries on from
-what its earlier sessions evaluated (``AutoRun.restore``); SIGTERM stops it gracefully (running
+dead one's jobs are taken over when their leases end (at once when it ran on this host); a job run
+again carries on from what its earlier sessions evaluated (``AutoRun.restore``); SIGTERM stops it gracefully (running
 jobs are cancelled and queued again, the HTTP API closes, the state file goes). With ``--testers HOST``
 the jobs' evaluations go through that gRPC host to the fleet's tester workers
 (``orchestrators.fleet_tester``) instead of this process's evaluator. ``python -m orchestrators.daemon``
@@ -43,6 +43,7 @@ from orchestrators.jobs import JobInfo, JobQueue
 log = structlog.get_logger("orchestrators.daemon")
 
 STATE_FILE = "daemon.json"
+DEAD_CHECK_S = 1.0  # how often a daemon looks for jobs held by dead daemons of its host
 
 
 class DaemonState(BaseModel):
@@ -80,7 +81,7 @@ class Daemon:
         self.settings, self.concurrency, self.port, self.poll_s = settings, concurrency, port, poll_s
         self.bind = bind
         self.link = FleetLink(testers, token=settings.token) if testers else None
-        self.lease_s, self._renewed_at = lease_s, 0.0
+        self.lease_s, self._renewed_at, self._looked_for_dead_at = lease_s, 0.0, 0.0
         self.running: dict[str, asyncio.Task[None]] = {}
         self.peak_running = 0
         self.finished = 0
@@ -182,6 +183,16 @@ class Daemon:
             task.add_done_callback(lambda t, job_id=job.id: self._done(job_id, t))
             self.peak_running = max(self.peak_running, len(self.running))
 
+    async def _look_for_dead(self) -> None:
+        """Jobs of a daemon of this host that died are made claimable as soon as the death is seen (every
+        ``DEAD_CHECK_S``), not when their leases end: the next free slot of any daemon takes them, before
+        queued jobs of their priority."""
+        now = time.monotonic()
+        if now - self._looked_for_dead_at < DEAD_CHECK_S:
+            return
+        self._looked_for_dead_at = now
+        await asyncio.to_thread(self.claims.expire_dead_here)
+
     async def _cancel_wanted(self) -> None:
         wanted = await asyncio.to_thread(self.queue.wanted_cancelled)
         for job_id in wanted & set(self.running):
@@ -193,13 +204,11 @@ class Daemon:
 
     async def _keep_leases(self) -> None:
         """Renew the leases of the running jobs (at most every third of a lease); a job another daemon
-        took over meanwhile (this one stalled past its lease) is stopped here without writing to it. The
-        jobs of a daemon of this host that died are made claimable at once, not when their leases end."""
+        took over meanwhile (this one stalled past its lease) is stopped here without writing to it."""
         now = time.monotonic()
         if now - self._renewed_at < self.lease_s / 3:
             return
         self._renewed_at = now
-        await asyncio.to_thread(self.claims.expire_dead_here)
         lost = await asyncio.to_thread(self.claims.renew, set(self.running))
         for job_id in lost & set(self.running):
             task = self.running[job_id]
@@ -238,6 +247,7 @@ class Daemon:
         try:
             while not self._stop.is_set():
                 await self._keep_leases()
+                await self._look_for_dead()
                 await self._cancel_wanted()
                 await self._fill()
                 try:

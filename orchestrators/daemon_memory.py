@@ -24,7 +24,7 @@ log = structlog.get_logger("orchestrators.daemon_memory")
 
 T = TypeVar("T")
 WAIT_S = 90.0
-PAUSE_S = 1.0
+PAUSE_S = 0.25  # a restarted Chroma server is used within a quarter second of answering
 
 
 def patiently(doing: str, call: Callable[[], T], wait_s: float = WAIT_S, pause_s: float = PAUSE_S) -> T:

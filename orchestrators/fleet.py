@@ -194,14 +194,15 @@ def start_daemon(state: FleetState, index: int, *, concurrency: int = 1, lease_s
                   env={**daemon_env(state, data_dir), **(extra_env or {})}, data_dir=str(data_dir))
 
 
-def start_testers(state: FleetState, count: int) -> Proc:
+def start_testers(state: FleetState, count: int, spares: int = 1) -> Proc:
+    """The supervisor of ``count`` tester workers, with ``spares`` warm standby workers to replace a dead one."""
     root = Path(state.root)
-    return _spawn("testers", [sys.executable, "-m", "actors.worker", "--supervise", "--count", str(count), "--host",
-                              state.host, "--roles", "tester"], root,
+    return _spawn("testers", [sys.executable, "-m", "actors.worker", "--supervise", "--count", str(count),
+                              "--spares", str(spares), "--host", state.host, "--roles", "tester"], root,
                   env={"MAXKERNEL_STORE_URL": state.store_url, "MAXKERNEL_CHROMA_URL": state.chroma_url})
 
 
-def up(root: Path, *, daemons: int = 2, testers: int = 2, concurrency: int = 1) -> FleetState:
+def up(root: Path, *, daemons: int = 2, testers: int = 2, concurrency: int = 1, spares: int = 1) -> FleetState:
     """Start a fleet in ``root`` (refused when one runs there already)."""
     if read(root) is not None:
         raise FleetError(f"a fleet is already running in {root} (maxkernel fleet down first)")
@@ -222,7 +223,7 @@ def up(root: Path, *, daemons: int = 2, testers: int = 2, concurrency: int = 1) 
         for i in range(daemons):
             started.append(start_daemon(state, i, concurrency=concurrency, testers=testers > 0))
         if testers:
-            started.append(start_testers(state, testers))
+            started.append(start_testers(state, testers, spares))
         state.procs = started
         write(state)
         return state
@@ -290,8 +291,20 @@ def status(root: Path) -> list[dict[str, Any]]:
             row["doing"] = state.store_url
         elif proc.name == "host":
             row["doing"] = state.host
+        elif proc.name == "testers" and row["alive"]:
+            row["doing"] = _testers_doing(proc)
         rows.append(row)
     return rows
+
+
+def _testers_doing(supervisor: Proc) -> str:
+    """How many workers serve, how many spares wait on standby and how many took a dead one's place."""
+    lines = Path(supervisor.log).read_text(errors="replace").splitlines()
+    serving = sum(1 for pid in serving_workers(supervisor).values() if alive(pid))
+    promoted = {line.split()[2] for line in lines if line.startswith("promoted ")}
+    warm = {line.split()[1] for line in lines if line.startswith("standby ")} - promoted
+    spares = sum(1 for pid in warm if pid.isdigit() and alive(int(pid)))
+    return f"{serving} serving, {spares} on standby, {len(promoted)} spares promoted"
 
 
 def _daemon_doing(data_dir: Path) -> str:
@@ -349,8 +362,19 @@ def memory_audit(store_url: str, chroma_url: str) -> MemoryAudit:
                        orphan_vectors=sorted(i for n in sql for i in vectors[n] - sql[n]))
 
 
-def wait_ready(state: FleetState, *, testers: int, timeout_s: float = 180.0) -> None:
-    """Wait until every daemon serves its API and ``testers`` tester workers have said they are ready."""
+def serving_workers(supervisor: Proc) -> dict[int, int]:
+    """Slot -> pid of the worker serving it now, from the supervisor's log (spares on standby left out)."""
+    slots: dict[int, int] = {}
+    for line in Path(supervisor.log).read_text(errors="replace").splitlines():
+        word = line.split()
+        if len(word) == 3 and word[0] in ("started", "promoted") and word[1].isdigit() and word[2].isdigit():
+            slots[int(word[1])] = int(word[2])
+    return slots
+
+
+def wait_ready(state: FleetState, *, testers: int, spares: int = 0, timeout_s: float = 180.0) -> None:
+    """Wait until every daemon serves its API, ``testers`` tester workers have said they are ready and
+    ``spares`` spares are on standby."""
     deadline = time.monotonic() + timeout_s
     daemons = [p for p in state.procs if p.name.startswith("daemon-") and p.data_dir]
     supervisor = next((p for p in state.procs if p.name == "testers"), None)
@@ -365,7 +389,8 @@ def wait_ready(state: FleetState, *, testers: int, timeout_s: float = 180.0) -> 
         if supervisor is None or not testers:
             return True
         seen = Path(supervisor.log).read_text(errors="replace").splitlines()
-        return len({line.split()[1] for line in seen if line.startswith("ready ")}) >= testers
+        standby = sum(1 for line in seen if line.startswith("standby "))
+        return len({line.split()[1] for line in seen if line.startswith("ready ")}) >= testers and standby >= spares
 
     while not ready():
         dead = [p.name for p in state.procs if not alive(p.pid)]

@@ -120,3 +120,38 @@ def test_a_verdict_whose_caller_died_answers_the_same_draft_asked_again() -> Non
             assert Judge.asked == ["c1", "c3"] and other.report.reason == "judged as c3"  # other code is judged
 
     asyncio.run(scenario())
+
+
+def test_a_draft_asked_again_while_its_dead_callers_judgement_runs_adopts_it() -> None:
+    async def scenario() -> None:
+        Judge.asked = []
+        async with hosted(Judge, TESTER, 2) as (host, (dying, later)):
+            asked = asyncio.ensure_future(dying.send_message(_request("s1", "c1", "def kernel(x): return x * 1"),
+                                                             AgentId(TESTER, "s1")))
+            await asyncio.sleep(0.3)
+            await dying.stop()  # the daemon dies while its draft is being judged
+            asked.cancel()
+            await asyncio.sleep(0.3)  # its job carried on by another daemon, which asks the same draft
+            reply = await asyncio.wait_for(later.send_message(_request("s2", "c2", "def kernel(x): return x * 1"),
+                                                              AgentId(TESTER, "s2")), 30)
+            assert Judge.asked == ["c1"] and host.servicer.adopted == 1  # one judgement, not two
+            assert isinstance(reply, EvalReport) and reply.report.reason == "judged as c1"
+            assert (reply.session_id, reply.candidate_id, reply.draft.candidate_id) == ("s2", "c2", "c2")
+            assert host.servicer.orphans == {}  # taken by the adopter: nothing left to keep
+
+    asyncio.run(scenario())
+
+
+def test_a_busy_tester_is_given_one_request_and_the_next_waits_at_the_host() -> None:
+    async def scenario() -> None:
+        Judge.asked = []
+        async with hosted(Judge, TESTER, 2) as (host, callers):
+            replies = [asyncio.ensure_future(c.send_message(_request(f"s{k}", f"c{k}", f"def kernel(x): return x + {k}"),
+                                                            AgentId(TESTER, f"s{k}"))) for k, c in enumerate(callers)]
+            await asyncio.sleep(0.5)
+            assert len(Judge.asked) == 1 and len(host.servicer.parked[TESTER]) == 1  # waits here, not in the worker
+            got = await asyncio.wait_for(asyncio.gather(*replies), 30)
+            assert sorted(r.candidate_id for r in got) == ["c0", "c1"] and len(Judge.asked) == 2
+            assert host.servicer.parked[TESTER] == []
+
+    asyncio.run(scenario())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -94,9 +96,6 @@ def test_release_requeues_and_a_cancel_on_a_dead_daemons_job_ends_it(store_url: 
 
 
 def test_a_dead_local_daemons_jobs_are_claimable_at_once(store_url: str) -> None:
-    import subprocess
-    import sys
-
     store, queue = _queue(store_url)
     try:
         job = queue.submit(JobSpec(task="t_dead"))
@@ -108,5 +107,43 @@ def test_a_dead_local_daemons_jobs_are_claimable_at_once(store_url: str) -> None
         assert alive.expire_dead_here() == [job.id]
         assert alive.claim().id == job.id and queue.get(job.id).owner == alive.owner
         assert alive.expire_dead_here() == []  # a live owner keeps its lease
+    finally:
+        store.close()
+
+
+def test_a_daemon_that_died_unreaped_counts_as_dead(store_url: str) -> None:
+    """A killed daemon whose parent has not reaped it yet (a zombie) no longer holds its jobs."""
+    store, queue = _queue(store_url)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        job = queue.submit(JobSpec(task="t_zombie"))
+        deadline = time.monotonic() + 30
+        while open(f"/proc/{child.pid}/stat").read().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        host = socket.gethostname()[:30]
+        dead = Claimer(queue, owner=f"{host}:{child.pid}:abc", lease_s=600)
+        alive = Claimer(queue, owner=f"{host}:{os.getpid()}:def", lease_s=600)
+        assert dead.claim().id == job.id
+        assert alive.expire_dead_here() == [job.id]
+    finally:
+        child.wait()
+        store.close()
+
+
+def test_a_job_to_take_over_goes_before_an_older_queued_one(store_url: str) -> None:
+    store, queue = _queue(store_url)
+    try:
+        older, orphan = queue.submit(JobSpec(task="t_older")), queue.submit(JobSpec(task="t_orphan"))
+        host = socket.gethostname()[:30]
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        dead = Claimer(queue, owner=f"{host}:{gone.stdout.strip()}:abc", lease_s=600)
+        alive = Claimer(queue, owner=f"{host}:{os.getpid()}:def", lease_s=600)
+        assert dead.claim().id == older.id and dead.claim().id == orphan.id
+        dead.release(older.id)  # queued again; the orphan stays with the dead daemon
+        assert alive.expire_dead_here() == [orphan.id]
+        assert alive.expire_dead_here() == []  # its lease is ended once
+        assert alive.claim().id == orphan.id  # work done waits in it: before the older queued job
+        assert alive.claim().id == older.id
     finally:
         store.close()

@@ -41,6 +41,12 @@ def _evaluator_children(pid: int) -> list[int]:
     return found
 
 
+def _cpu_ticks(pid: int) -> int:
+    """CPU time ``pid`` has used (clock ticks): an idle sandbox uses none."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def test_a_daemon_job_is_judged_by_the_fleet_and_survives_its_tester_being_killed(tmp_path: Path) -> None:
     tester_data, daemon_data = tmp_path / "tester", tmp_path / "daemon"
     tester_data.mkdir()
@@ -62,6 +68,9 @@ def test_a_daemon_job_is_judged_by_the_fleet_and_survives_its_tester_being_kille
                         tmp_path / "daemon.log", {"MAXKERNEL_DATA_DIR": str(daemon_data), "MAXKERNEL_STORE_URL": store_url})
         procs.append(daemon)
 
+        sandboxes = _evaluator_children(first)
+        assert sandboxes  # started before the worker said it was ready
+        idle = {pid: _cpu_ticks(pid) for pid in sandboxes}
         with Store.open(store_url) as store:
             queue = JobQueue(store.engine)
             deadline = time.monotonic() + 240
@@ -70,7 +79,8 @@ def test_a_daemon_job_is_judged_by_the_fleet_and_survives_its_tester_being_kille
                 assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()[-3000:]
                 session = queue.get(job.id).session_id
                 events = store.events(session_id=session) if session else []
-                if any(e.message_type == "KernelDraft" for e in events) and _evaluator_children(first):
+                if any(e.message_type == "KernelDraft" for e in events) and any(
+                        _cpu_ticks(pid) > idle[pid] + 2 for pid in sandboxes):
                     break
                 time.sleep(0.05)
             assert not [e for e in events if e.payload.get("sender") == "tester"]  # no verdict yet

@@ -29,6 +29,11 @@ def test_fleet_up_status_down(tmp_path: Path) -> None:
         assert [r["name"] for r in rows] == [p.name for p in state.procs] and all(r["alive"] for r in rows)
         shown = runner.invoke(app, ["fleet", "status", "--dir", str(root)])
         assert shown.exit_code == 0 and "daemon-0" in shown.output and "testers" in shown.output
+        supervisor = next(p for p in state.procs if p.name == "testers")
+        fleet.wait_ready(state, testers=1, spares=1)
+        assert next(r for r in fleet.status(root) if r["name"] == "testers")["doing"] == (
+            "1 serving, 1 on standby, 0 spares promoted")
+        assert len(fleet.serving_workers(supervisor)) == 1
 
         down = runner.invoke(app, ["fleet", "down", "--dir", str(root)])
         assert down.exit_code == 0 and "stopped 5 processes" in down.output
