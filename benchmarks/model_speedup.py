@@ -69,7 +69,11 @@ def main(argv: list[str]) -> int:
     work = Path(tempfile.mkdtemp(prefix="model-speedup-"))
     os.environ["MAXKERNEL_DATA_DIR"] = str(work / "data")
     tpu = None if args.no_tpu else args.tpu
-    rows = [run_layer(layer, args.budget, tpu, work / layer, cpu=not args.no_cpu) for layer in layers]
+    rows: list[dict[str, Any]] = []
+    for layer in layers:  # the JSON is rewritten after every layer, so a long run keeps what it finished
+        rows.append(run_layer(layer, args.budget, tpu, work / layer, cpu=not args.no_cpu))
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
     table = Table(title=f"optimize-model, {args.budget:.0f} s per layer and target")
     cols = ["layer", "regions", "extract s"]
     if not args.no_cpu:
@@ -100,8 +104,6 @@ def main(argv: list[str]) -> int:
         for r in rows:
             console.print(f"{r['layer']} ({tpu}): " + "; ".join(r["tpu_regions"] + r["tpu_notes"]),
                           highlight=False, markup=False)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
     return 0
 
 

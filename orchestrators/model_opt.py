@@ -94,36 +94,48 @@ def optimize_model(task: str | Path, *, out: Path, budget_s: float = 300.0, eval
         return await run_auto(info.path, config, target=target, budget=budget, mode="optimize")
 
     return asyncio.run(run_model(task, out=out, budget=AutoBudget(time_s=budget_s, max_evaluations=evals, seed=seed),
-                                 target=target, run_region=session, on_region=on_region))
+                                 target=target, run_region=session, on_region=on_region,
+                                 rules_planner=config.brains.get("planner", config.brain) == "rules"))
 
 
 async def run_model(task: str | Path, *, out: Path, budget: AutoBudget, target: str, run_region: RegionRunner,
-                    evaluator: Any = None, on_region: Callable[[RegionRow], None] | None = None) -> ModelResult:
+                    evaluator: Any = None, on_region: Callable[[RegionRow], None] | None = None,
+                    rules_planner: bool = True) -> ModelResult:
     """The whole-layer run on any engine: ``run_region`` runs one region's session (its own services from
     the CLI, the daemon's shared ones in a job); ``budget``'s time and evaluations are shared by the regions'
-    shares of the layer's time, its other limits hold for every region. Extraction and judging run in a
-    thread so a daemon's loop keeps renewing its leases."""
+    shares of the layer's time (see ``region_budget``), its other limits hold for every region. With the
+    rules planner a region none of whose strategies applies on ``target`` gets no session (it could only
+    return its reference). Extraction and judging run in a thread so a daemon's loop keeps renewing its
+    leases."""
     started = time.perf_counter()
     layer = await asyncio.to_thread(load_task, task)
     extraction = await asyncio.to_thread(extract_task, layer, out / "regions", target=target)
     result = ModelResult(layer=layer.id, target=target)
-    remaining = (budget.time_s if budget.time_s is not None else 0.0) - (time.perf_counter() - started)
-    evals = budget.max_evaluations
+    deadline = started + (budget.time_s if budget.time_s is not None else 0.0)
     hottest = sorted(extraction.regions, key=lambda r: r.share, reverse=True)
+    refused = {} if not rules_planner else await asyncio.to_thread(_without_strategy, extraction, target)
+    pending = [r for r in hottest if r.index not in refused]
+    evals_left = budget.max_evaluations
     kernels: dict[int, str] = {}
     rows: dict[int, RegionRow] = {}
     for info in hottest:
-        row = RegionRow(index=info.index, task_id=info.task_id, kind=info.kind, share=info.share,
-                        budget_s=max(0.0, remaining) * info.share, before_ms=info.ms,
-                        evals=None if evals is None else max(1, round(evals * info.share)))
+        row = RegionRow(index=info.index, task_id=info.task_id, kind=info.kind, share=info.share, budget_s=0.0,
+                        before_ms=info.ms)
         rows[info.index] = row
-        if row.budget_s < MIN_REGION_BUDGET_S:
-            row.status, row.note = "skipped", f"its share of the budget ({row.budget_s:.0f} s) is too small"
+        if info.index in refused:
+            row.status, row.note = "skipped", refused[info.index]
         else:
-            session = await run_region(info, budget.model_copy(update={"time_s": row.budget_s,
-                                                                       "max_evaluations": row.evals}))
-            row.session_id = session.session_id
-            _settle_region(row, info, session, kernels)
+            row.budget_s, row.evals = region_budget(info, pending, deadline - time.perf_counter(), evals_left)
+            pending.remove(info)
+            if row.budget_s < MIN_REGION_BUDGET_S:
+                row.status, row.note = "skipped", f"its share of the budget ({row.budget_s:.0f} s) is too small"
+            else:
+                session = await run_region(info, budget.model_copy(update={"time_s": row.budget_s,
+                                                                           "max_evaluations": row.evals}))
+                row.session_id = session.session_id
+                if evals_left is not None:
+                    evals_left = max(0, evals_left - session.evaluations)
+                _settle_region(row, info, session, kernels)
         log.info("region done", region=info.task_id, status=row.status, speedup=row.speedup)
         if on_region is not None:
             on_region(row)
@@ -144,6 +156,34 @@ async def run_model(task: str | Path, *, out: Path, budget: AutoBudget, target: 
         result.notes.append(f"the re-joined layer is not correct ({report.status}: {report.reason})")
     result.seconds = time.perf_counter() - started
     return result
+
+
+def region_budget(info: RegionInfo, pending: list[RegionInfo], left_s: float,
+                  evals: int | None) -> tuple[float, int | None]:
+    """Seconds and evaluations for ``info``: what is left of each, by its share among the regions still to
+    run (``pending``, itself included), so what a region's session did not use goes to the regions after
+    it and none is set aside for regions that get no session."""
+    pool = sum(r.share for r in pending) or 1.0
+    part = info.share / pool
+    return max(0.0, left_s) * part, None if evals is None else max(1, round(evals * part))
+
+
+def _without_strategy(extraction: Extraction, target: str) -> dict[int, str]:
+    """The regions for which the rules planner has nothing but the reference on ``target``, and why."""
+    from maxkernel.analysis import analyze_task
+    from maxkernel.rules import propose_strategies
+
+    refused: dict[int, str] = {}
+    for info in extraction.regions:
+        region = load_task(info.path)
+        try:
+            proposed = propose_strategies(region, analyze_task(region, target), target)
+        except Exception as exc:  # noqa: BLE001 - the region's own session would hit the same error
+            refused[info.index] = f"not analysed on {target}: {type(exc).__name__}: {exc}"
+            continue
+        if all(s.kind == "reference" for s in proposed):
+            refused[info.index] = f"no strategy applies on {target}"
+    return refused
 
 
 def _settle_region(row: RegionRow, info: RegionInfo, session: AutoResult, kernels: dict[int, str]) -> None:

@@ -72,7 +72,7 @@ def match(program: Program, static: dict[str, Any] | None = None, size_checked: 
     A bias's values are checked only when ``size_checked`` (evaluating it builds [heads, seq, seq]).
     """
     # Imported here: blocked_attention imports the template registry, which imports this module.
-    from maxkernel.rewrites.blocked_attention import compact, evaluate_static, match_attention
+    from maxkernel.rewrites.blocked_attention import match_attention
 
     plan = match_attention(program)
     if isinstance(plan, str):
@@ -102,9 +102,7 @@ def match(program: Program, static: dict[str, Any] | None = None, size_checked: 
         elif step.kind == "mask":
             pred = step.operand
             assert isinstance(pred, Var)
-            value = compact(evaluate_static(program, pred))
-            heads = value.reshape(-1, *value.shape[-2:])
-            if not (heads == heads[:1]).all():
+            if _differs_between_heads(program, pred, plan.score_shape):
                 return "a mask that differs between heads"
         elif step.kind != "none":
             return f"a score term beyond a scale and a mask ({step.prim} with {step.kind} operand)"
@@ -114,6 +112,26 @@ def match(program: Program, static: dict[str, Any] | None = None, size_checked: 
     return AttentionShape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], scale,
                           np.dtype(q.dtype), np.dtype(plan.out_dtype), plan.mask, dict(static or {}), bias,
                           bias_structure, int(extra[0].shape[-1]) if bias is not None else 0)
+
+
+def _differs_between_heads(program: Program, pred: Var, score_shape: tuple[int, ...]) -> bool:
+    """Whether the (input-free) mask ``pred`` differs between any two [seq_q, seq_k] slices of the scores.
+
+    XLA reduces it one slice at a time (``evaluate_any``), so a full-size causal mask built from [seq, seq]
+    iotas is checked exactly without its int32 intermediates ever existing side by side in this process.
+    """
+    from maxkernel.rewrites.numeric import evaluate_any
+
+    sq, sk = score_shape[-2:]
+    lead = int(np.prod(score_shape[:-2]))
+
+    def differs(value: Any) -> Any:
+        import jax.numpy as jnp
+
+        slices = jnp.broadcast_to(value, score_shape).reshape(lead, sq, sk)
+        return slices != slices[:1]
+
+    return bool(evaluate_any(program.ancestors(pred), pred, differs, lead).any())
 
 
 # (task folder, source digest, size) -> the match (tracing and evaluating a full-size mask takes seconds)

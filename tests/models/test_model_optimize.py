@@ -7,7 +7,7 @@ from pathlib import Path
 from jaxbench.task import load_task
 from maxkernel.evaluation import evaluate_candidate
 from maxkernel.extract import extract_task
-from orchestrators.model_opt import ModelResult, RegionRow, _judge, amdahl, optimize_model, settle
+from orchestrators.model_opt import ModelResult, RegionRow, _judge, amdahl, optimize_model, region_budget, settle
 
 SMALLEST = "mamba2_block"  # three regions
 
@@ -49,3 +49,44 @@ def test_amdahl_bound_counts_only_kept_regions():
     rows = [RegionRow(index=0, task_id="a", kind="attention", share=0.5, budget_s=1, status="kept", speedup=2.0),
             RegionRow(index=1, task_id="b", kind="matmul", share=0.5, budget_s=1, status="dropped", speedup=4.0)]
     assert abs(amdahl(rows) - 1.0 / (0.25 + 0.5)) < 1e-9
+
+
+def test_region_budget_shares_what_is_left_among_the_regions_still_to_run():
+    from maxkernel.extract.layer import RegionInfo
+
+    hot, warm, cold = (RegionInfo(index=i, task_id=str(i), kind="matmul", path="", nodes=(0, 0), inputs=[],
+                                  outputs=[], primitives=[], share=s) for i, s in enumerate((0.6, 0.3, 0.1)))
+    seconds, evals = region_budget(hot, [hot, warm, cold], 100.0, 10)
+    assert abs(seconds - 60.0) < 1e-9 and evals == 6
+    # The hottest session used 20 of its 60 s and 2 evaluations: what is left goes to the two regions
+    # still to run, 3:1.
+    seconds, evals = region_budget(warm, [warm, cold], 80.0, 8)
+    assert abs(seconds - 60.0) < 1e-9 and evals == 6
+    assert region_budget(cold, [cold], -5.0, None) == (0.0, None)
+
+
+def test_a_region_without_an_applicable_strategy_gets_no_session(tmp_path):
+    """On cpu the rules planner has nothing but the reference for mamba2's input projection: it gets no
+    session, and its share of the budget goes to the regions that have one."""
+    import asyncio
+
+    from orchestrators.auto import AutoBudget, AutoResult
+    from orchestrators.model_opt import run_model
+
+    given: dict[str, float] = {}
+
+    async def no_winner(info, budget: AutoBudget) -> AutoResult:
+        given[info.task_id] = budget.time_s
+        return AutoResult(session_id=info.task_id, task_id=info.task_id, target="cpu", brain="rules",
+                          status="scored", stop_reason="nothing beat the reference")
+
+    result = asyncio.run(run_model(SMALLEST, out=tmp_path, budget=AutoBudget(time_s=600.0), target="cpu",
+                                   run_region=no_winner))
+    refused = [r for r in result.regions if r.note == "no strategy applies on cpu"]
+    assert [r.kind for r in refused] == ["matmul"] and refused[0].status == "skipped"
+    assert refused[0].task_id not in given and refused[0].budget_s == 0.0
+    ran = [r for r in result.regions if r.task_id in given]
+    assert len(ran) == len(result.regions) - 1
+    # The whole budget is shared by the regions that ran (less what extraction and the sessions took).
+    assert sum(given.values()) > 0.8 * 600.0 * 1.0 and all(r.status == "no faster kernel" for r in ran)
+    assert result.correct and result.returned_reference

@@ -17,7 +17,8 @@ from maxkernel.extract import extract_task
 from maxkernel.extract.constants import fold_constant_scalars
 from maxkernel.extract.splice import splice
 from maxkernel.rules.strategy import reference_source
-from maxkernel.templates.attention import FlashAttentionTemplate
+from maxkernel.templates.attention import FlashAttentionTemplate, plan
+from maxkernel.templates.masks import CAUSAL
 from orchestrators.model_opt import _shapes
 
 SMALLEST = "mamba2_block"
@@ -41,6 +42,10 @@ def test_attention_core_is_the_one_flash_attention_reads(tmp_path):
     assert FlashAttentionTemplate().applies(region, analyze_task(region)) is None
     q, k, v = input_shapes(region, "cpu")
     assert q.shape == k.shape == v.shape  # the kv-head repeat stays in the projection region before it
+    # At full (seq 8192) the causal mask, built from [seq, seq] iotas, is matched too: a TPU session
+    # reaches the template instead of stopping at a mask too large to evaluate node by node.
+    found = plan(region, ("cpu", "full"))
+    assert not isinstance(found, str) and found.mask is CAUSAL, found
 
 
 def test_scalars_made_of_constants_are_folded():
