@@ -98,7 +98,8 @@ def test_a_daemon_job_is_judged_by_the_fleet_and_survives_its_tester_being_kille
         verdicts = Counter(e.candidate_id for e in events if e.payload.get("sender") == "tester"
                            and e.message_type in ("EvalReport", "FixRequest"))
         drafts = {e.candidate_id for e in events if e.message_type == "KernelDraft"}
-        assert drafts and set(verdicts) == drafts  # the draft cut off by the kill was judged too
+        # the draft cut off by the kill was judged too (tuning trials are judged without a draft)
+        assert drafts and drafts <= set(verdicts)
         assert set(verdicts.values()) == {1}  # and nothing twice
         port = json.loads((daemon_data / "daemon.json").read_text())["port"]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as response:

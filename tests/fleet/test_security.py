@@ -45,14 +45,17 @@ def test_a_host_with_a_token_refuses_workers_without_it() -> None:
         await host.start()
         try:
             for wrong in ("", "guess"):
-                worker = await asyncio.wait_for(connect_worker(f"127.0.0.1:{port}", token=wrong), 30)
+                worker = None
                 try:
+                    # the refusal reaches the worker at connect or at its first call, whichever comes first
                     with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        worker = await asyncio.wait_for(connect_worker(f"127.0.0.1:{port}", token=wrong), 30)
                         await asyncio.wait_for(worker.add_subscription(TypeSubscription("tester", "probe")), 30)
                     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
                 finally:
-                    with contextlib.suppress(Exception):
-                        await worker.stop()
+                    if worker is not None:
+                        with contextlib.suppress(Exception):
+                            await worker.stop()
             worker = await asyncio.wait_for(connect_worker(f"127.0.0.1:{port}", token="s3cret"), 30)
             await asyncio.wait_for(worker.add_subscription(TypeSubscription("tester", "probe")), 30)
             await worker.stop()

@@ -122,7 +122,8 @@ def test_a_worker_killed_mid_evaluation_is_replaced_and_the_evaluation_rerun_onc
         verdicts = Counter(e.candidate_id for e in events if e.payload.get("sender") == "tester"
                            and e.message_type in ("EvalReport", "FixRequest"))
         drafts = {e.candidate_id for e in events if e.message_type == "KernelDraft"}
-        assert drafts and set(verdicts) == drafts  # every draft judged, the killed one included
+        # every draft judged, the killed one included (tuning trials are judged too, without a draft)
+        assert drafts and drafts <= set(verdicts)
         assert set(verdicts.values()) == {1}  # and none twice
     finally:
         stop_all(procs)
