@@ -182,13 +182,16 @@ def _extent_distance(a: dict[str, int], b: dict[str, int]) -> float:
 
 def param_start(rows: Sequence[Measurement], matches: Sequence[TaskMatch], ref: StrategyRef) -> tuple[Config, str] | None:
     """Where the tuner of ``ref`` starts: the best passing parameters of the same strategy on the most
-    similar recalled task (closer extents break ties), scaled to ``ref``; None when memory has none
-    or they come out as the strategy's own defaults."""
+    similar recalled task where they beat the reference (closer extents break ties), scaled to ``ref``;
+    None when memory has none or they come out as the strategy's own defaults."""
     if not ref.space:
         return None
     similarity = {m.task_id: m.score for m in matches}
     # The tuned table (the one ``maxkernel export`` ships) of the similar tasks: the best of each shape class.
     entries = TunedTable.from_rows(r for r in rows if r.strategy == ref.name and r.task_id in similarity).entries
+    # A configuration that did not beat the reference there says nothing about where to start here: a bf16
+    # GEMM's tiles at par would send an f32 one to the wrong product passes before its defaults are tried.
+    entries = [e for e in entries if e.speedup > 1.0]
     if not entries:
         return None
     here = tiled_extents(ref.extents, ref.space)

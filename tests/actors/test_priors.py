@@ -129,6 +129,10 @@ def test_tuning_starts_from_the_most_similar_tasks_best_params() -> None:
     assert param_start(rows, matches, TAIL) is None  # nothing to tune
     same = [measured("near", {"block_rows": 256}, 1.5)]  # scales to the defaults: nothing new to say
     assert param_start(same, matches, ROWBLOCK) is None
+    slower = [measured("near", {"block_rows": 512}, 0.95)]  # never beat the reference there: no start
+    assert param_start(slower, matches, ROWBLOCK) is None
+    assert param_start(slower + [measured("far", {"block_rows": 128}, 3.0)], matches, ROWBLOCK)[0] == \
+        {"block_rows": 64}  # the less similar task whose configuration did beat it
 
 
 def test_trial_order_puts_the_start_first_then_the_ranking() -> None:
