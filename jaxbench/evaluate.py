@@ -13,6 +13,7 @@ import random
 import secrets
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -123,14 +124,16 @@ class _Reference:
 def _compile_reference(task: Task, size: str) -> _Reference:
     """The reference compiled for the abstract inputs of ``size``: compiling needs their shapes, not a draw
     (at a check size that keeps the full hidden width, one draw of the weights costs seconds)."""
-    args, static, _ = full_shapes(task, size)
-    fn = partial(task.reference, **static)
-    try:
+    try:  # full_shapes traces the reference too: its failure is the task's as well
+        args, static, _ = full_shapes(task, size)
+        fn = partial(task.reference, **static)
         closed = jax.make_jaxpr(fn)(*args)
         compiled = jax.jit(fn).lower(*args).compile()
     except Exception as exc:  # a broken reference is the task's fault, not the candidate's
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise TaskError(f"{task.reference_path}: reference() fails at size {size!r}: {type(exc).__name__}: {first}") from exc
+        names = {frame.name for frame in traceback.extract_tb(exc.__traceback__)}
+        part = "get_inputs()" if "get_inputs" in names and task.reference.__name__ not in names else "reference()"
+        raise TaskError(f"{task.reference_path}: {part} fails at size {size!r}: {type(exc).__name__}: {first}") from exc
     flops, nbytes = _cost(compiled)
     specs = [{"shape": list(a.shape), "dtype": str(a.dtype)} for a in args]
     return _Reference(task, static, specs, compiled, str(closed.jaxpr), flops, nbytes, size)
