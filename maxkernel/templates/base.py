@@ -63,6 +63,18 @@ def sizes_for(target: str) -> tuple[str, ...]:
     return ("cpu", "full") if tpu_target(target) else ("cpu",)
 
 
+def block_pair_space(extent: int, blocks_q: list[int], blocks_k: list[int],
+                     fits: Callable[[int, int], bool]) -> tuple[tuple[int, int], dict[str, list[int]]] | None:
+    """For a query-block x key-block grid over one sequence ``extent``: the legal pairs (both divide it and
+    ``fits`` admits them), the default among them (the largest square-ish pair: fewest steps whose diagonal
+    waste stays small) and the space of each axis; None when no pair is legal."""
+    legal = [(bq, bk) for bq in blocks_q for bk in blocks_k if extent % bq == 0 and extent % bk == 0 and fits(bq, bk)]
+    if not legal:
+        return None
+    default = max(legal, key=lambda f: (min(f), f[0] * f[1]))
+    return default, {"block_q": sorted({f[0] for f in legal}), "block_k": sorted({f[1] for f in legal})}
+
+
 def pick_block(extent: int, options: list[int], preferred: int) -> int:
     """The legal block closest to ``preferred`` from below (or the smallest legal one)."""
     fitting = [o for o in options if o <= preferred and extent % o == 0]

@@ -28,7 +28,7 @@ import numpy as np
 
 from maxkernel.analysis.program import arg_names, static_args, trace_program
 from maxkernel.templates.attention import FlashPlan, render_flash
-from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, analysed_at, tpu_target
+from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, analysed_at, block_pair_space, tpu_target
 from maxkernel.templates.masks import CAUSAL
 from maxkernel.templates.tpu_gemm import SPLIT_SOURCE
 
@@ -161,13 +161,12 @@ class TpuMlaTemplate:
         a = analyse(task, "full")
         if isinstance(a, str):
             return empty
-        fits = [(bq, bk) for bq in TPU_BLOCKS_Q for bk in TPU_BLOCKS_K
-                if a.seq % bq == 0 and a.seq % bk == 0 and vmem_bytes(a, bq, bk) <= TPU_VMEM_BUDGET]
-        if not fits:
+        found = block_pair_space(a.seq, TPU_BLOCKS_Q, TPU_BLOCKS_K,
+                                 lambda bq, bk: vmem_bytes(a, bq, bk) <= TPU_VMEM_BUDGET)
+        if found is None:
             return empty
-        bq, bk = max(fits, key=lambda f: (min(f), f[0] * f[1]))
-        return TemplateSpace(defaults={"block_q": bq, "block_k": bk},
-                             space={"block_q": sorted({f[0] for f in fits}), "block_k": sorted({f[1] for f in fits})})
+        (bq, bk), space = found
+        return TemplateSpace(defaults={"block_q": bq, "block_k": bk}, space=space)
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
         analysed_at(task, sizes, analyse, lambda s: s.names)

@@ -24,7 +24,7 @@ import numpy as np
 
 from maxkernel.analysis.program import Const, Node, Program, Var, arg_names, static_args, trace_program
 from maxkernel.rewrites.emit import EmitError
-from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, analysed_at, tpu_target
+from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, analysed_at, block_pair_space, tpu_target
 from maxkernel.templates.tpu_gemm import HEADER, W_KN_DIMENSIONS, W_NK_DIMENSIONS, _mxu_source, _passes, chosen_passes
 from maxkernel.templates.tpu_mlp import _precision
 
@@ -205,17 +205,14 @@ class TpuRetentionTemplate:
         a = analyse(task, "full")
         if isinstance(a, str):
             return empty
-        fits = [(bq, bk) for bq in TPU_BLOCKS for bk in TPU_BLOCKS
-                if a.seq % bq == 0 and a.seq % bk == 0 and vmem_bytes(a, bq, bk) <= TPU_VMEM_BUDGET]
-        if not fits:
+        found = block_pair_space(a.seq, TPU_BLOCKS, TPU_BLOCKS, lambda bq, bk: vmem_bytes(a, bq, bk) <= TPU_VMEM_BUDGET)
+        if found is None:
             return empty
-        # Fewest steps whose diagonal waste stays small: the largest square-ish pair.
-        bq, bk = max(fits, key=lambda f: (min(f), f[0] * f[1]))
+        (bq, bk), space = found
         # HIGHEST by default: with the 3-pass split, one draw in three of the evaluator's shifted inputs put
         # 80 of 4.2M outputs of 15p (f32, 5e-4) outside tolerance; the split stays in the space for the tuner.
         return TemplateSpace(defaults={"block_q": bq, "block_k": bk, "passes": max(_passes(a))},
-                             space={"block_q": sorted({f[0] for f in fits}), "block_k": sorted({f[1] for f in fits}),
-                                    "passes": _passes(a)})
+                             space={**space, "passes": _passes(a)})
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
         found = analysed_at(task, sizes, analyse, lambda s: (s.in_dtype, s.precision, s.eps, s.names))
