@@ -71,7 +71,11 @@ def test_a_stale_iteration_does_not_end_a_run_while_budget_remains(orch_evaluato
                            AutoBudget(time_s=300, max_evaluations=None, confirm=False))
     worked = [s for it in result.iterations for s in it.strategies]
     assert len(worked) >= 3 and result.stop_reason == "the planner proposed nothing that was not tried already"
-    assert any(not it.improved for it in result.iterations[1:])
+    # Whether a later iteration beats an earlier one depends on the machine's timings; what must hold is that
+    # the default budget has no patience and that every strategy the planner proposed was worked on.
+    assert AutoBudget().patience is None
+    planned = {s["name"] for e in events if e.message_type == "Plan" for s in e.payload["strategies"]}
+    assert planned <= {a.strategy for a in result.attempts}
     # Each iteration's plan carries what the earlier ones taught.
     handed = [e.payload for e in events if e.message_type == "Plan" and e.payload["sender"] == "orchestrator"]
     assert len(handed) == len(result.iterations) and worked[0] in handed[1]["notes"]
@@ -101,7 +105,8 @@ def test_a_job_run_again_carries_on_from_its_interrupted_run(orch_evaluator: obj
         [t for t in first.trials if t.role == "baseline"]):]  # the interrupted run's baseline stands
     assert again.iterations and not tried & {s for it in again.iterations for s in it.strategies}
     assert tried <= {a.strategy for a in again.attempts}
-    assert again.best_report is not None and (again.best_report.speedup or 0) >= (first.best_report.speedup or 0)
+    # Candidates rank by the lower end of their interval: the carried-over winner can only be beaten on it.
+    assert again.best_report is not None and again.best_report.low >= first.best_report.low
     # The plan was carried over: the new session's first draft is the first strategy not tried before.
     draft = next(e.payload for e in events if e.message_type == "KernelDraft"
                  and not e.payload["produced_by"].startswith("auto:"))
