@@ -221,8 +221,12 @@ def worker_cmd(
     host: str = typer.Option(..., help="HOST:PORT of the gRPC host, e.g. 127.0.0.1:50051"),
     roles: str = typer.Option(..., help="comma-separated roles, e.g. tester or planner,coder"),
     config: Optional[Path] = typer.Option(None, help="ActorConfig as a YAML or JSON file"),
+    supervise: bool = typer.Option(False, "--supervise", help="keep --count workers alive, replacing any that dies"),
+    count: int = typer.Option(1, min=1, help="workers kept alive under --supervise"),
+    spares: int = typer.Option(0, min=0, help="warm standby workers under --supervise, each taking a dead "
+                                              "worker's place at once"),
 ) -> None:
-    """Run actors on this machine against a gRPC host."""
+    """Run actors on this machine against a gRPC host (with --supervise: a loop that keeps them alive)."""
     import asyncio
 
     from maxkernel.commands.checks import check_address
@@ -234,6 +238,15 @@ def worker_cmd(
     if not wanted or unknown:
         raise UserError(f"--roles {roles}: {'unknown role ' + unknown[0] if unknown else 'no role'}; "
                         f"choose from {', '.join(ROLES)}")
+    if supervise:
+        from actors.supervisor import Supervisor
+        from maxkernel.logging import configure
+
+        configure("info")
+        worker_args = ["--host", host, "--roles", ",".join(wanted), *(["--config", str(config)] if config else [])]
+        raise typer.Exit(Supervisor(worker_args, count, spares=spares).run())
+    if count != 1 or spares:
+        raise UserError("--count and --spares apply only with --supervise")
     from actors.config import ActorConfig
     from actors.worker import serve
 

@@ -386,6 +386,8 @@ def test_host_and_worker_refuse_bad_addresses_roles_and_busy_ports(capsys) -> No
     assert "--host" in one_error(capsys, "worker", "--roles", "tester")
     assert "unknown role bogus" in one_error(capsys, "worker", "--host", "127.0.0.1:50051", "--roles", "bogus")
     assert "expected HOST:PORT" in one_error(capsys, "worker", "--host", "nohost", "--roles", "tester")
+    assert "only with --supervise" in one_error(capsys, "worker", "--host", "127.0.0.1:50051", "--roles", "tester",
+                                                "--spares", "1")
 
 
 def test_the_search_table_fits_eighty_columns_with_ids_whole() -> None:

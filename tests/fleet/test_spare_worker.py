@@ -47,7 +47,8 @@ def test_a_spare_takes_over_a_killed_testers_evaluation_and_it_is_judged_once(tm
         await host.start()
         caller = None
         try:
-            supervisor = spawn(["actors.worker", "--supervise", "--count", "1", "--spares", "1", "--host", address,
+            # The user's command (`maxkernel worker --supervise`), which runs the same supervisor as `actors.worker`.
+            supervisor = spawn(["maxkernel.cli", "worker", "--supervise", "--count", "1", "--spares", "1", "--host", address,
                                 "--roles", "tester", "--config", str(config_file)], tmp_path / "testers.log")
             procs.append(supervisor)
             lines = Lines(supervisor, tmp_path / "testers.log")
