@@ -238,6 +238,9 @@ def main() -> int:
     args = parser.parse_args()
     if min(args.jobs, args.daemons, args.concurrency) < 1 or min(args.kills, args.spares) < 0:
         parser.error("--jobs, --daemons and --concurrency must be at least 1, --kills and --spares at least 0")
+    # A run stopped with SIGTERM (or Ctrl-C) takes its fleet down with it: SystemExit unwinds through run()'s
+    # `finally`, which stops every process it started.
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
     result = run(args)
     print(json.dumps({k: v for k, v in result.items() if k not in ("without_kills", "with_kills")}, indent=2))
     if args.json:
