@@ -46,8 +46,12 @@ TPU_BLOCKS_M = (128, 256, 512, 1024)
 TPU_BLOCKS_N = (256, 512, 1024, 2048)
 TPU_BLOCKS_K = (256, 512, 1024, 2048)
 TPU_BLOCK_ROWS = (8, 16, 32, 64, 128, 256, 512)
-# VMEM the GEMM may plan for: blocks past the 16 MiB scoped default are worth it (fewer weight re-reads);
-# the kernel raises its own limit to what it plans, capped at a share of the chip's VMEM.
+# VMEM a kernel that multiplies through ``_product`` may plan for, as a share of the chip's (the
+# convolution's cap): blocks past the scoped default are worth it (fewer re-reads); the kernel raises its
+# own limit to what it plans.
+VMEM_SHARE = 0.4
+# The GEMM's own share: K steps of 1024 beside 1024 x 2048 f32 tiles (60 MB with the split operands, a
+# limit of 114 MB on a 128 MiB chip) halve the grid steps and the accumulator's updates of K steps of 512.
 GEMM_VMEM_SHARE = 0.5
 HIGHEST = "HIGHEST"
 PASSES_F32 = (3, 6)  # bf16 passes per f32 product: the 3-pass split, or Precision.HIGHEST
@@ -177,11 +181,11 @@ def chosen_passes(p: Any, params: dict[str, Any]) -> int:
     return passes
 
 
-def _vmem_cap(target: str) -> int:
+def _vmem_cap(target: str, share: float = VMEM_SHARE) -> int:
     from maxkernel.targets.specs import load_tpu_specs
 
     spec = load_tpu_specs()[target.removeprefix("tpu-")]
-    return int(spec.vmem_bytes * GEMM_VMEM_SHARE)
+    return int(spec.vmem_bytes * share)
 
 
 class TpuGemmTemplate:
@@ -200,7 +204,7 @@ class TpuGemmTemplate:
             return TemplateSpace(defaults={}, space={"block_m": []})  # a TPU kernel: Mosaic-only operations
         p = plan(task, ("full",))
         assert not isinstance(p, str)
-        cap = _vmem_cap(target)
+        cap = _vmem_cap(target, GEMM_VMEM_SHARE)
         worst = min(_passes(p))  # the split operands of the 3-pass product need the most VMEM
         fits = [(bm, bn, bk) for bm in TPU_BLOCKS_M for bn in TPU_BLOCKS_N for bk in TPU_BLOCKS_K
                 if p.m % bm == 0 and p.n % bn == 0 and p.k % bk == 0 and gemm_vmem_bytes(p, bm, bn, bk, worst) <= cap]
