@@ -11,7 +11,8 @@ ops (``ragged_dot`` becomes one dense matmul per group); XLA's own figure is kep
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src import core
+from jax._src.interpreters import mlir as _mlir
+from jax._src import pjit as _pjit
+from jax._src.interpreters import pxla as _pxla
+from jax._src.random import threefry2x32 as _threefry
 
 from jaxbench.task import Task
 from maxkernel.targets.control import UNKNOWN, Interpreter, Path, has_sites
@@ -35,8 +40,38 @@ class XlaCost:
     xla_flops: float
 
 
+@contextmanager
+def tpu_lowerings() -> Iterator[None]:
+    """Lower for this CPU's cost analysis as JAX lowers for a TPU where the two differ in HBM traffic.
+
+    ``threefry2x32`` (every ``jax.random`` draw): JAX lowers it for TPU unrolled (XLA fuses the five rounds
+    with the draw's consumers into one loop fusion: the bytes are the draw's output) but for CPU as a
+    rolled loop, whose two u32 state arrays the CPU cost analysis counts as read and written each round:
+    about 60 bytes an element where the TPU program moves 1 to 4 (a dropout mask of 4096 x 8192 is 1.9 GB
+    rolled against 34 MB unrolled). JAX caches a program's lowering whatever the rules were, so the cache is
+    emptied on the way in (a program lowered earlier for running here) and out (lowered here for pricing)."""
+    table = _mlir._platform_specific_lowerings["cpu"]
+    saved = table.get(_threefry.threefry2x32_p)
+    _clear_lowerings()
+    _mlir.register_lowering(_threefry.threefry2x32_p, _threefry._threefry2x32_lowering_rule, platform="cpu")
+    try:
+        yield
+    finally:
+        if saved is None:
+            table.pop(_threefry.threefry2x32_p, None)
+        else:
+            table[_threefry.threefry2x32_p] = saved
+        _clear_lowerings()
+
+
+def _clear_lowerings() -> None:
+    _pjit._pjit_lower.cache_clear()
+    _pxla._cached_lowering_to_hlo.cache_clear()
+
+
 def _cost_analysis(traced: Any) -> tuple[float, float]:
-    analysis = traced.lower().compile().cost_analysis()
+    with tpu_lowerings():
+        analysis = traced.lower().compile().cost_analysis()
     if isinstance(analysis, (list, tuple)):
         analysis = analysis[0] if analysis else {}
     analysis = analysis or {}

@@ -32,6 +32,7 @@ from maxkernel.analysis.graph import ELEMENTWISE
 from maxkernel.analysis.program import Node, Program, Var, arg_names, static_args, trace_program
 from maxkernel.rewrites.activations import cheaper_activations
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
+from maxkernel.templates.gemm_prologue import Prologue, split_draws
 from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, tpu_target
 
 if TYPE_CHECKING:
@@ -45,9 +46,13 @@ TPU_BLOCKS_M = (128, 256, 512, 1024)
 TPU_BLOCKS_N = (256, 512, 1024, 2048)
 TPU_BLOCKS_K = (256, 512, 1024, 2048)
 TPU_BLOCK_ROWS = (8, 16, 32, 64, 128, 256, 512)
-# VMEM the GEMM may plan for: blocks past the 16 MiB scoped default are worth it (fewer weight re-reads);
-# the kernel raises its own limit to what it plans, capped at a share of the chip's VMEM.
-GEMM_VMEM_SHARE = 0.4
+# VMEM a kernel that multiplies through ``_product`` may plan for, as a share of the chip's (the
+# convolution's cap): blocks past the scoped default are worth it (fewer re-reads); the kernel raises its
+# own limit to what it plans.
+VMEM_SHARE = 0.4
+# The GEMM's own share: K steps of 1024 beside 1024 x 2048 f32 tiles (60 MB with the split operands, a
+# limit of 114 MB on a 128 MiB chip) halve the grid steps and the accumulator's updates of K steps of 512.
+GEMM_VMEM_SHARE = 0.5
 HIGHEST = "HIGHEST"
 PASSES_F32 = (3, 6)  # bf16 passes per f32 product: the 3-pass split, or Precision.HIGHEST
 W_NK_DIMENSIONS = "(((1,), (1,)), ((), ()))"
@@ -75,6 +80,8 @@ class GemmPlan:
     epilogues: dict[tuple[int, ...], str] = field(default_factory=dict)  # extents -> emitted tail (): one for all
     placement: str = "tile"  # where the tail runs: "tile" (in the GEMM), "rows" (row-block kernel), "xla"
     rows_keyed: bool = True  # an XLA tail's constants may follow the row count (else only the row width does)
+    prologue: Prologue | None = None  # the tail's random draws, made in XLA before the kernels
+    prologue_text: str = ""  # its emitted ``_prologue``
 
     @property
     def out(self) -> Var:
@@ -121,6 +128,8 @@ def match(program: Program) -> GemmPlan | str:
     tail.substitute(dot.out, h)
     cheaper_activations(tail)  # erfc (exact GELU) has no Mosaic lowering; 1 - erf has
     tail.dce()
+    prologue = split_draws(tail)  # dropout's draws: made whole in XLA, read by the kernels as blocks
+    others = tail.inputs[1:]
     tileable = program.outputs[0].shape == (m, n) and all(
         nd.prim in ELEMENTWISE or nd.prim == "broadcast_in_dim" for nd in tail.nodes) and all(
         v.shape in ((n,), (m, n)) for v in others)
@@ -128,7 +137,8 @@ def match(program: Program) -> GemmPlan | str:
     levels = precision if isinstance(precision, (tuple, list)) else (precision,)
     names = {str(getattr(p, "name", p)).upper() for p in levels if p is not None}
     return GemmPlan(m, n, k, lhs, w, w_nk, np.dtype(lhs.dtype), HIGHEST if HIGHEST in names else "DEFAULT", tail,
-                    tileable, tuple(bool(v.shape) and v.shape[0] == m and v.shape != (n,) for v in others))
+                    tileable, tuple(bool(v.shape) and v.shape[0] == m and v.shape != (n,) for v in others),
+                    prologue=prologue)
 
 
 def gemm_vmem_bytes(p: GemmPlan, bm: int, bn: int, bk: int, passes: int) -> int:
@@ -171,11 +181,11 @@ def chosen_passes(p: Any, params: dict[str, Any]) -> int:
     return passes
 
 
-def _vmem_cap(target: str) -> int:
+def _vmem_cap(target: str, share: float = VMEM_SHARE) -> int:
     from maxkernel.targets.specs import load_tpu_specs
 
     spec = load_tpu_specs()[target.removeprefix("tpu-")]
-    return int(spec.vmem_bytes * GEMM_VMEM_SHARE)
+    return int(spec.vmem_bytes * share)
 
 
 class TpuGemmTemplate:
@@ -194,11 +204,14 @@ class TpuGemmTemplate:
             return TemplateSpace(defaults={}, space={"block_m": []})  # a TPU kernel: Mosaic-only operations
         p = plan(task, ("full",))
         assert not isinstance(p, str)
-        cap = _vmem_cap(target)
+        cap = _vmem_cap(target, GEMM_VMEM_SHARE)
         worst = min(_passes(p))  # the split operands of the 3-pass product need the most VMEM
         fits = [(bm, bn, bk) for bm in TPU_BLOCKS_M for bn in TPU_BLOCKS_N for bk in TPU_BLOCKS_K
                 if p.m % bm == 0 and p.n % bn == 0 and p.k % bk == 0 and gemm_vmem_bytes(p, bm, bn, bk, worst) <= cap]
-        rows = [r for r in TPU_BLOCK_ROWS if p.m % r == 0 and rows_vmem_bytes(p, r) <= TPU_VMEM_BUDGET]
+        # An int8 block (a drawn mask) tiles by 32 rows.
+        tile = 32 if any(np.dtype(v.dtype).itemsize == 1 for v in p.tail.inputs[1:]) else 8
+        rows = [r for r in TPU_BLOCK_ROWS
+                if p.m % r == 0 and r % tile == 0 and rows_vmem_bytes(p, r) <= TPU_VMEM_BUDGET]
         if not fits or (p.placement == "rows" and not rows):
             return TemplateSpace(defaults={"block_m": 0}, space={"block_m": []})
         # Largest tiles first (fewest re-reads of x and the weight), then the deepest K step.
@@ -231,7 +244,7 @@ class TpuGemmTemplate:
                   "xla": ", the epilogue (it couples rows) left to XLA"}[p.placement] + '.\n"""\n')
         parts = [doc, HEADER, _constants(params, p.placement), FIT_SOURCE, "",
                  _mxu_source(_dimension_numbers(p), passes),
-                 _epilogue_source(p), _gemm_source(p)]
+                 _epilogue_source(p) + (p.prologue_text + "\n\n" if p.prologue else ""), _gemm_source(p)]
         if p.placement == "rows":
             parts.append(_rows_source(p))
         parts.append(_kernel_source(p, names, _size_statics(static_args(task, sizes[0]))))
@@ -284,6 +297,7 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> GemmPlan | str:
     the whole product and a redrawn batch changes its text: a mean over the batch divides by the batch)."""
     found: list[GemmPlan] = []
     texts: dict[tuple[int, ...], str] = {}
+    prologues: set[str] = set()
     rows_keyed = _rows_keyed(task, sizes[0])
     for size in sizes:
         p = match(trace_program(task, size).dce())
@@ -298,7 +312,16 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> GemmPlan | str:
         text = emit_function(p.tail, _epilogue_name(key), f"The reference after its matmul, for {_extent(key)}.")
         if texts.setdefault(key, text) != text:
             return "the computation after the matmul is written differently for the same extents"
+        if p.prologue is not None:
+            reason = emittable(p.prologue.program)
+            if reason is not None:
+                return reason
+            p.prologue_text = emit_function(p.prologue.program, "_prologue",
+                                            "The reference's random draws, over the whole product.")
+            prologues.add(p.prologue_text)
         found.append(p)
+    if len(prologues) > 1:
+        return "the random draws after the matmul are written differently at different sizes"
     if len({(p.w_nk, p.in_dtype, p.precision, p.placement, p.row_blocked) for p in found}) != 1:
         return "a matmul laid out differently at different sizes"
     generic = {text.replace(_epilogue_name(key), "_epilogue").replace(f", for {_extent(key)}.", ".")
@@ -418,6 +441,17 @@ def _mxu_source(dn: str, passes: int, name: str = "_product", split: bool = True
 '''
 
 
+def _prologue_call(p: GemmPlan) -> list[str]:
+    """The kernel's line that makes the tail's draws in XLA (none when it draws nothing)."""
+    if p.prologue is None:
+        return []
+    h_dtype = dtype_expr(np.dtype(p.tail.inputs[0].dtype))
+    names = "".join(f"{v.name}, " for v in p.prologue.outputs)
+    reads = "".join(f", {v.name}" for v in p.prologue.program.inputs[1:])
+    return ["    # The tail's random draws, made over the whole product as the reference makes them.",
+            f"    {names}= _prologue(jax.ShapeDtypeStruct((m, n), {h_dtype}){reads})"]
+
+
 def _gemm_source(p: GemmPlan) -> str:
     extras = [v.name for v in p.tail.inputs[1:]] if p.tileable else []
     refs = "".join(f"{name}_ref, " for name in extras)
@@ -500,6 +534,7 @@ def _kernel_source(p: GemmPlan, names: list[str], statics: list[str]) -> str:
         f"    planned = 2 * (block_m * block_k + block_k * block_n) * {item} + 2 * block_m * block_n * 4 * 2"
         " + 4 * (block_m * block_k + block_k * block_n) + block_m * block_n * 4",
         f"    epilogue = _epilogue_for({extents})",
+        *_prologue_call(p),
         "    h = pl.pallas_call(",
         f"        functools.partial(_gemm_kernel, epilogue={'epilogue' if p.placement == 'tile' else 'None'}),",
         f"        out_shape=jax.ShapeDtypeStruct((m, n), {gemm_out}),",

@@ -47,6 +47,9 @@ def test_two_layer_mlp_reduced_per_row_in_three_bf16_passes(declared_size_evalua
         for bh in space["block_h"]:
             assert full.m % bm == 0 and full.hidden % bh == 0 and bm % 8 == 0 and bh % 128 == 0
             assert mlp_vmem_bytes(full, bm, bh, 3) <= 0.75 * 128 * 2**20
+    # The widest hidden step beside the most rows is the default (fewer steps, fewer re-splits of x).
+    defaults = TPU_MLP.space(task, analyze_task(task, "tpu-v6e"), "tpu-v6e").defaults
+    assert defaults["block_m"] == max(space["block_m"]) and defaults["block_h"] == max(space["block_h"]) == 1024
 
 
 def test_the_chain_template_refuses_what_it_does_not_compute() -> None:

@@ -387,3 +387,22 @@ def test_ragged_paged_attention_expert_reads_each_needed_kv_block_once_per_query
     q_and_out = 65 * 2 * (32 * 32 * 128 * 2)
     assert kernel.grid == [1, 65]
     assert kernel.bytes == blocks * 2**20 + q_and_out
+
+
+def test_random_draws_are_priced_as_the_tpu_lowers_them() -> None:
+    """A dropout mask: JAX lowers threefry for TPU unrolled (one fusion writing the mask), for CPU as a rolled
+    loop whose state the CPU cost analysis counts every round; the model prices the TPU program's bytes."""
+    from maxkernel.targets.xla_cost import tpu_lowerings, xla_cost
+
+    def mask(key: jax.Array) -> jax.Array:
+        return jax.random.bernoulli(jax.random.wrap_key_data(key), 0.8, (1024, 2048)).astype(jnp.int8)
+
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    rolled = float(jax.jit(mask).lower(key).compile().cost_analysis()["bytes accessed"])  # lowered for this CPU
+    priced = xla_cost(mask, [key]).bytes  # the same program, lowered before: not the cached CPU lowering
+    assert priced <= 2 * 1024 * 2048  # about the int8 mask written once
+    assert rolled > 10 * priced  # what pricing the CPU's own lowering would have charged
+    with tpu_lowerings():
+        pass
+    after = float(jax.jit(mask).lower(key).compile().cost_analysis()["bytes accessed"])
+    assert after == rolled  # running it here afterwards lowers it for this CPU again
