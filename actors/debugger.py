@@ -5,7 +5,7 @@ from __future__ import annotations
 from autogen_core import MessageContext, message_handler
 
 from actors.brain_actor import BrainActor
-from actors.brains.base import UnusableReply
+from actors.brains.base import FixedDraft, UnusableReply
 from maxkernel.messages import DraftAbandoned, FixRequest, KernelDraft, new_id
 from maxkernel.runtime import CODER, DEBUGGER, TESTER
 
@@ -28,6 +28,12 @@ class Debugger(BrainActor):
                 fixed = await brain.fix(message)
             except UnusableReply as exc:
                 fixed, why = None, f"{why}; {exc}"
+            if isinstance(fixed, FixedDraft):  # new parameters: the plan carries them (the tuner starts there)
+                current = plan.current.model_copy(update={"params": fixed.params, "defaults": {},
+                                                          "rationale": f"{plan.current.rationale} [{fixed.why}]"})
+                strategies = list(plan.strategies)
+                strategies[plan.step] = current
+                plan, fixed = plan.model_copy(update={"strategies": strategies}), fixed.source
             if fixed is None or fixed.strip() == message.draft.source.strip():
                 await self._abandon(message, f"no fix for {why}")
                 return

@@ -263,7 +263,8 @@ def draft_params(strategies: Sequence[StrategyRef], rows: Sequence[Measurement],
                 continue
             params = {**ref.params, **picked[0]}
             why = f"the learned cost model predicts {picked[0]} {picked[1]:.2f}x faster than the defaults {ref.params}"
-        out.append(ref.model_copy(update={"params": params, "rationale": f"{ref.rationale} [memory: {why}]".strip()}))
+        out.append(ref.model_copy(update={"params": params, "defaults": dict(ref.params),
+                                          "rationale": f"{ref.rationale} [memory: {why}]".strip()}))
         notes.append(f"Memory on {ref.name}: drafted at {params}: {why}")
     return out, notes
 

@@ -68,6 +68,8 @@ class StrategyRef(BaseModel):
     rationale: str = ""
     target: str = "cpu"
     extents: dict[str, int] = Field(default_factory=dict, description="what each block parameter tiles")
+    defaults: dict[str, Any] = Field(default_factory=dict, description="the strategy's own parameters, kept when "
+                                     "memory drafts it at others: what a draft at memory's parameters falls back to")
 
 
 class Plan(BusMessage):

@@ -32,6 +32,7 @@ from maxkernel.messages import (
     CandidateScored,
     EvalReport,
     FixRequest,
+    KernelDraft,
     OptimizeRequest,
     Plan,
     SessionFinished,
@@ -335,10 +336,16 @@ class AutoRun:
         return text + (f" ({reason})" if reason else "")
 
     def params_of(self, candidate: CandidateScored) -> dict[str, Any]:
-        """The parameters ``candidate`` was written at: the tuner's best, else its strategy's defaults."""
-        for message in self.bus.log(self.session_id).messages:
+        """The parameters ``candidate`` was written at: the tuner's best, else those its draft's plan carried
+        (a fix may have changed them), else its strategy's in the plan."""
+        messages = self.bus.log(self.session_id).messages
+        for message in messages:
             if isinstance(message, TuneReport) and message.candidate_id == candidate.candidate_id:
                 return dict(message.best_params)
+        for message in messages:
+            if (isinstance(message, KernelDraft) and message.candidate_id == candidate.candidate_id
+                    and message.plan.current.name == candidate.strategy):
+                return dict(message.plan.current.params)
         return dict(self._ref(candidate.strategy).params)
 
     def _ref(self, strategy: str) -> StrategyRef:

@@ -57,6 +57,15 @@ class TuneOutcome:
     trials: list[TuneTrial] = field(default_factory=list)
 
 
+@dataclass
+class FixedDraft:
+    """A fix that changes the strategy's parameters, not only its source: the plan is sent on with them."""
+
+    source: str
+    params: dict[str, Any]
+    why: str
+
+
 class Brain(ABC):
     def __init__(self, role: str, services: Any, tools: Tools) -> None:
         self.role, self.services, self.tools = role, services, tools
@@ -69,8 +78,8 @@ class Brain(ABC):
         """A candidate for the plan's current strategy; ``feedback`` says why the previous one was dropped."""
 
     @abstractmethod
-    async def fix(self, request: FixRequest) -> str | None:
-        """A fixed source, or None to give the strategy up."""
+    async def fix(self, request: FixRequest) -> "str | FixedDraft | None":
+        """A fixed source (with new parameters: a :class:`FixedDraft`), or None to give the strategy up."""
 
     @abstractmethod
     async def profile(self, report: EvalReport) -> Diagnosis: ...

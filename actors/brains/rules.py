@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from actors.brains.base import Brain, Diagnosis, PlanOutcome, TuneOutcome
+from actors.brains.base import Brain, Diagnosis, FixedDraft, PlanOutcome, TuneOutcome
 from actors.policy import tune_window
 from actors.priors import prioritize, tuning_priors
 from actors.profile_facts import gather, rules_diagnosis
@@ -60,10 +60,21 @@ class RulesBrain(Brain):
             return str(ref.params["source"])
         return await asyncio.to_thread(render, self.tools.task, _strategy(ref), dict(ref.params))
 
-    async def fix(self, request: FixRequest) -> str | None:
-        from maxkernel.rules import fix_known_error
+    async def fix(self, request: FixRequest) -> str | FixedDraft | None:
+        from maxkernel.rules import fix_known_error, render
 
-        return await asyncio.to_thread(fix_known_error, request.draft.source, request.report)
+        fixed = await asyncio.to_thread(fix_known_error, request.draft.source, request.report)
+        if fixed is not None:
+            return fixed
+        # Memory drafted the strategy at another task's parameters and they failed here (a check over the
+        # limits, a timeout, a wrong result at this shape): the strategy's own parameters are tried next.
+        ref = request.draft.plan.current
+        if ref.kind == RECALLED or not ref.defaults or ref.defaults == ref.params:
+            return None
+        source = await asyncio.to_thread(render, self.tools.task, _strategy(ref), dict(ref.defaults))
+        return FixedDraft(source=source, params=dict(ref.defaults),
+                          why=f"memory's parameters {ref.params} failed ({request.report.status}); "
+                              f"drafted again at the strategy's own {ref.defaults}")
 
     async def profile(self, report: EvalReport) -> Diagnosis:
         facts = gather(report.report)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.brains.base import Tools
+from actors.brains.base import FixedDraft, Tools
 from actors.brains.rules import RulesBrain
 from actors.config import ActorConfig
 from actors.priors import (
@@ -268,6 +268,19 @@ def test_a_similar_tasks_tuned_winner_is_drafted_first_at_its_parameters(tmp_pat
 
         at_recalled = render(services.task(GEMMS[2]), _strategy(first), {"block_rows": 128})
         at_defaults = render(services.task(GEMMS[2]), _strategy(first), {"block_rows": 512})
+        # Memory's parameters that fail here (a check over the limits, say) fall back to the strategy's own.
+        from jaxbench.report import EvalReport as JudgeReport
+        from maxkernel.messages import FixRequest, KernelDraft
+
+        plan = Plan(session_id="s", task_id=GEMMS[2], strategies=warm.strategies)
+        refused = JudgeReport(task=GEMMS[2], target="cpu", size="full", status="rejected",
+                              reason="no check size under the limits")
+        drafted = KernelDraft(session_id="s", task_id=GEMMS[2], candidate_id="c1", plan=plan, source=source)
+        fallback = asyncio.run(brain.fix(FixRequest(session_id="s", task_id=GEMMS[2], draft=drafted, report=refused)))
+        at_own = plan.model_copy(update={"strategies": [first.model_copy(update={"params": first.defaults,
+                                                                                 "defaults": {}})]})
+        no_more = asyncio.run(brain.fix(FixRequest(session_id="s", task_id=GEMMS[2], report=refused,
+                                                   draft=drafted.model_copy(update={"plan": at_own}))))
     finally:
         asyncio.run(services.aclose())
     assert cold.strategies[0].name == "rewrite:cheaper_activations"  # without memory: the planner's own order
@@ -278,6 +291,10 @@ def test_a_similar_tasks_tuned_winner_is_drafted_first_at_its_parameters(tmp_pat
     assert type(first.params["block_rows"]) is int  # a block size, not the scaled float
     assert f"won on {GEMMS[0]}" in first.rationale and "1.90x" in first.rationale
     assert source == at_recalled and source != at_defaults  # the first draft is written at those parameters
+    assert first.defaults == {"block_rows": 512}
+    assert isinstance(fallback, FixedDraft) and fallback.params == {"block_rows": 512} and fallback.source == at_defaults
+    assert "failed (rejected)" in fallback.why
+    assert no_more is None  # at its own parameters already: no fix is known, the strategy is given up
     loser = warm.strategies[2]
     assert "without winning, where the best reached 1.90x" in loser.rationale
     assert "drafted at {'block_rows': 128}" in warm.notes
