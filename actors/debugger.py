@@ -6,8 +6,17 @@ from autogen_core import MessageContext, message_handler
 
 from actors.brain_actor import BrainActor
 from actors.brains.base import FixedDraft, UnusableReply
-from maxkernel.messages import DraftAbandoned, FixRequest, KernelDraft, new_id
+from maxkernel.messages import DraftAbandoned, FixRequest, KernelDraft, Plan, new_id
 from maxkernel.runtime import CODER, DEBUGGER, TESTER
+
+
+def plan_with(plan: Plan, fixed: FixedDraft) -> Plan:
+    """``plan`` with its current strategy at the fix's parameters (and nothing left to fall back to)."""
+    current = plan.current.model_copy(update={"params": dict(fixed.params), "defaults": {},
+                                              "rationale": f"{plan.current.rationale} [{fixed.why}]"})
+    strategies = list(plan.strategies)
+    strategies[plan.step] = current
+    return plan.model_copy(update={"strategies": strategies})
 
 
 class Debugger(BrainActor):
@@ -28,18 +37,15 @@ class Debugger(BrainActor):
                 fixed = await brain.fix(message)
             except UnusableReply as exc:
                 fixed, why = None, f"{why}; {exc}"
+            fixed_plan = plan
             if isinstance(fixed, FixedDraft):  # new parameters: the plan carries them (the tuner starts there)
-                current = plan.current.model_copy(update={"params": fixed.params, "defaults": {},
-                                                          "rationale": f"{plan.current.rationale} [{fixed.why}]"})
-                strategies = list(plan.strategies)
-                strategies[plan.step] = current
-                plan, fixed = plan.model_copy(update={"strategies": strategies}), fixed.source
+                fixed_plan, fixed = plan_with(plan, fixed), fixed.source
             if fixed is None or fixed.strip() == message.draft.source.strip():
                 await self._abandon(message, f"no fix for {why}")
                 return
             kind = self.services.config.brain_for(self.role)
             draft = KernelDraft(session_id=message.session_id, task_id=message.task_id, candidate_id=new_id(),
-                                parent_id=message.candidate_id, plan=plan, source=fixed,
+                                parent_id=message.candidate_id, plan=fixed_plan, source=fixed,
                                 attempt=message.draft.attempt + 1, produced_by=f"debugger:{kind}")
             await self.send(draft, TESTER)
 

@@ -295,6 +295,12 @@ def test_a_similar_tasks_tuned_winner_is_drafted_first_at_its_parameters(tmp_pat
     assert isinstance(fallback, FixedDraft) and fallback.params == {"block_rows": 512} and fallback.source == at_defaults
     assert "failed (rejected)" in fallback.why
     assert no_more is None  # at its own parameters already: no fix is known, the strategy is given up
+    # The debugger sends the redraft with a plan at those parameters, the other strategies untouched.
+    from actors.debugger import plan_with
+
+    carried = plan_with(plan, fallback)
+    assert carried.current.params == {"block_rows": 512} and carried.current.defaults == {}
+    assert carried.strategies[1:] == plan.strategies[1:] and plan.current.params == {"block_rows": 128}
     loser = warm.strategies[2]
     assert "without winning, where the best reached 1.90x" in loser.rationale
     assert "drafted at {'block_rows': 128}" in warm.notes
