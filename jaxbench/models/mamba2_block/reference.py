@@ -50,7 +50,7 @@ def reference(x, norm, w_in, conv_w, a_log, dt_bias, d_skip, gate_norm, w_out, *
     proj = matmul(rms_norm(x, norm, eps), w_in)
     z, xbc, dt = proj[..., :d_inner], proj[..., d_inner : 2 * d_inner + 2 * d_state], proj[..., -heads:]
     width = conv_w.shape[0]
-    padded = jnp.pad(xbc, ((0, 0), (width - 1, 0), (0, 0))).astype(acc)
+    padded = jnp.pad(xbc.astype(acc), ((0, 0), (width - 1, 0), (0, 0)))
     conv = sum(padded[:, i : i + s] * conv_w[i].astype(acc) for i in range(width))
     xbc = jax.nn.silu(conv.astype(x.dtype)).astype(acc)
     xs = xbc[..., :d_inner].reshape(b, s, heads, head_dim)
