@@ -27,7 +27,7 @@ def test_submitted_model_layer_runs_optimize_model(fast_env: dict[str, str], cap
     state = spawn(settings, concurrency=1)
     try:
         with pytest.raises(SystemExit) as done:
-            app(args=["submit", LAYER, "--budget", "60", "--evals", "6"], prog_name="maxkernel")
+            app(args=["submit", LAYER, "--budget", "120", "--evals", "6"], prog_name="maxkernel")
         assert done.value.code in (0, None)
         job_id = capsys.readouterr().out.strip().splitlines()[-1]
 
