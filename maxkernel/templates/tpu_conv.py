@@ -48,6 +48,7 @@ from maxkernel.rewrites.activations import _one_minus_erf
 from maxkernel.rewrites.build import splice_traced
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
 from maxkernel.templates.base import FIT_SOURCE, TemplateSpace, tpu_target
+from maxkernel.templates.conv_phases import PHASES_SOURCE, Phases, kernel_shape, phases_of
 from maxkernel.templates.conv_stats import StatsSplit, split
 from maxkernel.templates.tpu_gemm import HEADER, HIGHEST, W_KN_DIMENSIONS, _epilogue_name, _epilogue_source, _extent, _mxu_source, _passes, _size_statics, _vmem_cap, chosen_passes
 
@@ -84,6 +85,9 @@ class ConvPlan:
     stats: StatsSplit | None = None  # a prefix fused in the kernel and a finish from per-channel sums
     epilogues: dict[tuple[int, ...], str] = field(default_factory=dict)  # XLA's part, per extents
     prefix: str = ""  # the fused prefix's source, when split
+    # A transposed convolution (dilated input): the kernel runs its sub-pixel decomposition, the fields
+    # above (o, taps, padded, out_spatial) then describe that stride-1 convolution of phase-stacked channels.
+    phases: Phases | None = None
 
     @property
     def finish(self) -> Program:
@@ -192,15 +196,22 @@ def match(program: Program) -> ConvPlan | str:
     taps = tuple(rhs.shape[2:])
     pads = tuple((int(lo), int(hi), int(d) - 1) for (lo, hi), d in zip(p["padding"], p["lhs_dilation"]))
     padded = tuple(lo + hi + (s - 1) * (d + 1) + 1 for (lo, hi, d), s in zip(pads, x.shape[2:]))
-    tileable = program.outputs[0].shape == conv.out.shape and all(
+    out_spatial = tuple(conv.out.shape[2:])
+    phases = phases_of(pads)
+    tileable = phases is None and program.outputs[0].shape == conv.out.shape and all(
         nd.prim in ELEMENTWISE or nd.prim == "broadcast_in_dim" for nd in tail.nodes) and all(
         _per_channel(tail, v, o) for v in others)
+    if phases is not None:  # the kernel computes the phases' stride-1 convolution; XLA interleaves them
+        windows, padded = kernel_shape(tuple(x.shape[2:]), taps, phases)
+        o, taps = o * math.prod(phases.strides), windows
+        out_spatial = tuple(e - t + 1 for e, t in zip(padded, taps))
     precision = p.get("precision")
     levels = precision if isinstance(precision, (tuple, list)) else (precision,)
     names = {str(getattr(q, "name", q)).upper() for q in levels if q is not None}
-    stats = None if tileable else split(tail, o, len(taps))
-    return ConvPlan(x, weights, prologue, x.shape[0], c, o, taps, padded, tuple(conv.out.shape[2:]), pads,
-                    np.dtype(x.dtype), HIGHEST if HIGHEST in names else "DEFAULT", tail, tileable, stats)
+    stats = None if tileable or phases is not None else split(tail, o, len(taps))
+    return ConvPlan(x, weights, prologue, x.shape[0], c, o, taps, padded, out_spatial, pads,
+                    np.dtype(x.dtype), HIGHEST if HIGHEST in names else "DEFAULT", tail, tileable, stats,
+                    phases=phases)
 
 
 def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
@@ -224,11 +235,11 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
     texts: dict[tuple[int, ...], str] = {}
     for size, p in zip(sizes, found):
         static = static_args(task, size)
-        key = (p.o,) + p.out_spatial + tuple(int(static[k]) for k in _size_statics(static))
+        key = tuple(p.tail.inputs[0].shape[1:]) + tuple(int(static[k]) for k in _size_statics(static))
         text = emit_function(p.finish, _epilogue_name(key), f"The reference after its convolution, for {_extent(key)}.")
         if texts.setdefault(key, text) != text:
             return "the computation after the convolution is written differently for the same extents"
-    if len({(p.in_dtype, p.precision, p.tileable, p.pads, p.taps, p.rhs is None) for p in found}) != 1:
+    if len({(p.in_dtype, p.precision, p.tileable, p.pads, p.phases, p.rhs is None) for p in found}) != 1:
         return "a convolution laid out differently at different sizes"
     found[-1].prefix = prefixes.pop() if found[-1].stats is not None else ""
     generic = {text.replace(_epilogue_name(key), "_epilogue").replace(f", for {_extent(key)}.", ".")
@@ -243,6 +254,8 @@ def _probe_text(task: "Task", p: ConvPlan) -> str | None:
     trace there). Emission reads each constant's extent from an operand dimension of the same value; where
     two extents coincide at every rendered size (square images) it may read the wrong one, which the
     probe shows as a different text: then one function is written per extent instead."""
+    if p.phases is not None:  # the probe's extents below are those of a stride-1 convolution
+        return None
     shapes = list(input_shapes(task, "cpu"))
     index = arg_names(task).index(p.x.name)
     x = shapes[index]
@@ -367,6 +380,8 @@ class TpuConvTemplate:
                  _epilogue_source(p), LAYOUT_SOURCE]  # type: ignore[arg-type]
         if p.stats is not None:
             parts.append(p.prefix + "\n\n\n" + CHANNEL_SUMS_SOURCE)
+        if p.phases is not None:
+            parts.append(_phases_constants(p.phases) + "\n\n" + PHASES_SOURCE)
         if p.rhs is not None:
             parts.append(emit_function(p.rhs, "_conv_weight", "The kernel the reference convolves with, from its inputs.")
                          + "\n\n")
@@ -380,6 +395,14 @@ def _constants(params: dict[str, Any]) -> str:
         f"BLOCK_C = {int(params['block_c'])}  # input channels per reduction step (innermost, accumulated)",
         f"BLOCK_D = {int(params['block_d'])}  # output planes (rows in 2-D) per step, rounded up to fill lanes",
         f"MAX_STEP_POSITIONS = {MAX_STEP_POSITIONS}  # output positions a step computes at most",
+    ]) + "\n"
+
+
+def _phases_constants(phases: Phases) -> str:
+    return "\n".join([
+        f"STRIDES = {phases.strides!r}  # the transposed convolution's strides (its input's dilation)",
+        f"PAD_LOW = {phases.low!r}  # the padding of the dilated input the reference convolves, per axis",
+        f"PAD_HIGH = {phases.high!r}",
     ]) + "\n"
 
 
@@ -451,7 +474,8 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
     weight = f"_conv_weight({', '.join(v.name for v in p.weights)})" if p.rhs is not None else p.weights[0].name
     others = [v.name for v in p.finish.inputs[(4 if p.stats is not None else 1):]]
     fused = _fused_operands(p)
-    extents = "(" + ", ".join(["o", "*out"] + [f"static[{k!r}]" for k in statics]) + ")"
+    reference_extents = ["w0.shape[0]", "*transposed"] if p.phases is not None else ["o", "*out"]
+    extents = "(" + ", ".join(reference_extents + [f"static[{k!r}]" for k in statics]) + ")"
     out_dtype = dtype_expr(np.dtype(p.out.dtype if p.tileable else (
         p.stats.prefix.outputs[0].dtype if p.stats is not None else p.tail.inputs[0].dtype)))
     item = p.in_dtype.itemsize
@@ -473,15 +497,29 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
     if p.stats is not None:
         out_shapes += ["jax.ShapeDtypeStruct((n, steps, 1, o), jnp.float32)"] * 2
         out_specs += ["pl.BlockSpec((1, 1, 1, block_n), lambda b, s, j, cc: (b, s, 0, j))"] * 2
+    if p.phases is not None:
+        layout = [
+            f"    w0 = {weight}",
+            "    # The transposed convolution's sub-pixel decomposition: one stride-1 convolution of the undilated",
+            "    # input whose output channels are the phases' (each with the taps reaching its outputs).",
+            "    w = _phase_weight(w0, STRIDES, PAD_LOW)",
+            f"    n, c = {x}.shape[:2]",
+            "    o, taps = w.shape[0], w.shape[2:]",
+            "    # XLA lays the input out for the kernel: padded for the phases' common window, the spatial axes",
+            "    # flattened.",
+            f"    xp, transposed = _phase_input({x}, w0.shape[2:], STRIDES, PAD_LOW, PAD_HIGH)"]
+    else:
+        layout = [
+            f"    w = {weight}",
+            f"    n, c = {x}.shape[:2]",
+            "    o, taps = w.shape[0], w.shape[2:]",
+            "    # XLA lays the input out for the kernel: the convolution's padding and input dilation applied,",
+            "    # the spatial axes flattened.",
+            (f"    xp = jax.lax.pad({x}, jnp.zeros((), {x}.dtype), ((0, 0, 0), (0, 0, 0)) + {p.pads!r})"
+             if any(any(q) for q in p.pads) else f"    xp = {x}")]
     lines = [
         f"def kernel({', '.join(names)}, **static):",
-        f"    w = {weight}",
-        f"    n, c = {x}.shape[:2]",
-        "    o, taps = w.shape[0], w.shape[2:]",
-        "    # XLA lays the input out for the kernel: the convolution's padding and input dilation applied,",
-        "    # the spatial axes flattened.",
-        (f"    xp = jax.lax.pad({x}, jnp.zeros((), {x}.dtype), ((0, 0, 0), (0, 0, 0)) + {p.pads!r})"
-         if any(any(q) for q in p.pads) else f"    xp = {x}"),
+        *layout,
         "    out = tuple(e - t + 1 for e, t in zip(xp.shape[2:], taps))",
         "    spatial, planes, rows, span, shifts = _step_layout(xp.shape[2:], taps, BLOCK_D, MAX_STEP_POSITIONS)",
         "    if spatial != xp.shape[2:]:  # widened with zero columns: one plane fills whole lanes",
@@ -523,6 +561,8 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
             f"    return epilogue({'h' if p.writes_output else 'None'}, sums, squares, counts"
             f"{''.join(', ' + name for name in others)})"]
     else:
+        if p.phases is not None:
+            lines.append("    h = _depth_to_space(h, STRIDES, transposed)  # phase r's output m at stride x m + r")
         lines.append("    # The epilogue reduces over positions or channels: XLA runs it on the convolution's output.")
         lines.append(f"    return epilogue(h{''.join(', ' + name for name in others)})")
     return "\n".join(lines) + "\n"
