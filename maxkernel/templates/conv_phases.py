@@ -18,6 +18,7 @@ tables are derived there from the argument shapes and the reference's strides an
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -87,6 +88,20 @@ def _phase_input(x, ks, strides, low, high):
     return jax.lax.pad(x, jnp.zeros((), x.dtype), ((0, 0, 0), (0, 0, 0)) + tuple(pads)), tuple(extents)
 
 
+def _phase_live(ks, strides, low):
+    """Per output phase (row-major), the window offsets (flattened row-major, as the kernel's shifts) at which
+    its kernel is not zero on every axis: the only products the phase needs."""
+    tables = [_phase_taps(k, s, lo) for k, s, lo in zip(ks, strides, low)]
+    windows = [length for _, length, _ in tables]
+    live = []
+    for phase in itertools.product(*(range(s) for s in strides)):
+        live.append(tuple(
+            sum(j * math.prod(windows[a + 1:]) for a, j in enumerate(offset))
+            for offset in itertools.product(*(range(w) for w in windows))
+            if all(table[r][j] != k for (_, _, table), r, j, k in zip(tables, phase, offset, ks))))
+    return tuple(live)
+
+
 def _depth_to_space(h, strides, extents):
     """[N, phases x O, m...] -> [N, O, s m + r ...]: phase ``r``'s output ``m`` at ``s m + r``, cropped to
     the transposed convolution's extents."""
@@ -110,4 +125,4 @@ def kernel_shape(x_spatial: tuple[int, ...], ks: tuple[int, ...], phases: Phases
     return tuple(windows), tuple(padded)
 
 
-PHASES_SOURCE = "\n\n".join(inspect.getsource(f) for f in (_phase_taps, _phase_weight, _phase_input, _depth_to_space)) + "\n"
+PHASES_SOURCE = "\n\n".join(inspect.getsource(f) for f in (_phase_taps, _phase_weight, _phase_input, _phase_live, _depth_to_space)) + "\n"

@@ -87,4 +87,16 @@ def test_a_transposed_convolution_plans_its_phases_convolution() -> None:
     assert found.phases == Phases((2, 2), (2, 2), (2, 2))
     # 4 phases x 8 channels, a 3 x 3 window over the input padded by one, 8 x 8 outputs a phase.
     assert (found.o, found.taps, found.padded, found.out_spatial) == (32, (3, 3), (10, 10), (8, 8))
-    assert not found.tileable and found.stats is None  # the epilogue runs after the interleave, in XLA
+    assert not found.tileable and found.stats is None
+    assert found.tile_tail  # elementwise: the kernel runs it on each step's planes, after the interleave
+
+
+@pytest.mark.parametrize(("axes", "local"), [((4,), True), ((1,), True), ((2,), False), ((0,), False)])
+def test_the_tail_runs_on_a_steps_planes_only_when_it_reduces_within_a_plane(axes: tuple[int, ...], local: bool) -> None:
+    def reference(x, w):  # type: ignore[no-untyped-def]
+        y = lax.conv_general_dilated(x, w, (1, 1, 1), [(2, 2)] * 3, lhs_dilation=(2, 2, 2),
+                                     dimension_numbers=_numbers(3), precision=_HI)
+        return y - jnp.mean(y, axis=axes, keepdims=True)
+
+    found = _match(reference, (2, 4, 4, 4, 4), (8, 4, 4, 4, 4))
+    assert not isinstance(found, str) and found.tile_tail is local

@@ -201,11 +201,12 @@ def test_a_transposed_convolution_runs_as_its_phases_convolution_and_is_correct(
     # The kernel convolves the undilated input (4 x 8 x 8, padded by one) with a 3 x 3 x 3 window and
     # 8 phases x 16 output channels, not the 7/8-zero dilated input with 4 x 4 x 4 taps.
     assert (cpu.o, cpu.taps, cpu.padded, cpu.out_spatial) == (128, (3, 3, 3), (6, 10, 10), (4, 8, 8))
-    # The layer norm reduces over the width alone, not over every position: XLA runs it on the output.
-    assert cpu.stats is None
-    source = TPU_CONV.render(task, {"block_n": 32, "block_c": 8, "block_d": 2, "passes": 3}, ("cpu",))
+    # The layer norm reduces over the width alone: each output plane's own values, so the kernel runs it on
+    # the planes it writes, after putting its phases in place.
+    assert cpu.stats is None and cpu.tile_tail
+    source = TPU_CONV.render(task, {"block_n": 128, "block_c": 8, "block_d": 2, "passes": 3}, ("cpu",))
     assert "def _conv_weight(weight)" in source and "_phase_weight(w0, STRIDES, PAD_LOW)" in source
-    assert "_depth_to_space(h, STRIDES, transposed)" in source and "epilogue=None" in source
+    assert "_depth_to_space(y, strides" in source and "epilogue=epilogue" in source and "return h\n" in source
     assert "conv_general_dilated" not in source and "lax.pad(x, jnp.zeros((), x.dtype), ((0, 0, 0), (0, 0, 0)) + ((2, 2, 1)" not in source
     report = declared_size_evaluator.evaluate(task, source)
     assert report.passed and report.label == "pallas-kernel", report.reason
