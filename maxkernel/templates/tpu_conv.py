@@ -1,7 +1,11 @@
 """TPU convolution as implicit GEMM: the reference's one convolution on the MXU, its epilogue after it.
 
-What an expert writes for ``epilogue(conv(x, w))`` (2-D or 3-D, stride 1; a transposed convolution is the
-stride-1 convolution of the stride-dilated input, which is how the references write it):
+What an expert writes for ``epilogue(conv(x, w))`` (2-D or 3-D, stride 1; a transposed convolution, which the
+references write as the stride-1 convolution of the stride-dilated input, runs as its sub-pixel decomposition
+from :mod:`maxkernel.templates.conv_phases`: the stride-1 convolution of the undilated input with the output
+phases stacked on the channels, each phase's channels multiplied only at the window offsets its kernel reaches,
+the phases interleaved in VMEM and written in the reference's layout, and the tail run there too when it
+computes each output plane from that plane alone, such as a layer norm over the width):
 - XLA lays the input out first: the convolution's padding and input dilation applied, the spatial axes
   flattened (channels stay first, no transpose). An output position ``p`` then reads input position
   ``p + shift`` for each kernel offset, ``shift`` fixed by the offset, when each output row spans the
@@ -205,7 +209,7 @@ def match(program: Program) -> ConvPlan | str:
     tileable = phases is None and program.outputs[0].shape == conv.out.shape and all(
         nd.prim in ELEMENTWISE or nd.prim == "broadcast_in_dim" for nd in tail.nodes) and all(
         _per_channel(tail, v, o) for v in others)
-    if phases is not None:  # the kernel computes the phases' stride-1 convolution; XLA interleaves them
+    if phases is not None:  # the kernel computes the phases' stride-1 convolution and interleaves them
         windows, padded = kernel_shape(tuple(x.shape[2:]), taps, phases)
         o, taps = o * math.prod(phases.strides), windows
         out_spatial = tuple(e - t + 1 for e, t in zip(padded, taps))
