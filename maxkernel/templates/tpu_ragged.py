@@ -169,9 +169,12 @@ class RaggedPagedTemplate:
         cap = _vmem_cap(target)
         options = [p for p in TPU_PAGES_PER_BLOCK if a.pages_per_seq % p == 0 and (p * a.page_size) % 128 == 0
                    and vmem_bytes(a, p) <= cap]
-        # Default: 512 keys a block where it fits (fewer steps, each a fixed overhead; a larger block only
-        # computes more masked scores in a sequence's last block).
-        default = max((p for p in options if p * a.page_size <= 512), default=max(options, default=0))
+        # Default: the fewest pages a block. Each page is two DMAs, which TPU interpret mode answers with host
+        # callbacks, and the check keeps every sequence and head (halving the sequences alone breaks the
+        # decode count, the heads alone the query group) with two blocks a sequence: at 32 pages a block
+        # it would run about 112k callbacks a run, at 8 about 23k. Larger blocks (fewer grid steps, each a
+        # fixed overhead at full size) stay in the space.
+        default = min(options, default=0)
         return TemplateSpace(defaults={"pages_per_block": default}, space={"pages_per_block": options})
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:

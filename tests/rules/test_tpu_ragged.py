@@ -25,7 +25,7 @@ def test_it_applies_to_ragged_paged_attention_only() -> None:
     assert isinstance(TPU_RAGGED_PAGED.applies(load_task("6p_Paged_Attention"), None), str)  # one token a sequence
     assert isinstance(TPU_RAGGED_PAGED.applies(load_task("1p_Flash_Attention"), None), str)
     space = TPU_RAGGED_PAGED.space(task, None, "tpu-v6e")
-    assert space.defaults == {"pages_per_block": 32} and all(256 % p == 0 for p in space.space["pages_per_block"])
+    assert space.defaults == {"pages_per_block": 8} and all(256 % p == 0 for p in space.space["pages_per_block"])
     assert TPU_RAGGED_PAGED.space(task, None, "cpu").space["pages_per_block"] == []  # manual DMAs: TPU only
 
 
