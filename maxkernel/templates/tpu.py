@@ -10,10 +10,11 @@ from maxkernel.templates.tpu_gemm import TPU_GEMM
 from maxkernel.templates.tpu_mla import TPU_MLA
 from maxkernel.templates.tpu_mlp import TPU_MLP
 from maxkernel.templates.tpu_moe import TPU_MOE
+from maxkernel.templates.tpu_ragged import TPU_RAGGED_PAGED
 from maxkernel.templates.tpu_retention import TPU_RETENTION
 from maxkernel.templates.tpu_rows import TPU_ROWS
 from maxkernel.templates.tpu_ssd import TPU_SSD
 from maxkernel.templates.tpu_xent import TPU_XENT
 
-TPU_TEMPLATES: tuple[Template, ...] = (PAGED_ATTENTION, TPU_GEMM, TPU_CONV, TPU_XENT, TPU_MLP, TPU_MOE, TPU_ROWS,
-                                     TPU_RETENTION, TPU_MLA, TPU_SSD)
+TPU_TEMPLATES: tuple[Template, ...] = (PAGED_ATTENTION, TPU_RAGGED_PAGED, TPU_GEMM, TPU_CONV, TPU_XENT, TPU_MLP, TPU_MOE,
+                                     TPU_ROWS, TPU_RETENTION, TPU_MLA, TPU_SSD)

@@ -1,7 +1,11 @@
 """TPU convolution as implicit GEMM: the reference's one convolution on the MXU, its epilogue after it.
 
-What an expert writes for ``epilogue(conv(x, w))`` (2-D or 3-D, stride 1; a transposed convolution is the
-stride-1 convolution of the stride-dilated input, which is how the references write it):
+What an expert writes for ``epilogue(conv(x, w))`` (2-D or 3-D, stride 1; a transposed convolution, which the
+references write as the stride-1 convolution of the stride-dilated input, runs as its sub-pixel decomposition
+from :mod:`maxkernel.templates.conv_phases`: the stride-1 convolution of the undilated input with the output
+phases stacked on the channels, each phase's channels multiplied only at the window offsets its kernel reaches,
+the phases interleaved in VMEM and written in the reference's layout, and the tail run there too when it
+computes each output plane from that plane alone, such as a layer norm over the width):
 - XLA lays the input out first: the convolution's padding and input dilation applied, the spatial axes
   flattened (channels stay first, no transpose). An output position ``p`` then reads input position
   ``p + shift`` for each kernel offset, ``shift`` fixed by the offset, when each output row spans the
@@ -42,12 +46,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxkernel.analysis.graph import ELEMENTWISE
+from maxkernel.analysis.graph import ELEMENTWISE, REDUCE
 from maxkernel.analysis.program import Node, Program, Var, arg_names, input_shapes, static_args, trace_program
 from maxkernel.rewrites.activations import _one_minus_erf
 from maxkernel.rewrites.build import splice_traced
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
 from maxkernel.templates.base import FIT_SOURCE, TemplateSpace, tpu_target
+from maxkernel.templates.conv_phases import PHASES_SOURCE, Phases, kernel_shape, phases_of
 from maxkernel.templates.conv_stats import StatsSplit, split
 from maxkernel.templates.tpu_gemm import HEADER, HIGHEST, W_KN_DIMENSIONS, _epilogue_name, _epilogue_source, _extent, _mxu_source, _passes, _size_statics, _vmem_cap, chosen_passes
 
@@ -61,6 +66,9 @@ TPU_BLOCKS_D = (1, 2, 4, 8, 16, 32, 64)
 # Output positions a step computes at most: the accumulator and one window stay a few MiB of VMEM.
 MAX_STEP_POSITIONS = 8192
 LANES, SUBLANES = 128, 8  # the (sublane, lane) tile of a 32-bit VMEM array
+# Elements of an operand the tail reads (a norm's scale) that a decomposed transposed convolution's kernel
+# holds whole in VMEM, when it runs the tail on each step's planes.
+TILE_OPERAND_LIMIT = 1 << 16
 
 
 @dataclass
@@ -84,6 +92,10 @@ class ConvPlan:
     stats: StatsSplit | None = None  # a prefix fused in the kernel and a finish from per-channel sums
     epilogues: dict[tuple[int, ...], str] = field(default_factory=dict)  # XLA's part, per extents
     prefix: str = ""  # the fused prefix's source, when split
+    # A transposed convolution (dilated input): the kernel runs its sub-pixel decomposition, the fields
+    # above (o, taps, padded, out_spatial) then describe that stride-1 convolution of phase-stacked channels.
+    phases: Phases | None = None
+    tile_tail: bool = False  # decomposed: the tail runs in the kernel on each step's interleaved planes
 
     @property
     def finish(self) -> Program:
@@ -192,15 +204,62 @@ def match(program: Program) -> ConvPlan | str:
     taps = tuple(rhs.shape[2:])
     pads = tuple((int(lo), int(hi), int(d) - 1) for (lo, hi), d in zip(p["padding"], p["lhs_dilation"]))
     padded = tuple(lo + hi + (s - 1) * (d + 1) + 1 for (lo, hi, d), s in zip(pads, x.shape[2:]))
-    tileable = program.outputs[0].shape == conv.out.shape and all(
+    out_spatial = tuple(conv.out.shape[2:])
+    phases = phases_of(pads)
+    tileable = phases is None and program.outputs[0].shape == conv.out.shape and all(
         nd.prim in ELEMENTWISE or nd.prim == "broadcast_in_dim" for nd in tail.nodes) and all(
         _per_channel(tail, v, o) for v in others)
+    if phases is not None:  # the kernel computes the phases' stride-1 convolution and interleaves them
+        windows, padded = kernel_shape(tuple(x.shape[2:]), taps, phases)
+        o, taps = o * math.prod(phases.strides), windows
+        out_spatial = tuple(e - t + 1 for e, t in zip(padded, taps))
     precision = p.get("precision")
     levels = precision if isinstance(precision, (tuple, list)) else (precision,)
     names = {str(getattr(q, "name", q)).upper() for q in levels if q is not None}
-    stats = None if tileable else split(tail, o, len(taps))
-    return ConvPlan(x, weights, prologue, x.shape[0], c, o, taps, padded, tuple(conv.out.shape[2:]), pads,
-                    np.dtype(x.dtype), HIGHEST if HIGHEST in names else "DEFAULT", tail, tileable, stats)
+    stats = None if tileable or phases is not None else split(tail, o, len(taps))
+    return ConvPlan(x, weights, prologue, x.shape[0], c, o, taps, padded, out_spatial, pads,
+                    np.dtype(x.dtype), HIGHEST if HIGHEST in names else "DEFAULT", tail, tileable, stats,
+                    phases=phases, tile_tail=phases is not None and _plane_local(tail))
+
+
+def _plane_local(tail: Program) -> bool:
+    """Whether the tail computes each output position from its own sample and output plane of ``h`` alone:
+    elementwise work, reductions over the channel and in-plane axes only (never the batch axis 0 or the
+    plane axis 2), and every other operand small and constant along those two axes. Then it computes on
+    one step's planes what it computes on the whole output."""
+    h = tail.inputs[0]
+    if len(tail.outputs) != 1 or getattr(tail.outputs[0], "shape", None) != h.shape:
+        return False
+    others = set(tail.inputs[1:])
+    for node in tail.nodes:
+        operands = [v for v in node.ins if isinstance(v, Var)]
+        if node.prim in REDUCE:
+            if node.prim not in ("reduce_sum", "reduce_max", "reduce_min") or len(operands[0].shape) != len(h.shape) \
+                    or {0, 2} & {int(a) for a in node.params["axes"]}:
+                return False
+        elif node.prim == "broadcast_in_dim":
+            v = operands[0] if operands else None
+            dims = tuple(node.params["broadcast_dimensions"])
+            if v in others and any(d in (0, 2) and e != 1 for e, d in zip(v.shape, dims)):
+                return False
+        elif node.prim not in ELEMENTWISE or any(v in others for v in operands):
+            return False  # a tail operand enters only through a broadcast: its extents are checked there
+    return all(int(np.prod(v.shape)) <= TILE_OPERAND_LIMIT for v in others)
+
+
+def _plane_probe(text: str, p: ConvPlan) -> bool:
+    """Whether the tail as emitted (``text``, for the extents ``p`` was traced at) gives on one sample's two
+    output planes what it gives on the whole output there: emission may read a constant from an extent, and
+    one read from the batch or the plane extent would differ on a step's planes."""
+    names: dict[str, Any] = {"jax": jax, "jnp": jnp, "math": math}
+    exec(text, names)
+    fn = next(v for k, v in names.items() if k.startswith("_epilogue") and callable(v))
+    keys = jax.random.split(jax.random.key(0), len(p.tail.inputs))
+    args = [jax.random.normal(k, v.shape, jnp.float32).astype(v.dtype) for k, v in zip(keys, p.tail.inputs)]
+    planes = slice(0, min(2, args[0].shape[2]))
+    whole = np.asarray(fn(*args))[-1:, :, planes]
+    part = np.asarray(fn(args[0][-1:, :, planes], *args[1:]))
+    return part.shape == whole.shape and bool(np.allclose(part, whole, rtol=1e-5, atol=1e-5))
 
 
 def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
@@ -223,19 +282,35 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
             p.stats = None
     texts: dict[tuple[int, ...], str] = {}
     for size, p in zip(sizes, found):
-        static = static_args(task, size)
-        key = (p.o,) + p.out_spatial + tuple(int(static[k]) for k in _size_statics(static))
-        text = emit_function(p.finish, _epilogue_name(key), f"The reference after its convolution, for {_extent(key)}.")
+        key, text = _epilogue_text(task, size, p)
         if texts.setdefault(key, text) != text:
             return "the computation after the convolution is written differently for the same extents"
-    if len({(p.in_dtype, p.precision, p.tileable, p.pads, p.taps, p.rhs is None) for p in found}) != 1:
+    if found[-1].tile_tail:
+        cpu = found[sizes.index("cpu")] if "cpu" in sizes else match(trace_program(task, "cpu").dce())
+        probe = _epilogue_text(task, "cpu", cpu) if isinstance(cpu, ConvPlan) and cpu.tile_tail else None
+        if probe is None or {_generic(k, t) for k, t in texts.items()} != {_generic(*probe)} \
+                or not _plane_probe(probe[1], cpu):  # type: ignore[arg-type]
+            for p in found:  # written differently at another size, or reading an extent a step does not hold
+                p.tile_tail = False
+    if len({(p.in_dtype, p.precision, p.tileable, p.tile_tail, p.pads, p.phases, p.rhs is None) for p in found}) != 1:
         return "a convolution laid out differently at different sizes"
     found[-1].prefix = prefixes.pop() if found[-1].stats is not None else ""
-    generic = {text.replace(_epilogue_name(key), "_epilogue").replace(f", for {_extent(key)}.", ".")
-               for key, text in texts.items()}
+    generic = {_generic(key, text) for key, text in texts.items()}
     one = generic.pop() if len(generic) == 1 else None
     found[-1].epilogues = {(): one} if one is not None and one == _probe_text(task, found[0]) else texts
     return found[-1]
+
+
+def _epilogue_text(task: "Task", size: str, p: ConvPlan) -> tuple[tuple[int, ...], str]:
+    """What XLA (or the kernel) runs after the convolution at ``size``, keyed by the extents it is for."""
+    static = static_args(task, size)
+    key = tuple(p.tail.inputs[0].shape[1:]) + tuple(int(static[k]) for k in _size_statics(static))
+    return key, emit_function(p.finish, _epilogue_name(key), f"The reference after its convolution, for {_extent(key)}.")
+
+
+def _generic(key: tuple[int, ...], text: str) -> str:
+    """An epilogue's text without the extents it was written for."""
+    return text.replace(_epilogue_name(key), "_epilogue").replace(f", for {_extent(key)}.", ".")
 
 
 def _probe_text(task: "Task", p: ConvPlan) -> str | None:
@@ -243,6 +318,8 @@ def _probe_text(task: "Task", p: ConvPlan) -> str | None:
     trace there). Emission reads each constant's extent from an operand dimension of the same value; where
     two extents coincide at every rendered size (square images) it may read the wrong one, which the
     probe shows as a different text: then one function is written per extent instead."""
+    if p.phases is not None:  # the probe's extents below are those of a stride-1 convolution
+        return None
     shapes = list(input_shapes(task, "cpu"))
     index = arg_names(task).index(p.x.name)
     x = shapes[index]
@@ -308,7 +385,8 @@ def conv_vmem_bytes(p: ConvPlan, block_n: int, block_c: int, block_d: int, passe
     blocks = 2 * (subl_c * span * item + taps * subl_n * lanes_c * item + subl_n * rows * out_item)
     window = subl_c * rows * 4
     split = 2 * 2 * (subl_c * rows + taps * subl_n * lanes_c) if passes == 3 else 0
-    return blocks + subl_n * rows * 4 + window + split
+    interleave = 2 * subl_n * rows * 4 if p.phases is not None else 0  # the tile's phases put in place
+    return blocks + subl_n * rows * 4 + window + split + interleave
 
 
 def _legal(extent: int, options: tuple[int, ...]) -> list[int]:
@@ -333,6 +411,8 @@ class TpuConvTemplate:
         cap = _vmem_cap(target)
         worst = min(_passes(p))
         bn_options = [b for b in _legal(p.o, TPU_BLOCKS_N) if b % SUBLANES == 0 or b == p.o]
+        if p.phases is not None:  # a step holds every phase of its channels: the products it skips, the interleave
+            bn_options = [p.o]
         bc_options = _legal(p.c, TPU_BLOCKS_C)
         least = step_shape(p, 1)[0]  # the fewest planes a step can compute
         fits = [(bn, bc, bd) for bn in bn_options for bc in bc_options for bd in TPU_BLOCKS_D
@@ -367,6 +447,8 @@ class TpuConvTemplate:
                  _epilogue_source(p), LAYOUT_SOURCE]  # type: ignore[arg-type]
         if p.stats is not None:
             parts.append(p.prefix + "\n\n\n" + CHANNEL_SUMS_SOURCE)
+        if p.phases is not None:
+            parts.append(_phases_constants(p.phases) + "\n\n" + PHASES_SOURCE)
         if p.rhs is not None:
             parts.append(emit_function(p.rhs, "_conv_weight", "The kernel the reference convolves with, from its inputs.")
                          + "\n\n")
@@ -380,6 +462,14 @@ def _constants(params: dict[str, Any]) -> str:
         f"BLOCK_C = {int(params['block_c'])}  # input channels per reduction step (innermost, accumulated)",
         f"BLOCK_D = {int(params['block_d'])}  # output planes (rows in 2-D) per step, rounded up to fill lanes",
         f"MAX_STEP_POSITIONS = {MAX_STEP_POSITIONS}  # output positions a step computes at most",
+    ]) + "\n"
+
+
+def _phases_constants(phases: Phases) -> str:
+    return "\n".join([
+        f"STRIDES = {phases.strides!r}  # the transposed convolution's strides (its input's dilation)",
+        f"PAD_LOW = {phases.low!r}  # the padding of the dilated input the reference convolves, per axis",
+        f"PAD_HIGH = {phases.high!r}",
     ]) + "\n"
 
 
@@ -398,7 +488,50 @@ def _fused_operands(p: ConvPlan) -> list[str]:
     return [v.name for v in p.stats.prefix.inputs[1:]] if p.stats is not None else []
 
 
+def _phases_conv_source(p: ConvPlan) -> str:
+    """The decomposed transposed convolution's kernel: each phase's channels accumulate only the window
+    offsets its kernel reaches, the tile's phases are interleaved in VMEM and written in the reference's
+    layout, with the tail run on them when it is plane-local."""
+    names = [v.name for v in p.tail.inputs[1:]] if p.tile_tail else []
+    refs = "".join(f"{name}_ref, " for name in names)
+    loads = ", ".join(["y"] + [f"{name}_ref[...].reshape(shapes[{i}])" for i, name in enumerate(names)])
+    store = (f"o_ref[...] = epilogue({loads}).astype(o_ref.dtype)" if p.tile_tail
+             else "o_ref[...] = y.astype(o_ref.dtype)")
+    doc = ("the reference's tail run on\n    them (it computes each position from its own sample and plane)"
+           if p.tile_tail else "the tail left to XLA")
+    return f'''def _conv_kernel(x_ref, w_ref, {refs}o_ref, acc_ref, *, shifts, live, epilogue, shapes, tile, crop, strides,
+                 extents):
+    """Per phase, the sum over the window offsets its kernel reaches of its weight rows @ shifted window of the
+    slab, into an f32 tile of [phases x channels, positions]; on the last in-channel step the phases are put in
+    place (output s m + r) in VMEM and the step's output planes written once, {doc}."""
+    c = pl.program_id(3)
+
+    @pl.when(c == 0)
+    def _init():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    rows = acc_ref.shape[1]
+    group = acc_ref.shape[0] // len(live)  # the channels of one phase
+    for r, offsets in enumerate(live):
+        if offsets:
+            acc = acc_ref[r * group:(r + 1) * group]
+            for t in offsets:
+                acc = acc + _product(w_ref[t, r * group:(r + 1) * group], x_ref[:, shifts[t]:shifts[t] + rows])
+            acc_ref[r * group:(r + 1) * group] = acc
+
+    @pl.when(c == pl.num_programs(3) - 1)
+    def _store():
+        acc = acc_ref[...]
+        y = acc.reshape(tile)[(Ellipsis,) + tuple(slice(0, e) for e in crop)]
+        y = _depth_to_space(y, strides, (y.shape[2] * strides[0],) + extents[1:])
+        {store}
+
+'''
+
+
 def _conv_source(p: ConvPlan) -> str:
+    if p.phases is not None:
+        return _phases_conv_source(p)
     extras = _fused_operands(p)
     refs = "".join(f"{name}_ref, " for name in extras)
     loads = ", ".join(["y"] + [f"{name}_ref[...].reshape((acc.shape[0],) + shapes[{i}])"
@@ -446,7 +579,77 @@ def _conv_source(p: ConvPlan) -> str:
 '''
 
 
+def _phases_kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
+    """``kernel`` for a transposed convolution: its sub-pixel decomposition's one pallas_call, which writes the
+    output in the reference's layout (and runs a plane-local tail), XLA running any other tail after it."""
+    x = p.x.name
+    weight = f"_conv_weight({', '.join(v.name for v in p.weights)})" if p.rhs is not None else p.weights[0].name
+    others = [v.name for v in p.tail.inputs[1:]]
+    fused = others if p.tile_tail else []
+    extents = "(" + ", ".join(["w0.shape[0]", "*transposed"] + [f"static[{k!r}]" for k in statics]) + ")"
+    out_dtype = dtype_expr(np.dtype(p.out.dtype if p.tile_tail else p.tail.inputs[0].dtype))
+    item = p.in_dtype.itemsize
+    in_specs = ["pl.BlockSpec((None, pl.Element(block_c), pl.Element(span, (0, beyond))), "
+                "lambda b, s, j, cc: (b, cc * block_c, s * rows))",
+                "pl.BlockSpec((len(shifts), o, block_c), lambda b, s, j, cc: (0, 0, cc))"]
+    in_specs += ["pl.BlockSpec((1, math.prod(shapes[" + str(i) + "])), lambda b, s, j, cc: (0, 0))"
+                 for i in range(len(fused))]
+    operands = ["flat", "w_taps"] + [f"{name}.reshape((1, -1))" for name in fused]
+    lines = [
+        f"def kernel({', '.join(names)}, **static):",
+        f"    w0 = {weight}",
+        "    # The transposed convolution's sub-pixel decomposition: one stride-1 convolution of the undilated",
+        "    # input whose output channels are the phases' (each with the taps reaching its outputs).",
+        "    w = _phase_weight(w0, STRIDES, PAD_LOW)",
+        f"    n, c = {x}.shape[:2]",
+        "    o, taps = w.shape[0], w.shape[2:]",
+        "    live = _phase_live(w0.shape[2:], STRIDES, PAD_LOW)  # per phase, the window offsets it needs",
+        "    # XLA lays the input out for the kernel: padded for the phases' common window, the spatial axes",
+        "    # flattened.",
+        f"    xp, transposed = _phase_input({x}, w0.shape[2:], STRIDES, PAD_LOW, PAD_HIGH)",
+        "    out = tuple(e - t + 1 for e, t in zip(xp.shape[2:], taps))",
+        "    spatial, planes, rows, span, shifts = _step_layout(xp.shape[2:], taps, BLOCK_D, MAX_STEP_POSITIONS)",
+        "    if spatial != xp.shape[2:]:  # widened with zero columns: one plane fills whole lanes",
+        "        xp = jnp.pad(xp, ((0, 0), (0, 0)) + tuple((0, e - d) for e, d in zip(spatial, xp.shape[2:])))",
+        "    steps = -(-out[0] // planes)",
+        "    block_c = _fit(BLOCK_C, c)",
+        "    flat = xp.reshape((n, c, -1))",
+        "    # Each step reads its slab (its planes and the halo past them) as an element-offset window of the",
+        "    # flat input; what the last window reads past the input's end feeds only planes past the output.",
+        "    beyond = max(0, (steps - 1) * rows + span - flat.shape[2])",
+        "    w_taps = jnp.moveaxis(w.reshape((o, c, -1)), 2, 0)  # [offsets, phases x O, C]",
+        "    tile = (1, o, planes) + spatial[1:]",
+        f"    epilogue = _epilogue_for({extents})",
+        f"    shapes = ({''.join(f'{name}.shape, ' for name in fused)})",
+        "    # A step's output planes: the phases' planes times the stride, every channel, the output's extents.",
+        "    block = (1, w0.shape[0], planes * STRIDES[0]) + transposed[1:]",
+        f"    planned = 2 * (max(block_c, 8) * span + len(shifts) * o * max(block_c, 128)) * {item}"
+        " + 5 * o * rows * 4 + 5 * max(block_c, 8) * rows * 4",
+        "    h = pl.pallas_call(",
+        f"        functools.partial(_conv_kernel, shifts=shifts, live=live, epilogue={'epilogue' if fused else 'None'}, "
+        "shapes=shapes, tile=tile, crop=out[1:], strides=STRIDES, extents=transposed),",
+        f"        out_shape=jax.ShapeDtypeStruct((n, w0.shape[0]) + transposed, {out_dtype}),",
+        "        grid=(n, steps, 1, c // block_c),",
+        "        in_specs=[" + ", ".join(in_specs) + "],",
+        "        # The last step's planes past the output are not written (a partial edge block).",
+        "        out_specs=pl.BlockSpec(block, lambda b, s, j, cc: (b, 0, s) + (0,) * (len(block) - 3)),",
+        "        scratch_shapes=[pltpu.VMEM((o, rows), jnp.float32)],",
+        "        compiler_params=pltpu.CompilerParams(",
+        '            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),',
+        "            vmem_limit_bytes=max(32 << 20, planned + (planned >> 1))),",
+        f"    )({', '.join(operands)})",
+    ]
+    if p.tile_tail:
+        lines.append("    return h")
+    else:
+        lines.append("    # The tail couples positions across planes or samples: XLA runs it on the output.")
+        lines.append(f"    return epilogue(h{''.join(', ' + name for name in others)})")
+    return "\n".join(lines) + "\n"
+
+
 def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
+    if p.phases is not None:
+        return _phases_kernel_source(p, names, statics)
     x = p.x.name
     weight = f"_conv_weight({', '.join(v.name for v in p.weights)})" if p.rhs is not None else p.weights[0].name
     others = [v.name for v in p.finish.inputs[(4 if p.stats is not None else 1):]]
@@ -473,15 +676,17 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
     if p.stats is not None:
         out_shapes += ["jax.ShapeDtypeStruct((n, steps, 1, o), jnp.float32)"] * 2
         out_specs += ["pl.BlockSpec((1, 1, 1, block_n), lambda b, s, j, cc: (b, s, 0, j))"] * 2
-    lines = [
-        f"def kernel({', '.join(names)}, **static):",
+    layout = [
         f"    w = {weight}",
         f"    n, c = {x}.shape[:2]",
         "    o, taps = w.shape[0], w.shape[2:]",
         "    # XLA lays the input out for the kernel: the convolution's padding and input dilation applied,",
         "    # the spatial axes flattened.",
         (f"    xp = jax.lax.pad({x}, jnp.zeros((), {x}.dtype), ((0, 0, 0), (0, 0, 0)) + {p.pads!r})"
-         if any(any(q) for q in p.pads) else f"    xp = {x}"),
+         if any(any(q) for q in p.pads) else f"    xp = {x}")]
+    lines = [
+        f"def kernel({', '.join(names)}, **static):",
+        *layout,
         "    out = tuple(e - t + 1 for e, t in zip(xp.shape[2:], taps))",
         "    spatial, planes, rows, span, shifts = _step_layout(xp.shape[2:], taps, BLOCK_D, MAX_STEP_POSITIONS)",
         "    if spatial != xp.shape[2:]:  # widened with zero columns: one plane fills whole lanes",

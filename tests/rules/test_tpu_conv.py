@@ -193,15 +193,27 @@ def test_an_epilogue_that_reads_a_square_image_is_written_per_extent() -> None:
         module._epilogue_for((full.o, 32, 64, 62, 1, 2))
 
 
-def test_a_transposed_convolution_is_the_convolution_of_the_dilated_input() -> None:
+def test_a_transposed_convolution_runs_as_its_phases_convolution_and_is_correct(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("28k_ConvTranspose3d_LayerNorm_GELU_Scaling")
     cpu = plan(task, ("cpu",))
     assert not isinstance(cpu, str)
     assert cpu.pads == ((2, 2, 1),) * 3 and cpu.rhs is not None  # stride 2 as interior padding; the flipped kernel
-    # The layer norm reduces over the width alone, not over every position: XLA runs it on the output.
-    assert cpu.stats is None
-    source = TPU_CONV.render(task, {"block_n": 16, "block_c": 8, "block_d": 4, "passes": 3}, ("cpu",))
-    assert "def _conv_weight(weight)" in source and "jax.lax.pad(x" in source and "epilogue=None" in source
+    # The kernel convolves the undilated input (4 x 8 x 8, padded by one) with a 3 x 3 x 3 window and
+    # 8 phases x 16 output channels, not the 7/8-zero dilated input with 4 x 4 x 4 taps.
+    assert (cpu.o, cpu.taps, cpu.padded, cpu.out_spatial) == (128, (3, 3, 3), (6, 10, 10), (4, 8, 8))
+    # The layer norm reduces over the width alone: each output plane's own values, so the kernel runs it on
+    # the planes it writes, after putting its phases in place.
+    assert cpu.stats is None and cpu.tile_tail
+    source = TPU_CONV.render(task, {"block_n": 128, "block_c": 8, "block_d": 2, "passes": 3}, ("cpu",))
+    assert "def _conv_weight(weight)" in source and "_phase_weight(w0, STRIDES, PAD_LOW)" in source
+    assert "_depth_to_space(y, strides" in source and "epilogue=epilogue" in source and "return h\n" in source
+    assert "conv_general_dilated" not in source and "lax.pad(x, jnp.zeros((), x.dtype), ((0, 0, 0), (0, 0, 0)) + ((2, 2, 1)" not in source
+    report = declared_size_evaluator.evaluate(task, source)
+    assert report.passed and report.label == "pallas-kernel", report.reason
+
+    defaults = _space_is_legal(task.id)
+    result = validate_tpu(TPU_CONV.render(task, defaults, ("cpu", "full")), task, "v6e")
+    assert result.ok, result.reason
 
 
 def test_the_template_is_offered_on_tpu_targets_only() -> None:
