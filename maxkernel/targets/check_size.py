@@ -7,7 +7,9 @@ at least two grid steps along each axis that has two or more at ``full``, at lea
 loop that makes two or more), then, where the halvings miss them (an extent with an odd factor its floor
 lacks), its floor doubled while below what the halvings kept; a parameter is never taken below its ``cpu`` value (the smallest size the
 task is known to work at) unless the task declares it ``free`` (served at any value: batch, tokens), which
-goes down to its declared minimum; the ``cpu`` size itself is used when it is a twin. Free parameters matter
+goes down to its declared minimum; the ``cpu`` size itself is used when it is a twin. When the size so
+found is still costly to check, pairs of parameters are halved together as well (parameters that are only
+valid together: sequences and the decode sequences among them, query and kv heads in a fixed ratio). Free parameters matter
 for kernels whose grid steps are expensive to interpret, such as paged attention's page-by-page DMAs: the
 sequences a check runs are fewer, their pages and block configuration are those priced. A candidate that runs
 other code at smaller sizes is therefore checked at a larger one, up to ``full``: it is refused only when
@@ -51,6 +53,8 @@ CHECK_BASE_S = 60.0
 DATA_LOOP_TRIPS = 2
 # Beyond this the correctness run would not finish in a few minutes: the candidate is refused.
 CHECK_TIMEOUT_CAP_S = 900.0
+# Above this estimated interpreted time (or over a limit), pairs of parameters are also halved together.
+JOINT_HALVING_S = 30.0
 # Memory-touching primitives of a kernel body, each one host callback in TPU interpret mode.
 INTERPRETED_PRIMITIVES = frozenset({"get", "swap", "addupdate", "dma_start", "dma_wait", "semaphore_signal",
                                     "semaphore_wait", "semaphore_read"})
@@ -121,6 +125,34 @@ def _floor(task: Task, name: str, cpu: dict[str, Any]) -> tuple[Any, int]:
     return max(free.min, free.multiple_of), free.multiple_of
 
 
+def _halve_pairs(chosen: dict[str, Any], full: dict[str, Any], task: Task, cpu: dict[str, Any],
+                 kept: Any) -> dict[str, Any]:
+    """``chosen`` with pairs of parameters halved together, each to its next rung, while the trace stays a
+    twin (``kept`` is None); the pairs are tried in the task's order of parameters, again after each one
+    taken."""
+    names = [n for n in full if isinstance(full[n], int) and not isinstance(full[n], bool)]
+    while True:
+        rung = {}
+        for name in names:
+            floor, multiple_of = _floor(task, name, cpu)
+            lower = _ladder(chosen[name], floor, multiple_of)
+            if lower:
+                rung[name] = lower[0]
+        taken = None
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                if a in rung and b in rung:
+                    trial = {**chosen, a: rung[a], b: rung[b]}
+                    if kept(trial) is None:
+                        taken = trial
+                        break
+            if taken is not None:
+                break
+        if taken is None:
+            return chosen
+        chosen = taken
+
+
 def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec, interpreted: bool = False) -> CheckSize:
     """The check size of this candidate (see the module docstring); ``refusal`` says why there is none.
 
@@ -178,14 +210,25 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec, interpreted
                     continue
             shrink(name, _ladder(value, floor, multiple_of))
             shrink(name, _doublings(value, floor, multiple_of, chosen[name]))
+    def cost(values: dict[str, Any]) -> tuple[int, int]:
+        """(grid steps, interpreted memory operations) of one run at ``values``."""
+        checked = traced(values)
+        assert not isinstance(checked, str)  # every chosen size traced (full itself was traced first)
+        calls = find_pallas_calls(checked)
+        steps = sum(_steps(c.eqn.params["grid_mapping"].grid) for c in calls)
+        ops = sum(int(c.count * _steps(c.eqn.params["grid_mapping"].grid) * _ops_per_step(c.eqn))
+                  for c in calls) if interpreted else 0
+        return steps, ops
+
+    steps, ops = cost(chosen)
+    if steps > CHECK_GRID_STEPS or ops * INTERPRET_OP_S > JOINT_HALVING_S or \
+            (reference_cost(task, chosen)[1] or 0) > CHECK_FLOPS:
+        # Parameters that only shrink together (sequences and the decode sequences among them; query and kv
+        # heads, whose ratio a kernel's block folds): halve two at once while the trace stays a twin.
+        chosen = _halve_pairs(chosen, full, task, cpu, kept)
+        steps, ops = cost(chosen)
     # Why each parameter could not shrink further (a rung above the chosen value proves nothing).
     stopped = [f"{name}={value}: {why}" for name, value, why in failed if value < chosen[name]]
-    checked = traced(chosen)
-    assert not isinstance(checked, str)  # every chosen size traced (full itself was traced first)
-    calls = find_pallas_calls(checked)
-    steps = sum(_steps(c.eqn.params["grid_mapping"].grid) for c in calls)
-    ops = sum(int(c.count * _steps(c.eqn.params["grid_mapping"].grid) * _ops_per_step(c.eqn)) for c in calls) \
-        if interpreted else 0
     result = CheckSize(name=size_name(chosen), values=chosen, grid_steps=steps, interpreted_ops=ops, smaller=stopped)
     result.reference_bytes, result.reference_flops = reference_cost(task, chosen)
     over = []
