@@ -50,3 +50,23 @@ def test_the_default_lowers_for_v6e_at_full_size() -> None:
     result = validate_tpu(TPU_RAGGED_PAGED.render(task, space.defaults, ("cpu", "full")), task, "v6e")
     assert result.ok, result.reason
     assert result.vmem_bytes is not None and result.vmem_bytes <= result.vmem_budget_bytes
+
+
+def test_query_and_kv_heads_are_halved_together_for_a_cheaper_check(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Halving the query heads or the kv heads alone changes the kernel's query block (the group folded into
+    its rows); halved together they keep it, and the check runs a quarter of the interpreted operations."""
+    import maxkernel.targets.check_size as check_size
+    from maxkernel.targets.loader import load_candidate
+    from maxkernel.targets.specs import load_tpu_spec
+
+    task = load_task(TASK)
+    space = TPU_RAGGED_PAGED.space(task, None, "tpu-v6e")
+    source = TPU_RAGGED_PAGED.render(task, space.defaults, ("cpu", "full"))
+    together = check_size.derive_check_size(load_candidate(source), task, load_tpu_spec("v6e"), True)
+    monkeypatch.setattr(check_size, "JOINT_HALVING_S", float("inf"))
+    alone = check_size.derive_check_size(load_candidate(source), task, load_tpu_spec("v6e"), True)
+    assert (alone.values["num_q_heads"], alone.values["num_kv_heads"]) == (32, 8)
+    assert (together.values["num_q_heads"], together.values["num_kv_heads"]) == (8, 2)
+    assert together.refusal is None and together.interpreted_ops * 4 <= alone.interpreted_ops
+    assert {k: v for k, v in together.values.items() if "heads" not in k} == \
+        {k: v for k, v in alone.values.items() if "heads" not in k}
