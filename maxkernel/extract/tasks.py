@@ -1,4 +1,4 @@
-"""Writing a region as a task folder: plain JAX emitted from the layer's program, one function per size.
+"""Writing a region as a task folder: plain JAX emitted from the layer's program at ``full``, serving every size.
 
 The folder holds ``task.yaml`` and ``reference.py``. The region's ``get_inputs`` draws the layer's inputs with
 the layer's own ``get_inputs`` (its code is carried in the file under a ``_layer_`` prefix) and runs the
@@ -28,9 +28,10 @@ CATEGORY = {"attention": "attention", "matmul": "matmul", "experts": "moe", "nor
 _HEADER = '''"""{doc}
 
 Written by ``maxkernel extract`` from {layer}: plain JAX emitted from the layer's program at ``full``, its
-shapes read from its arguments, so the same function serves every size; a size whose own program is written
-otherwise has a function of its own, picked by the arguments' shapes. ``get_inputs`` draws the layer's inputs
-and runs the layer up to this region.
+shapes read from its arguments and extents no argument has from the layer's size parameters, so the same
+function serves every size; a size whose own program is written otherwise has a function of its own, picked
+by the arguments' shapes. ``get_inputs`` draws the layer's inputs and runs the layer up to this region, at
+the sizes the layer was traced at.
 """
 
 {imports}
@@ -45,11 +46,11 @@ _STATICS = {statics!r}
 
 
 def _size_named(values):
-    """The name of the layer size ``values`` when it has input code of its own, else None."""
+    """The name of the layer size ``values``: the region's inputs are drawn only at sizes it was traced at."""
     for name, known in _SIZES:
         if dict(known) == values:
             return name
-    return None
+    raise ValueError(f"no region inputs for layer size {{values}}")
 
 
 def _size_of(*args):
@@ -128,7 +129,7 @@ def region_source(doc: str, layer_id: str, sizes: dict[str, dict[str, Any]], reg
     table = ", ".join(f"{s!r}: _region_{s}" for s in own_regions)
     params = ", ".join(parameter_names(regions["full"]))
     shapes = tuple((size, tuple(tuple(v.shape) for v in regions[size].inputs)) for size in own_regions)
-    known = tuple((size, tuple(sizes[size].items())) for size in own_inputs)
+    known = tuple((size, tuple(values.items())) for size, values in sizes.items())
     bound = tuple((tuple(tuple(v.shape) for v in regions[size].inputs),
                    tuple((name, statics[size][name]) for name in used)) for size in sizes if size not in own_regions)
     return "".join(parts).rstrip() + "\n" + _FOOTER.format(shapes=shapes, sizes=known, prefix=prefix, region=table,
