@@ -12,9 +12,10 @@ import jax
 from pydantic import BaseModel, Field
 
 from jaxbench.task import Task, load_task
-from maxkernel.analysis.program import Program, trace_program
+from maxkernel.analysis.program import Program, static_args, trace_program
 from maxkernel.extract.constants import fold_constant_scalars
 from maxkernel.extract.regions import Span, find_regions
+from maxkernel.extract.sized import integer_statics
 from maxkernel.extract.subprogram import prefix_program, region_program
 from maxkernel.extract.tasks import float_first, region_source, write_region_task
 
@@ -228,6 +229,8 @@ def extract_task(task: Task | str | Path, out: Path, target: str = "cpu", timing
         if (stale / "task.yaml").is_file():
             shutil.rmtree(stale)
     layer_source = task.reference_path.read_text()
+    statics = {size: integer_statics(static_args(task if size in SIZES else task.with_size(size, values), size))
+               for size, values in sizes.items()}
     infos: list[RegionInfo] = []
     for index, span in enumerate(spans):
         regions = {size: float_first(region_program(programs[size], span)) for size in sizes}
@@ -241,7 +244,7 @@ def extract_task(task: Task | str | Path, out: Path, target: str = "cpu", timing
         description = (f"Region {index} ({span.kind}) of {task.id}: nodes {span.start}-{span.end} of its program, "
                        f"{len(cpu.inputs)} inputs, {len(cpu.outputs)} outputs; primitives {', '.join(prims)}.")
         source = region_source(f"Region {index} ({span.kind}) of {task.id}.", task.id, sizes, regions, prefixes,
-                               layer_source)
+                               layer_source, statics)
         folder = write_region_task(root / name, task_id=task_id, name=f"{task.spec.name}: {name}", kind=span.kind,
                                    description=description, dtype=str(cpu.outputs[0].dtype),
                                    tolerance=task.spec.tolerance.model_dump(), source=source,

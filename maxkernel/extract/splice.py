@@ -2,15 +2,27 @@
 reference, so the whole layer can be judged by the evaluator like any other candidate.
 
 Every region's code keeps its own names under a prefix (``r03_kernel``), imports are hoisted and shared.
-The candidate picks the per-size reference functions by the shapes of its arguments.
+A region left as its reference runs the code emitted at ``full``, which reads its shapes from its
+arguments, at every size: the code a TPU check runs below ``full`` is the code priced there. Only a size
+whose own program is written otherwise (``own_sizes``) runs a function of its own, picked by the shapes of
+the layer's arguments.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from maxkernel.extract.layer import Extraction
 from maxkernel.extract.names import namespaced
+from maxkernel.extract.tasks import shared_statics
+
+_OWN = re.compile(r"^def _region_(\w+)\(", re.MULTILINE)
+
+
+def own_sizes(source: str) -> list[str]:
+    """The sizes a region's reference holds a function of its own for (see ``tasks.shared_function``)."""
+    return _OWN.findall(source)
 
 
 def splice(extraction: Extraction, kernels: dict[int, str], arg_shapes: dict[str, list[tuple[int, ...]]]) -> str:
@@ -28,13 +40,16 @@ def splice(extraction: Extraction, kernels: dict[int, str], arg_shapes: dict[str
             call = f"{prefix}kernel({', '.join(info.inputs)})"
             what = "verified region kernel"
         else:
-            sizes = list(arg_shapes)
-            _, code = namespaced(Path(info.path, "reference.py").read_text(), prefix,
-                                 keep={f"_region_{s}" for s in sizes})
+            source = Path(info.path, "reference.py").read_text()
+            own = own_sizes(source)
+            _, code = namespaced(source, prefix, keep={"_region", *(f"_region_{s}" for s in own)})
             found = []  # emitted region code needs only jax and jnp
-            table = "".join(f"{prefix}_region_{s} if size == {s!r} else " for s in sizes[:-1])
-            table += f"{prefix}_region_{sizes[-1]}"
-            call = f"({table})({', '.join(info.inputs)})"
+            table = "".join(f"{prefix}_region_{s} if size == {s!r} else " for s in own)
+            bound = "".join(f", {name}=static[{name!r}]" for name in shared_statics(source))
+            shared = f"{prefix}_region({', '.join(info.inputs)}{bound})"
+            call = shared
+            if own:
+                call = f"(({table}None)({', '.join(info.inputs)}) if size in {tuple(own)!r} else {shared})"
             what = "the region's reference"
         imports.extend(i for i in found if i not in imports)
         blocks.append(f"# region {info.index} ({info.kind}): {what}\n" + "\n\n".join(code))
@@ -50,7 +65,5 @@ def splice(extraction: Extraction, kernels: dict[int, str], arg_shapes: dict[str
     kernel = [f"def kernel({params}, **static):",
               f"    shapes = [tuple(a.shape) for a in ({params},)]",
               "    size = next((s for s, known in _SIZES if list(known) == shapes), None)",
-              "    if size is None:",
-              "        raise ValueError(f'no region programs for argument shapes {shapes}')",
               *calls, f"    return {returns}"]
     return "\n".join(head) + "\n\n\n".join(blocks) + "\n\n\n" + "\n".join(kernel) + "\n"

@@ -1,4 +1,4 @@
-"""Writing a region as a task folder: plain JAX emitted from the layer's program, one function per size.
+"""Writing a region as a task folder: plain JAX emitted from the layer's program at ``full``, serving every size.
 
 The folder holds ``task.yaml`` and ``reference.py``. The region's ``get_inputs`` draws the layer's inputs with
 the layer's own ``get_inputs`` (its code is carried in the file under a ``_layer_`` prefix) and runs the
@@ -9,6 +9,7 @@ imports nothing but what the layer's reference does, so the region's reference i
 
 from __future__ import annotations
 
+import ast
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import yaml
 
 from maxkernel.analysis.program import Program
 from maxkernel.extract.names import namespaced
+from maxkernel.extract.sized import choose, emit_sized, record
 from maxkernel.rewrites.emit import emit_function
 
 CATEGORY = {"attention": "attention", "matmul": "matmul", "experts": "moe", "norm": "normalization",
@@ -25,9 +27,11 @@ CATEGORY = {"attention": "attention", "matmul": "matmul", "experts": "moe", "nor
 
 _HEADER = '''"""{doc}
 
-Written by ``maxkernel extract`` from {layer}: plain JAX, one function per size (the programs differ only
-in their shapes; the arguments' shapes pick one). ``get_inputs`` draws the layer's inputs and runs the layer
-up to this region.
+Written by ``maxkernel extract`` from {layer}: plain JAX emitted from the layer's program at ``full``, its
+shapes read from its arguments and extents no argument has from the layer's size parameters, so the same
+function serves every size; a size whose own program is written otherwise has a function of its own, picked
+by the arguments' shapes. ``get_inputs`` draws the layer's inputs and runs the layer up to this region, at
+the sizes the layer was traced at.
 """
 
 {imports}
@@ -38,56 +42,106 @@ _FOOTER = '''
 
 _SIZES = {sizes!r}
 _SHAPES = {shapes!r}
+_STATICS = {statics!r}
 
 
 def _size_named(values):
-    """The name of the layer size ``values`` (cpu, full or a rung between them that checks run at)."""
+    """The name of the layer size ``values``: the region's inputs are drawn only at sizes it was traced at."""
     for name, known in _SIZES:
         if dict(known) == values:
             return name
-    raise ValueError(f"no region program for layer size {{values}}")
+    raise ValueError(f"no region inputs for layer size {{values}}")
 
 
 def _size_of(*args):
-    """The size whose program this region runs: the one its arguments are shaped for."""
+    """The size whose own region code these arguments are shaped for, else None (the shared code runs)."""
     shapes = tuple(tuple(a.shape) for a in args)
     for name, known in _SHAPES:
         if known == shapes:
             return name
-    raise ValueError(f"no region program for argument shapes {{shapes}}")
+    return None
 
 
 def get_inputs(key, **size):
     args, _ = _layer_get_inputs(key, **size)
-    return tuple(jax.jit({{{prefix}}}[_size_named(size)])(*args)), {{}}
+    return tuple(jax.jit({{{prefix}}}.get(_size_named(size), _inputs))(*args)), {{}}
+
+
+def _statics_of(*args):
+    """The layer's size parameters the shared region code reads, at the size these arguments are shaped for."""
+    shapes = tuple(tuple(a.shape) for a in args)
+    for known, values in _STATICS:
+        if known == shapes:
+            return dict(values)
+    if {needs_statics!r}:
+        raise ValueError(f"no layer size for region argument shapes {{shapes}}")
+    return {{}}
 
 
 def reference({params}):
-    return {{{region}}}[_size_of({params})]({params})
+    own = {{{region}}}.get(_size_of({params}))
+    if own is not None:
+        return own({params})
+    return _region({params}, **_statics_of({params}))
 '''
 
 
+def shared_function(programs: dict[str, Program], name: str, doc: str) -> tuple[str, dict[str, str]]:
+    """(``name`` emitted from the ``full`` program, ``{size: its own function}`` for the sizes whose program
+    is written otherwise). The emitter reads shapes from the arguments, so ``full``'s code is the code of
+    every size at which it is written the same; only the others need a function of their own."""
+    shared = emit_function(programs["full"], name, doc)
+    own = {}
+    for size, program in programs.items():
+        if size != "full" and emit_function(program, name, doc) != shared:
+            own[size] = emit_function(program, f"{name}_{size}", f"{doc} ({size})")
+    return shared, own
+
+
+def sized_function(programs: dict[str, Program], name: str, doc: str,
+                   statics: dict[str, dict[str, int]]) -> tuple[str, dict[str, str], list[str]]:
+    """Like :func:`shared_function`, with the dimensions no argument names written as the layer's size
+    parameters ``statics`` (per size) where one expression of them fits every size (:mod:`.sized`); the
+    shared function takes the parameters it reads as keywords (the third item). A size's own function is
+    written with its extents."""
+    choices = choose({size: record(program) for size, program in programs.items()}, statics)
+    shared, used = emit_sized(programs["full"], name, doc, choices)
+    own = {size: emit_function(program, f"{name}_{size}", f"{doc} ({size})") for size, program in programs.items()
+           if size != "full" and emit_sized(program, name, doc, choices)[0] != shared}
+    return shared, own, sorted(used)
+
+
 def region_source(doc: str, layer_id: str, sizes: dict[str, dict[str, Any]], regions: dict[str, Program],
-                  prefixes: dict[str, Program], layer_source: str) -> str:
+                  prefixes: dict[str, Program], layer_source: str,
+                  statics: dict[str, dict[str, int]] | None = None) -> str:
     """The region's ``reference.py``; ``layer_source`` is the layer's reference, whose names it carries
-    under the ``_layer_`` prefix."""
+    under the ``_layer_`` prefix; ``statics`` the layer's integer static arguments at each size."""
     found, layer_code = namespaced(layer_source, "_layer_")
     imports = ["import jax", "import jax.numpy as jnp", *found]
     parts = [_HEADER.format(doc=doc, layer=layer_id, imports="\n".join(dict.fromkeys(imports)))]
     parts.append("\n# the layer's reference (its get_inputs draws the layer's inputs)\n")
     parts.append("\n\n\n".join(layer_code) + "\n\n\n")
-    for size in sizes:
-        parts.append(emit_function(prefixes[size], f"_inputs_{size}", f"the layer's inputs -> this region's ({size})"))
-        parts.append("\n\n")
-        parts.append(emit_function(regions[size], f"_region_{size}", f"the region itself ({size})"))
-        parts.append("\n\n")
-    prefix = ", ".join(f"{s!r}: _inputs_{s}" for s in sizes)
-    region = ", ".join(f"{s!r}: _region_{s}" for s in sizes)
-    params = ", ".join(parameter_names(regions[next(iter(sizes))]))
-    shapes = tuple((size, tuple(tuple(v.shape) for v in regions[size].inputs)) for size in sizes)
+    statics = statics if statics is not None else {size: {} for size in sizes}
+    inputs, own_inputs = shared_function(prefixes, "_inputs", "the layer's inputs -> this region's")
+    region, own_regions, used = sized_function(regions, "_region", "the region itself", statics)
+    parts.append("\n\n".join([inputs, *own_inputs.values(), region, *own_regions.values()]) + "\n\n")
+    prefix = ", ".join(f"{s!r}: _inputs_{s}" for s in own_inputs)
+    table = ", ".join(f"{s!r}: _region_{s}" for s in own_regions)
+    params = ", ".join(parameter_names(regions["full"]))
+    shapes = tuple((size, tuple(tuple(v.shape) for v in regions[size].inputs)) for size in own_regions)
     known = tuple((size, tuple(values.items())) for size, values in sizes.items())
-    return "".join(parts).rstrip() + "\n" + _FOOTER.format(shapes=shapes, sizes=known, prefix=prefix, region=region,
-                                                           params=params)
+    bound = tuple((tuple(tuple(v.shape) for v in regions[size].inputs),
+                   tuple((name, statics[size][name]) for name in used)) for size in sizes if size not in own_regions)
+    return "".join(parts).rstrip() + "\n" + _FOOTER.format(shapes=shapes, sizes=known, prefix=prefix, region=table,
+                                                           params=params, statics=bound, needs_statics=bool(used))
+
+
+def shared_statics(source: str) -> list[str]:
+    """The size parameters a region reference's shared ``_region`` takes as keywords."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "_region":
+            return [a.arg for a in node.args.kwonlyargs]
+    return []
 
 
 def parameter_names(program: Program) -> list[str]:

@@ -5,6 +5,7 @@ scalar constants are folded, and every region holds programs for the check ladde
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,8 @@ from maxkernel.analysis import analyze_task
 from maxkernel.analysis.program import Const, ProgramBuilder, arg_names, input_shapes, static_args
 from maxkernel.extract import extract_task
 from maxkernel.extract.constants import fold_constant_scalars
-from maxkernel.extract.splice import splice
+from maxkernel.extract.splice import own_sizes, splice
+from maxkernel.extract.tasks import shared_function, shared_statics
 from maxkernel.rules.strategy import reference_source
 from maxkernel.templates.attention import FlashAttentionTemplate, plan
 from maxkernel.templates.masks import CAUSAL
@@ -73,3 +75,41 @@ def test_regions_and_the_spliced_layer_trace_at_every_rung_of_the_check_ladder(t
         for info in extraction.regions:
             region = load_task(info.path).with_size(size, extraction.sizes[size])
             jax.eval_shape(region.reference, *input_shapes(region, size))  # the region has a program for the rung
+
+
+def test_regions_left_as_reference_run_fulls_code_at_widths_never_traced(tmp_path):
+    """A region left as its reference runs the code emitted at ``full``: shapes read from its arguments, and
+    extents no argument has (heads, the kv-head group) from the layer's size parameters. So the spliced layer
+    also runs, and computes the layer, with its width shrunk to sizes extraction never traced: what a TPU
+    check finds below ``full`` is the code priced there."""
+    layer = load_task("llama31_8b_decoder")
+    extraction = extract_task(layer, tmp_path, timing=False)
+    unseen = {"batch": 1, "seq": 64, "hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 128, "intermediate": 256}
+    assert unseen not in extraction.sizes.values()
+    projections = Path(extraction.regions[0].path, "reference.py").read_text()
+    assert {"heads", "kv_heads"} <= set(shared_statics(projections))  # the group is heads // kv_heads
+    sized = layer.with_size("unseen", unseen)
+    namespace: dict[str, object] = {}
+    exec(compile(splice(extraction, {}, _shapes(layer, extraction)), "layer_candidate.py", "exec"), namespace)  # noqa: S102
+    args, static = sized.get_inputs(jax.random.key(1), "unseen")
+    got = jax.jit(partial(namespace["kernel"], **static))(*args)
+    want = jax.jit(partial(layer.reference, **static))(*args)
+    tol = layer.spec.tolerance
+    assert got.shape == want.shape
+    assert bool(jnp.allclose(got.astype(jnp.float32), want.astype(jnp.float32), atol=tol.atol, rtol=tol.rtol))
+
+
+def test_a_size_written_otherwise_keeps_a_function_of_its_own():
+    """The scale 1/sqrt(head_dim) is a folded constant: a size with another head_dim cannot run full's code."""
+    def attention_scale(x):
+        return x / jnp.sqrt(jnp.float32(x.shape[-1]))
+
+    programs = {}
+    for size, dim in (("cpu", 64), ("full", 128), ("seq_4", 128)):
+        closed = jax.make_jaxpr(attention_scale)(jnp.ones((4, dim), jnp.float32))
+        programs[size] = ProgramBuilder().build(closed, ["x"])
+        fold_constant_scalars(programs[size])
+    shared, own = shared_function(programs, "_region", "doc")
+    assert list(own) == ["cpu"]
+    assert "def _region(" in shared and "def _region_cpu(" in own["cpu"]
+    assert own_sizes(own["cpu"]) == ["cpu"]
