@@ -40,9 +40,18 @@ def _split_scaled(q, scale: float):
     return jnp.stack([high, low], axis=-2).reshape(q.shape[:-1] + (2 * q.shape[-1],))
 
 
+def _block(largest: int, seq: int) -> int:
+    """The largest block up to ``largest``, halved down to 128, that divides ``seq`` (splash needs its blocks to
+    divide the sequence): what a user of the kernel picks at a sequence the tuned 512 does not divide."""
+    block = min(largest, seq)
+    while seq % block and block > 128:
+        block //= 2
+    return block
+
+
 def kernel(q, k, v, *, block_size, window_blocks, global_blocks):
     batch, heads, seq, head_dim = q.shape
-    bq, bkv = min(BLOCK_Q, seq), min(BLOCK_KV, seq)
+    bq, bkv = _block(BLOCK_Q, seq), _block(BLOCK_KV, seq)
     head_mask = splash.NumpyMask(_visible(seq, block_size, window_blocks, global_blocks))
     mask = splash.MultiHeadMask([head_mask for _ in range(batch * heads)])
     attend = splash.make_splash_mha_single_device(
