@@ -59,3 +59,27 @@ def test_ratio_counts_evaluations_to_the_cold_best_and_states_the_noise(bench: M
     assert summary["noise_max"] == pytest.approx(0.15)
     assert summary["warm_at_least_cold"] == "1/2"
     assert bench.spread([1.0]) is None  # one reading tells no spread
+
+
+def test_a_tpu_run_is_confirmed_once_and_a_bad_target_is_one_line(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    from types import SimpleNamespace
+
+    import maxkernel.evaluation as evaluation
+
+    calls: list[str] = []
+
+    def judged(task: object, source: str, target: str, *rest: object) -> SimpleNamespace:
+        calls.append(target)
+        return SimpleNamespace(passed=True, speedup=2.5)
+
+    monkeypatch.setattr(evaluation, "evaluate_candidate", judged)
+    services = SimpleNamespace(task=lambda t: t, evaluator=None)
+    assert bench.confirm(services, "t", SimpleNamespace(best_source="x", target="tpu-v6e"), 3) == [2.5]
+    assert bench.confirm(services, "t", SimpleNamespace(best_source="x", target="cpu"), 3) == [2.5] * 3
+    assert calls == ["tpu-v6e"] + ["cpu"] * 3
+
+    done = subprocess.run([sys.executable, str(BENCH), "--target", "tpu-v9", "--measure", "12p_RMSNorm"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().startswith("error: --target: unknown target 'tpu-v9'")
+    assert len(done.stderr.strip().splitlines()) == 1
