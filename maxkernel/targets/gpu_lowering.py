@@ -51,8 +51,12 @@ class GpuLoweringResult(BaseModel):
 
 
 def plugin_available() -> bool:
-    """Whether the CUDA PJRT plugin that lowers for GPU is installed."""
-    return importlib.util.find_spec(PLUGIN_MODULE) is not None
+    """Whether the CUDA PJRT plugin that lowers for GPU is installed (on a machine that never had one,
+    even the ``jax_plugins`` namespace it lives in is missing)."""
+    try:
+        return importlib.util.find_spec(PLUGIN_MODULE) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def export_for_gpu(fn: Any, *arg_shapes: Any) -> Any:
