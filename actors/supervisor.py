@@ -47,8 +47,9 @@ class Supervisor:
         self._print = threading.Lock()
 
     def _say(self, line: str) -> None:
-        with self._print:
-            print(line, flush=True)
+        with self._print:  # one write, line and newline together: the workers' logs share the file
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
 
     def _spawn(self, *extra: str) -> subprocess.Popen[str]:
         env = {**os.environ, **self.env_for(self.spawned)} if self.env_for is not None else None

@@ -11,6 +11,7 @@ every server binds 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -88,11 +89,16 @@ def alive(pid: int) -> bool:
 
 
 def _spawn(name: str, args: list[str], root: Path, env: dict[str, str] | None = None, user: str | None = None,
-           **extra: Any) -> Proc:
+           *, own_stderr: bool = False, **extra: Any) -> Proc:
+    """Start ``args`` with its output in ``logs/<name>.log``; with ``own_stderr`` (a supervisor, whose stdout
+    lines are read back) its stderr, and so its children's logs, goes to ``logs/<name>.stderr.log`` instead,
+    so that no log line ever splits one of those lines."""
     log_path = root / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(ROOT),
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(log_path.open("ab"))
+        err = files.enter_context(log_path.with_suffix(".stderr.log").open("ab")) if own_stderr else subprocess.STDOUT
+        proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=str(ROOT),
                                 env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, start_new_session=True,
                                 user=user)
     return Proc(name=name, pid=proc.pid, log=str(log_path), **extra)
@@ -193,7 +199,7 @@ def start_daemons(state: FleetState, count: int, spares: int = 1, *, concurrency
                               *(["--testers", state.host] if testers else [])], root,
                   env={"MAXKERNEL_DATA_DIR": str(root), "MAXKERNEL_STORE_URL": state.store_url,
                        "MAXKERNEL_CHROMA_URL": state.chroma_url}, data_dir=str(root / "daemons"),
-                  count=count, spares=spares)
+                  own_stderr=True, count=count, spares=spares)
 
 
 def start_testers(state: FleetState, count: int, spares: int = 1) -> Proc:
@@ -202,7 +208,7 @@ def start_testers(state: FleetState, count: int, spares: int = 1) -> Proc:
     return _spawn("testers", [sys.executable, "-m", "actors.worker", "--supervise", "--count", str(count),
                               "--spares", str(spares), "--host", state.host, "--roles", "tester"], root,
                   env={"MAXKERNEL_STORE_URL": state.store_url, "MAXKERNEL_CHROMA_URL": state.chroma_url},
-                  count=count, spares=spares)
+                  own_stderr=True, count=count, spares=spares)
 
 
 def up(root: Path, *, daemons: int = 2, testers: int = 2, concurrency: int = 1, spares: int = 1,
