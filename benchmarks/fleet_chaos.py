@@ -1,5 +1,6 @@
 """Chaos on a local fleet: jobs worked through while a seeded killer SIGKILLs daemons, tester workers and
-the Chroma server, restarting each; then the same number of jobs without kills, side by side.
+the Chroma server, each replaced (daemons and workers by their supervisors, from warm spares); then the
+same number of jobs without kills, side by side.
 
     python benchmarks/fleet_chaos.py --jobs 20 --kills 30 --json chaos.json
 
