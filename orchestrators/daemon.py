@@ -335,10 +335,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--standby", action="store_true", help="get ready, then claim jobs only when sent SIGUSR1")
     parser.add_argument("--supervise", action="store_true",
                         help="keep --count daemons alive (each in <data dir>/daemons/<n>), replacing any that dies")
-    parser.add_argument("--count", type=int, default=1, help="daemons kept alive under --supervise")
-    parser.add_argument("--spares", type=int, default=0, help="standby daemons kept warm under --supervise, "
-                                                              "each taking a dead daemon's place at once")
+    parser.add_argument("--count", type=int, help="daemons kept alive under --supervise (default 1)")
+    parser.add_argument("--spares", type=int, help="standby daemons kept warm under --supervise, each taking a "
+                                                   "dead daemon's place at once (default 0)")
     args = parser.parse_args(argv)
+    if not args.supervise and (args.count is not None or args.spares is not None):
+        parser.error("--count and --spares only with --supervise")
+    if args.supervise and (args.standby or args.port):
+        parser.error("--standby and --port not with --supervise (its spares stand by; each daemon takes a free port)")
+    args.count, args.spares = (1 if args.count is None else args.count), (0 if args.spares is None else args.spares)
     if args.count < 1 or args.spares < 0 or args.concurrency < 1:
         parser.error("--count and --concurrency must be at least 1, --spares at least 0")
     from maxkernel.logging import configure
