@@ -10,7 +10,8 @@ new spare starts behind it; without a spare the slot is started afresh. It print
 for every fresh start, ``spare <pid>`` for every spare started, ``standby <pid>`` when a spare is warm,
 ``promoted <slot> <pid>`` when a spare takes a slot and ``ready <slot> <roles>`` when a slot's worker is
 serving; SIGTERM stops the workers and then the supervisor. What a dead worker was doing is given to
-another by the host (``actors.balancer``).
+another by the host (``actors.balancer``). The same supervisor keeps a fleet's daemons and their warm
+standby daemons (``module="orchestrators.daemon"``, each process in a data folder of its own).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -31,8 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Supervisor:
-    def __init__(self, worker_args: list[str], count: int, *, spares: int = 0, restart_delay_s: float = 0.5) -> None:
+    def __init__(self, worker_args: list[str], count: int, *, spares: int = 0, restart_delay_s: float = 0.5,
+                 module: str = "actors.worker", env_for: Callable[[int], dict[str, str]] | None = None) -> None:
+        """``module`` is the program each process runs (``python -m module *worker_args``); ``env_for(n)``, when
+        given, adds to the environment of the ``n``-th process started (from 0)."""
         self.worker_args, self.count, self.spares, self.restart_delay_s = worker_args, count, spares, restart_delay_s
+        self.module, self.env_for, self.spawned = module, env_for, 0
         self.procs: dict[int, subprocess.Popen[str]] = {}
         self.standby: list[subprocess.Popen[str]] = []
         self.restarts = 0
@@ -41,13 +47,16 @@ class Supervisor:
         self._print = threading.Lock()
 
     def _say(self, line: str) -> None:
-        with self._print:
-            print(line, flush=True)
+        with self._print:  # one write, line and newline together: the workers' logs share the file
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
 
     def _spawn(self, *extra: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([sys.executable, "-m", "actors.worker", *self.worker_args, *extra], cwd=str(ROOT),
+        env = {**os.environ, **self.env_for(self.spawned)} if self.env_for is not None else None
+        self.spawned += 1
+        proc = subprocess.Popen([sys.executable, "-m", self.module, *self.worker_args, *extra], cwd=str(ROOT),
                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-                                preexec_fn=_standby_child if "--standby" in extra else _die_with_parent)
+                                env=env, preexec_fn=_standby_child if "--standby" in extra else _die_with_parent)
         threading.Thread(target=self._relay, args=(proc,), daemon=True).start()
         return proc
 

@@ -14,21 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from actors.standby import arm, promoted_or_stopped
 
 if TYPE_CHECKING:
     from actors.config import ActorConfig
     from actors.services import Services
-
-PROMOTED = threading.Event()  # SIGUSR1 seen: a standby worker is to register and serve
-
-
-def _promote(_sig: int, _frame: object) -> None:
-    PROMOTED.set()
 
 
 def prefork(services: Services, roles: list[str]) -> None:
@@ -38,23 +32,6 @@ def prefork(services: Services, roles: list[str]) -> None:
     if TESTER in roles:
         pool = services.evaluator.pool
         pool.release(pool.acquire())
-
-
-async def _promoted_or_stopped(poll_s: float = 0.05) -> bool:
-    """Wait for SIGUSR1 (True) or SIGTERM/SIGINT (False)."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        while not PROMOTED.is_set():
-            if stop.is_set():
-                return False
-            await asyncio.sleep(poll_s)
-        return True
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
 
 
 async def serve(host: str, roles: list[str], config: ActorConfig, *, standby: bool = False) -> None:
@@ -70,7 +47,7 @@ async def serve(host: str, roles: list[str], config: ActorConfig, *, standby: bo
         try:
             if standby:
                 print("standby", flush=True)
-                if not await _promoted_or_stopped():
+                if not await promoted_or_stopped():
                     return
             await register_actors(worker, services, roles)
             print("ready " + ",".join(roles), flush=True)
@@ -84,8 +61,7 @@ async def serve(host: str, roles: list[str], config: ActorConfig, *, standby: bo
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGUSR1, _promote)  # first of all: a spare may be promoted while it still imports
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})  # its supervisor held it back until now
+    arm()  # first of all: a spare may be promoted while it still imports
     parser = argparse.ArgumentParser(prog="python -m actors.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--host", required=True, help="address of the gRPC host, e.g. 127.0.0.1:50051")
     parser.add_argument("--roles", required=True, help="comma-separated roles, e.g. tester or planner,coder")

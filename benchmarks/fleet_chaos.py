@@ -1,5 +1,6 @@
 """Chaos on a local fleet: jobs worked through while a seeded killer SIGKILLs daemons, tester workers and
-the Chroma server, restarting each; then the same number of jobs without kills, side by side.
+the Chroma server, each replaced (daemons and workers by their supervisors, from warm spares); then the
+same number of jobs without kills, side by side.
 
     python benchmarks/fleet_chaos.py --jobs 20 --kills 30 --json chaos.json
 
@@ -122,33 +123,30 @@ def _audit(store_url: str, ids: list[str]) -> dict[str, Any]:
 
 
 class Killer:
-    """SIGKILLs a seeded random daemon, tester worker or the Chroma server every ``every_s`` seconds and
-    starts the daemon or Chroma server again (the supervisor restarts the worker itself)."""
+    """SIGKILLs a seeded random serving daemon, serving tester worker or the Chroma server every ``every_s``
+    seconds and starts the Chroma server again (the supervisors replace daemons and workers themselves, from
+    their warm spares when they have one)."""
 
-    def __init__(self, state: fleet.FleetState, seed: int, kills: int, every_s: float, lease_s: float,
-                 concurrency: int) -> None:
-        self.state, self.rng, self.left, self.every_s, self.lease_s = state, random.Random(seed), kills, every_s, lease_s
-        self.concurrency = concurrency
+    def __init__(self, state: fleet.FleetState, seed: int, kills: int, every_s: float) -> None:
+        self.state, self.rng, self.left, self.every_s = state, random.Random(seed), kills, every_s
         self.next_at = time.monotonic() + every_s
         self.done: Counter[str] = Counter()
+
+    def _serving(self, name: str) -> list[int]:
+        """Pids serving a slot of supervisor ``name``: an idle spare on standby would be a kill that costs nothing."""
+        supervisor = next((p for p in self.state.procs if p.name == name), None)
+        return [pid for pid in fleet.serving_workers(supervisor).values() if fleet.alive(pid)] if supervisor else []
 
     def tick(self) -> None:
         if self.left <= 0 or time.monotonic() < self.next_at:
             return
         self.next_at = time.monotonic() + self.every_s
         procs = self.state.procs
-        daemons = [p for p in procs if p.name.startswith("daemon-")]
-        supervisor = next((p for p in procs if p.name == "testers"), None)
-        # Only workers serving a slot: an idle spare on standby would be a kill that costs nothing.
-        workers = [pid for pid in fleet.serving_workers(supervisor).values() if fleet.alive(pid)] if supervisor else []
+        daemons, workers = self._serving("daemons"), self._serving("testers")
         kinds = ["daemon"] * bool(daemons) + ["worker"] * bool(workers) + ["chroma"]
         kind = self.rng.choice(kinds)
         if kind == "daemon":
-            victim = self.rng.choice(daemons)
-            os.killpg(victim.pid, signal.SIGKILL)
-            index = int(victim.name.split("-")[1])
-            procs[procs.index(victim)] = fleet.start_daemon(self.state, index, lease_s=self.lease_s,
-                                                            concurrency=self.concurrency, testers=supervisor is not None)
+            os.killpg(self.rng.choice(daemons), signal.SIGKILL)
         elif kind == "worker":
             os.killpg(self.rng.choice(workers), signal.SIGKILL)
         else:
@@ -170,8 +168,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     os.environ["MAXKERNEL_EVAL_CORRECTNESS_SEEDS"] = str(args.seeds)
     began = time.monotonic()
     state = fleet.up(root, daemons=args.daemons, testers=args.testers, concurrency=args.concurrency,
-                     spares=args.spares)
-    lease_s = 10.0
+                     spares=args.spares, daemon_spares=args.daemon_spares)
     try:
         hard_end = began + args.deadline
         fleet.wait_ready(state, testers=args.testers, spares=args.spares if args.testers else 0,
@@ -180,7 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         warm_ids = _submit(state.store_url, args.warmup, args.seed + 2, args.evals, args.job_seconds)
         _wait_done(state.store_url, warm_ids, hard_end)
         # With kills, then without: each phase's jobs are its own, and what memory learns favours the second.
-        killer = Killer(state, args.seed, args.kills, args.every, lease_s, args.concurrency)
+        killer = Killer(state, args.seed, args.kills, args.every)
         chaos_ids = _submit(state.store_url, args.jobs, args.seed + 1, args.evals, args.job_seconds)
         start = time.monotonic()
         calm_reserve = max(90.0, 0.25 * (hard_end - start))
@@ -225,6 +222,8 @@ def main() -> int:
     parser.add_argument("--daemons", type=int, default=2)
     parser.add_argument("--testers", type=int, default=3)
     parser.add_argument("--spares", type=int, default=1, help="standby tester workers kept warm by the supervisor")
+    parser.add_argument("--daemon-spares", type=int, default=1, help="standby daemons kept warm by the daemons' "
+                        "supervisor, each taking a killed daemon's place at once")
     parser.add_argument("--concurrency", type=int, default=2, help="jobs each daemon runs at once")
     parser.add_argument("--timing-rounds", type=int, default=3, help="timing rounds of each evaluation")
     parser.add_argument("--seeds", type=int, default=1, help="correctness input sets of each evaluation")
@@ -236,8 +235,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2, help="jobs run first and not counted")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if min(args.jobs, args.daemons, args.concurrency) < 1 or min(args.kills, args.spares) < 0:
-        parser.error("--jobs, --daemons and --concurrency must be at least 1, --kills and --spares at least 0")
+    if min(args.jobs, args.daemons, args.concurrency) < 1 or min(args.kills, args.spares, args.daemon_spares) < 0:
+        parser.error("--jobs, --daemons and --concurrency must be at least 1, --kills, --spares and --daemon-spares "
+                     "at least 0")
     # A run stopped with SIGTERM (or Ctrl-C) takes its fleet down with it: SystemExit unwinds through run()'s
     # `finally`, which stops every process it started.
     signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))

@@ -11,6 +11,14 @@ jobs are cancelled and queued again, the HTTP API closes, the state file goes). 
 the jobs' evaluations go through that gRPC host to the fleet's tester workers
 (``orchestrators.fleet_tester``) instead of this process's evaluator. ``python -m orchestrators.daemon``
 is the process ``maxkernel daemon start`` spawns.
+
+With ``--standby`` a daemon is a warm spare: it imports everything, opens the store and the memory, connects
+to the testers' host (or starts its own evaluator's sandbox), initialises JAX, serves its status API, prints
+``standby`` and claims nothing until it is sent SIGUSR1; it then prints ``ready daemon`` and works like any
+other. ``--supervise --count N --spares S`` keeps N daemons and S such spares alive (``actors.supervisor``),
+each in a data folder of its own under ``<data dir>/daemons/``: a daemon that dies is replaced at once by a
+spare, and a new spare is started behind it; the dead daemon's jobs are taken over as always (its leases
+ended as soon as its death is seen on this host).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import structlog
 from pydantic import BaseModel
 
 from actors.services import Services
+from actors.standby import arm, promoted_or_stopped
 from maxkernel.config import Settings, load_settings
 from maxkernel.messages import new_id
 from maxkernel.runtime import TESTER
@@ -53,6 +62,7 @@ class DaemonState(BaseModel):
     port: int
     concurrency: int
     started_at: datetime
+    standby: bool = False  # a warm spare that claims nothing until promoted
 
 
 def state_path(settings: Settings) -> Path:
@@ -77,8 +87,10 @@ def read_state(settings: Settings) -> DaemonState | None:
 
 class Daemon:
     def __init__(self, settings: Settings, *, concurrency: int = 2, port: int = 0, poll_s: float = 0.5,
-                 lease_s: float = DEFAULT_LEASE_S, testers: str | None = None, bind: str = "127.0.0.1") -> None:
+                 lease_s: float = DEFAULT_LEASE_S, testers: str | None = None, bind: str = "127.0.0.1",
+                 standby: bool = False) -> None:
         self.settings, self.concurrency, self.port, self.poll_s = settings, concurrency, port, poll_s
+        self.standby = standby
         self.bind = bind
         self.link = FleetLink(testers, token=settings.token) if testers else None
         self.lease_s, self._renewed_at, self._looked_for_dead_at = lease_s, 0.0, 0.0
@@ -108,6 +120,7 @@ class Daemon:
 
     def status(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "concurrency": self.concurrency, "running": sorted(self.running),
+                "standby": self.standby,
                 "testers": self.link.address if self.link is not None else "local",
                 "sent_to_testers": self.link.sent if self.link is not None else 0,
                 "peak_running": self.peak_running, "finished": self.finished, "jobs": self.queue.counts(),
@@ -221,11 +234,34 @@ class Daemon:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def warm_up(self, services: Services) -> None:
+        """What a daemon's first job would otherwise wait for: the rules brain's modules, the memory (the Chroma
+        server's connection), the evaluator's sandbox when the daemon judges its own jobs, and JAX's backend
+        and compiler."""
+        import importlib
+
+        import jax
+        import jax.numpy as jnp
+
+        importlib.import_module("actors.brains.rules")
+        opened = services.memory  # the Chroma server's connection (waited for while it restarts)
+        log.debug("daemon.memory_opened", memory=type(opened).__name__)
+        if self.link is None:
+            pool = services.evaluator.pool
+            pool.release(pool.acquire())
+        jax.jit(lambda x: x * 2 + 1)(jnp.ones(8)).block_until_ready()
+
+    def _write_state(self, path: Path, port: int) -> None:
+        state = DaemonState(pid=os.getpid(), port=port, concurrency=self.concurrency, started_at=self.started_at,
+                            standby=self.standby)
+        path.write_text(state.model_dump_json())
+
     async def serve(self) -> None:
         services = self.services("rules")
         self.queue = JobQueue(services.store.engine)
         self.claims = Claimer(self.queue, lease_s=self.lease_s)
-        await asyncio.to_thread(self.claims.expire_dead_here)
+        if not self.standby:
+            await asyncio.to_thread(self.claims.expire_dead_here)
         from orchestrators.dashboard import Dashboard
 
         api = ApiServer(self.queue, self.status, self.port, pages=Dashboard(self.queue, services.store),
@@ -237,14 +273,23 @@ class Daemon:
                 api.httpd.server_close()
                 raise
         api.start()
-        state = DaemonState(pid=os.getpid(), port=api.port, concurrency=self.concurrency, started_at=self.started_at)
         path = state_path(self.settings)
-        path.write_text(state.model_dump_json())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
-        log.info("daemon.started", pid=state.pid, port=state.port, concurrency=self.concurrency)
         try:
+            if self.standby:
+                await asyncio.to_thread(self.warm_up, services)
+                self._write_state(path, api.port)
+                print("standby", flush=True)
+                log.info("daemon.standby", pid=os.getpid(), port=api.port)
+                if not await promoted_or_stopped(stop=self._stop):
+                    return
+                self.standby = False
+                await asyncio.to_thread(self.claims.expire_dead_here)  # the dead daemon's jobs, before queued ones
+            self._write_state(path, api.port)
+            print("ready daemon", flush=True)
+            log.info("daemon.started", pid=os.getpid(), port=api.port, concurrency=self.concurrency)
             while not self._stop.is_set():
                 await self._keep_leases()
                 await self._look_for_dead()
@@ -279,6 +324,7 @@ class Daemon:
 
 
 def main(argv: list[str] | None = None) -> int:
+    arm()  # first of all: a spare may be promoted while it still imports
     parser = argparse.ArgumentParser(prog="python -m orchestrators.daemon")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--port", type=int, default=0)
@@ -286,21 +332,55 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease", type=float, default=DEFAULT_LEASE_S)
     parser.add_argument("--testers", help="gRPC host of the fleet's tester workers (default: judge in this process)")
     parser.add_argument("--bind", default="127.0.0.1", help="address of the HTTP API (beyond loopback: needs a token)")
+    parser.add_argument("--standby", action="store_true", help="get ready, then claim jobs only when sent SIGUSR1")
+    parser.add_argument("--supervise", action="store_true",
+                        help="keep --count daemons alive (each in <data dir>/daemons/<n>), replacing any that dies")
+    parser.add_argument("--count", type=int, help="daemons kept alive under --supervise (default 1)")
+    parser.add_argument("--spares", type=int, help="standby daemons kept warm under --supervise, each taking a "
+                                                   "dead daemon's place at once (default 0)")
     args = parser.parse_args(argv)
+    if not args.supervise and (args.count is not None or args.spares is not None):
+        parser.error("--count and --spares only with --supervise")
+    if args.supervise and (args.standby or args.port):
+        parser.error("--standby and --port not with --supervise (its spares stand by; each daemon takes a free port)")
+    args.count, args.spares = (1 if args.count is None else args.count), (0 if args.spares is None else args.spares)
+    if args.count < 1 or args.spares < 0 or args.concurrency < 1:
+        parser.error("--count and --concurrency must be at least 1, --spares at least 0")
     from maxkernel.logging import configure
 
     configure(os.environ.get("MAXKERNEL_LOG_LEVEL", "info"))
     settings = load_settings()
+    if args.supervise:
+        return supervise(settings, args)
     if read_state(settings) is not None:
         print(f"error: a daemon is already running for {settings.data_path}", file=sys.stderr)
         return 2
     try:
         asyncio.run(Daemon(settings, concurrency=args.concurrency, port=args.port, poll_s=args.poll,
-                           lease_s=args.lease, testers=args.testers, bind=args.bind).serve())
+                           lease_s=args.lease, testers=args.testers, bind=args.bind, standby=args.standby).serve())
     except (BindRefused, FleetUnreachable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def supervise(settings: Settings, args: argparse.Namespace) -> int:
+    """Keep ``args.count`` daemons and ``args.spares`` standby daemons alive, each process in a fresh data folder
+    ``<data dir>/daemons/<n>`` (a daemon's state file and layer outputs are its own; the store is shared)."""
+    from actors.supervisor import Supervisor
+
+    base = settings.data_path / "daemons"
+
+    def data_dir(n: int) -> dict[str, str]:
+        folder = base / str(n)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / STATE_FILE).unlink(missing_ok=True)
+        return {"MAXKERNEL_DATA_DIR": str(folder)}
+
+    daemon_args = ["--concurrency", str(args.concurrency), "--poll", str(args.poll), "--lease", str(args.lease),
+                   "--bind", args.bind, *(["--testers", args.testers] if args.testers else [])]
+    return Supervisor(daemon_args, args.count, spares=args.spares, module="orchestrators.daemon",
+                      env_for=data_dir).run()
 
 
 def spawn(settings: Settings, *, concurrency: int = 2, port: int = 0, wait_s: float = 120.0) -> DaemonState:

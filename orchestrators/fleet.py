@@ -2,14 +2,16 @@
 
 One folder holds everything (the PostgreSQL cluster goes to a folder of its own in /tmp when run as root,
 since the server then runs as ``postgres``): a PostgreSQL cluster (the system's binaries), a Chroma server, the gRPC host,
-N daemons (each with its own data folder, all on the one store and Chroma server) and a supervisor that
-keeps M tester workers alive; the daemons' jobs are judged by those workers through the host. ``fleet.json``
-in that folder lists every process, so ``status`` and ``down`` work from any shell; every server binds
-127.0.0.1.
+a supervisor that keeps N daemons alive with warm standby daemons beside them (each daemon process with its
+own data folder under ``daemons/``, all on the one store and Chroma server) and a supervisor that keeps M
+tester workers alive with their warm spares; the daemons' jobs are judged by those workers through the host.
+``fleet.json`` in that folder lists every process it started, so ``status`` and ``down`` work from any shell;
+every server binds 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,6 +32,8 @@ log = structlog.get_logger("orchestrators.fleet")
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE = "fleet.json"
+LEASE_S = 10.0  # the daemons' job leases; a daemon of this host that dies has its leases ended within a second
+DAEMON_STATE = "daemon.json"  # what each daemon writes in its data folder (``orchestrators.daemon.STATE_FILE``)
 
 
 class FleetError(RuntimeError):
@@ -42,6 +46,8 @@ class Proc(BaseModel):
     log: str
     port: int | None = None
     data_dir: str | None = None
+    count: int | None = None  # a supervisor's: the processes it keeps serving
+    spares: int | None = None  # and the warm spares it keeps beside them
 
 
 class FleetState(BaseModel):
@@ -83,11 +89,16 @@ def alive(pid: int) -> bool:
 
 
 def _spawn(name: str, args: list[str], root: Path, env: dict[str, str] | None = None, user: str | None = None,
-           **extra: Any) -> Proc:
+           *, own_stderr: bool = False, **extra: Any) -> Proc:
+    """Start ``args`` with its output in ``logs/<name>.log``; with ``own_stderr`` (a supervisor, whose stdout
+    lines are read back) its stderr, and so its children's logs, goes to ``logs/<name>.stderr.log`` instead,
+    so that no log line ever splits one of those lines."""
     log_path = root / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(ROOT),
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(log_path.open("ab"))
+        err = files.enter_context(log_path.with_suffix(".stderr.log").open("ab")) if own_stderr else subprocess.STDOUT
+        proc = subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=str(ROOT),
                                 env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, start_new_session=True,
                                 user=user)
     return Proc(name=name, pid=proc.pid, log=str(log_path), **extra)
@@ -176,22 +187,19 @@ def start_host(root: Path) -> Proc:
     return proc
 
 
-def daemon_env(state: FleetState, data_dir: Path) -> dict[str, str]:
-    return {"MAXKERNEL_DATA_DIR": str(data_dir), "MAXKERNEL_STORE_URL": state.store_url,
-            "MAXKERNEL_CHROMA_URL": state.chroma_url}
-
-
-def start_daemon(state: FleetState, index: int, *, concurrency: int = 1, lease_s: float = 10.0,
-                 extra_env: dict[str, str] | None = None, testers: bool = True) -> Proc:
-    """Daemon ``index`` on the fleet's store and Chroma; with ``testers`` its jobs are judged by the fleet's
-    tester workers through the host, else by its own evaluator."""
+def start_daemons(state: FleetState, count: int, spares: int = 1, *, concurrency: int = 1, lease_s: float = LEASE_S,
+                  testers: bool = True) -> Proc:
+    """The supervisor of ``count`` daemons on the fleet's store and Chroma, with ``spares`` warm standby daemons
+    to replace a dead one (each daemon process in a data folder of its own under ``<root>/daemons``); with
+    ``testers`` their jobs are judged by the fleet's tester workers through the host, else each in its own
+    evaluator."""
     root = Path(state.root)
-    data_dir = root / f"daemon-{index}"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / "daemon.json").unlink(missing_ok=True)
-    return _spawn(f"daemon-{index}", [sys.executable, "-m", "orchestrators.daemon", "--concurrency", str(concurrency),
-                                      "--lease", str(lease_s), *(["--testers", state.host] if testers else [])], root,
-                  env={**daemon_env(state, data_dir), **(extra_env or {})}, data_dir=str(data_dir))
+    return _spawn("daemons", [sys.executable, "-m", "orchestrators.daemon", "--supervise", "--count", str(count),
+                              "--spares", str(spares), "--concurrency", str(concurrency), "--lease", str(lease_s),
+                              *(["--testers", state.host] if testers else [])], root,
+                  env={"MAXKERNEL_DATA_DIR": str(root), "MAXKERNEL_STORE_URL": state.store_url,
+                       "MAXKERNEL_CHROMA_URL": state.chroma_url}, data_dir=str(root / "daemons"),
+                  own_stderr=True, count=count, spares=spares)
 
 
 def start_testers(state: FleetState, count: int, spares: int = 1) -> Proc:
@@ -199,11 +207,14 @@ def start_testers(state: FleetState, count: int, spares: int = 1) -> Proc:
     root = Path(state.root)
     return _spawn("testers", [sys.executable, "-m", "actors.worker", "--supervise", "--count", str(count),
                               "--spares", str(spares), "--host", state.host, "--roles", "tester"], root,
-                  env={"MAXKERNEL_STORE_URL": state.store_url, "MAXKERNEL_CHROMA_URL": state.chroma_url})
+                  env={"MAXKERNEL_STORE_URL": state.store_url, "MAXKERNEL_CHROMA_URL": state.chroma_url},
+                  own_stderr=True, count=count, spares=spares)
 
 
-def up(root: Path, *, daemons: int = 2, testers: int = 2, concurrency: int = 1, spares: int = 1) -> FleetState:
-    """Start a fleet in ``root`` (refused when one runs there already)."""
+def up(root: Path, *, daemons: int = 2, testers: int = 2, concurrency: int = 1, spares: int = 1,
+       daemon_spares: int = 1) -> FleetState:
+    """Start a fleet in ``root`` (refused when one runs there already); ``spares`` warm tester workers and
+    ``daemon_spares`` warm standby daemons wait beside the serving ones."""
     if read(root) is not None:
         raise FleetError(f"a fleet is already running in {root} (maxkernel fleet down first)")
     root.mkdir(parents=True, exist_ok=True)
@@ -220,8 +231,8 @@ def up(root: Path, *, daemons: int = 2, testers: int = 2, concurrency: int = 1, 
         from memory import Store
 
         Store.open(store_url).close()  # migrate once, before the daemons race to
-        for i in range(daemons):
-            started.append(start_daemon(state, i, concurrency=concurrency, testers=testers > 0))
+        if daemons:
+            started.append(start_daemons(state, daemons, daemon_spares, concurrency=concurrency, testers=testers > 0))
         if testers:
             started.append(start_testers(state, testers, spares))
         state.procs = started
@@ -275,7 +286,8 @@ def down(root: Path) -> list[Proc]:
 
 
 def status(root: Path) -> list[dict[str, Any]]:
-    """Every process of the fleet: alive or not, and for a daemon the jobs it is running."""
+    """Every process of the fleet: alive or not; under the daemons' supervisor, each live daemon (serving a
+    slot, or a warm standby) and the jobs it is running."""
     state = read(root)
     if state is None:
         raise FleetError(f"no fleet is running in {root}")
@@ -283,22 +295,22 @@ def status(root: Path) -> list[dict[str, Any]]:
     for proc in state.procs:
         row: dict[str, Any] = {"name": proc.name, "pid": proc.pid, "alive": alive(proc.pid), "port": proc.port,
                                "doing": ""}
-        if proc.name.startswith("daemon-") and proc.data_dir and row["alive"]:
-            row["doing"] = _daemon_doing(Path(proc.data_dir))
-        elif proc.name == "chroma":
+        if proc.name == "chroma":
             row["doing"] = state.chroma_url
         elif proc.name == "postgres":
             row["doing"] = state.store_url
         elif proc.name == "host":
             row["doing"] = state.host
-        elif proc.name == "testers" and row["alive"]:
-            row["doing"] = _testers_doing(proc)
+        elif proc.name in ("testers", "daemons") and row["alive"]:
+            row["doing"] = _supervised_doing(proc)
         rows.append(row)
+        if proc.name == "daemons" and row["alive"]:
+            rows.extend(_daemon_rows(proc))
     return rows
 
 
-def _testers_doing(supervisor: Proc) -> str:
-    """How many workers serve, how many spares wait on standby and how many took a dead one's place."""
+def _supervised_doing(supervisor: Proc) -> str:
+    """How many processes serve, how many spares wait on standby and how many took a dead one's place."""
     lines = Path(supervisor.log).read_text(errors="replace").splitlines()
     serving = sum(1 for pid in serving_workers(supervisor).values() if alive(pid))
     promoted = {line.split()[2] for line in lines if line.startswith("promoted ")}
@@ -307,17 +319,43 @@ def _testers_doing(supervisor: Proc) -> str:
     return f"{serving} serving, {spares} on standby, {len(promoted)} spares promoted"
 
 
+def live_daemons(supervisor: Proc) -> dict[int, tuple[Path, int | None]]:
+    """Pid -> (data folder, API port) of each live daemon under the daemons' supervisor, serving or on standby
+    (from the state file each writes once it is warm)."""
+    found: dict[int, tuple[Path, int | None]] = {}
+    for path in Path(supervisor.data_dir or "").glob(f"*/{DAEMON_STATE}"):
+        try:
+            state = json.loads(path.read_text())
+            pid = int(state["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if alive(pid):
+            found[pid] = (path.parent, state.get("port"))
+    return found
+
+
+def _daemon_rows(supervisor: Proc) -> list[dict[str, Any]]:
+    slot_of = {pid: slot for slot, pid in serving_workers(supervisor).items()}
+    rows = []
+    for pid, (data_dir, port) in sorted(live_daemons(supervisor).items(), key=lambda kv: (kv[0] not in slot_of, kv[0])):
+        name = f"daemon-{slot_of[pid]}" if pid in slot_of else "daemon-standby"
+        rows.append({"name": name, "pid": pid, "alive": True, "port": port, "doing": _daemon_doing(data_dir)})
+    return rows
+
+
 def _daemon_doing(data_dir: Path) -> str:
     from maxkernel.config import load_settings
     from orchestrators.httpapi import auth_headers
 
     try:
-        port = json.loads((data_dir / "daemon.json").read_text())["port"]
+        port = json.loads((data_dir / DAEMON_STATE).read_text())["port"]
         probe = urllib.request.Request(f"http://127.0.0.1:{port}/status", headers=auth_headers(load_settings().token))
         with urllib.request.urlopen(probe, timeout=3) as response:
             info = json.loads(response.read())
     except (OSError, ValueError, KeyError):
         return "starting"
+    if info.get("standby"):
+        return "standby (warm, claims nothing until promoted)"
     running = info.get("running") or []
     sent = f", {info.get('sent_to_testers', 0)} sent to testers"
     return (f"running {', '.join(j[:8] for j in running)}" if running else f"idle ({info.get('finished', 0)} finished)") + sent
@@ -363,7 +401,8 @@ def memory_audit(store_url: str, chroma_url: str) -> MemoryAudit:
 
 
 def serving_workers(supervisor: Proc) -> dict[int, int]:
-    """Slot -> pid of the worker serving it now, from the supervisor's log (spares on standby left out)."""
+    """Slot -> pid of the worker (or daemon) serving it now, from its supervisor's log (spares on standby
+    left out)."""
     slots: dict[int, int] = {}
     for line in Path(supervisor.log).read_text(errors="replace").splitlines():
         word = line.split()
@@ -372,25 +411,24 @@ def serving_workers(supervisor: Proc) -> dict[int, int]:
     return slots
 
 
+def _supervised_ready(supervisor: Proc, count: int, spares: int) -> bool:
+    """Whether ``count`` slots of ``supervisor`` have said they serve and ``spares`` spares are on standby."""
+    seen = Path(supervisor.log).read_text(errors="replace").splitlines()
+    standby = sum(1 for line in seen if line.startswith("standby "))
+    return len({line.split()[1] for line in seen if line.startswith("ready ")}) >= count and standby >= spares
+
+
 def wait_ready(state: FleetState, *, testers: int, spares: int = 0, timeout_s: float = 180.0) -> None:
-    """Wait until every daemon serves its API, ``testers`` tester workers have said they are ready and
-    ``spares`` spares are on standby."""
+    """Wait until every daemon serves and its standby daemons are warm, ``testers`` tester workers have said
+    they are ready and ``spares`` spares are on standby."""
     deadline = time.monotonic() + timeout_s
-    daemons = [p for p in state.procs if p.name.startswith("daemon-") and p.data_dir]
+    daemons = next((p for p in state.procs if p.name == "daemons"), None)
     supervisor = next((p for p in state.procs if p.name == "testers"), None)
 
     def ready() -> bool:
-        for proc in daemons:
-            try:
-                if json.loads((Path(proc.data_dir or "") / "daemon.json").read_text()).get("pid") != proc.pid:
-                    return False
-            except (OSError, ValueError, AttributeError):
-                return False
-        if supervisor is None or not testers:
-            return True
-        seen = Path(supervisor.log).read_text(errors="replace").splitlines()
-        standby = sum(1 for line in seen if line.startswith("standby "))
-        return len({line.split()[1] for line in seen if line.startswith("ready ")}) >= testers and standby >= spares
+        if daemons is not None and not _supervised_ready(daemons, daemons.count or 0, daemons.spares or 0):
+            return False
+        return supervisor is None or not testers or _supervised_ready(supervisor, testers, spares)
 
     while not ready():
         dead = [p.name for p in state.procs if not alive(p.pid)]

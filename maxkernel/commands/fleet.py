@@ -18,16 +18,19 @@ def fleet_command(
                                         "(0: each daemon judges its own)"),
     concurrency: int = typer.Option(1, help="jobs each daemon runs at once"),
     spares: int = typer.Option(1, help="standby tester workers kept warm, each taking a dead tester's place at once"),
+    daemon_spares: int = typer.Option(1, help="standby daemons kept warm (imported, store and memory open), each "
+                                              "taking a dead daemon's place at once"),
     dir: Optional[Path] = typer.Option(None, "--dir", help="the fleet's folder (default: <data dir>/fleet)"),
 ) -> None:
     """Start, stop or inspect a fleet on 127.0.0.1; its jobs are submitted with MAXKERNEL_STORE_URL set to
     the URL that `up` prints."""
     from maxkernel.cli import guarded
 
-    guarded(_fleet)(action, daemons, testers, concurrency, spares, dir)
+    guarded(_fleet)(action, daemons, testers, concurrency, spares, daemon_spares, dir)
 
 
-def _fleet(action: str, daemons: int, testers: int, concurrency: int, spares: int, folder: Path | None) -> None:
+def _fleet(action: str, daemons: int, testers: int, concurrency: int, spares: int, daemon_spares: int,
+           folder: Path | None) -> None:
     from maxkernel.cli import UserError
     from maxkernel.config import load_settings
     from orchestrators import fleet
@@ -36,9 +39,11 @@ def _fleet(action: str, daemons: int, testers: int, concurrency: int, spares: in
     console = Console()
     try:
         if action == "up":
-            if daemons < 0 or testers < 0 or spares < 0 or concurrency < 1:
-                raise UserError("--daemons, --testers and --spares must be at least 0, --concurrency at least 1")
-            state = fleet.up(root, daemons=daemons, testers=testers, concurrency=concurrency, spares=spares)
+            if min(daemons, testers, spares, daemon_spares) < 0 or concurrency < 1:
+                raise UserError("--daemons, --testers, --spares and --daemon-spares must be at least 0, "
+                                "--concurrency at least 1")
+            state = fleet.up(root, daemons=daemons, testers=testers, concurrency=concurrency, spares=spares,
+                             daemon_spares=daemon_spares)
             console.print(f"fleet up in {root}: {len(state.procs)} processes", highlight=False)
             console.print(f"MAXKERNEL_STORE_URL={state.store_url}", highlight=False)
             console.print(f"MAXKERNEL_CHROMA_URL={state.chroma_url}", highlight=False)

@@ -1,4 +1,5 @@
-"""``maxkernel fleet up|status|down`` on loopback: every process listed and alive, then all gone."""
+"""``maxkernel fleet up|status|down`` on loopback: every process listed and alive (the standby daemon and the
+spare tester among them), then all gone."""
 
 from __future__ import annotations
 
@@ -18,22 +19,24 @@ def test_fleet_up_status_down(tmp_path: Path) -> None:
         assert up.exit_code == 0, up.output
         state = fleet.read(root)
         assert state is not None and state.store_url in up.output
-        assert [p.name for p in state.procs] == ["postgres", "chroma", "host", "daemon-0", "testers"]
+        assert [p.name for p in state.procs] == ["postgres", "chroma", "host", "daemons", "testers"]
         assert state.host.startswith("127.0.0.1:")
         assert state.chroma_url.startswith("http://127.0.0.1:")
 
         again = runner.invoke(app, ["fleet", "up", "--dir", str(root)])
         assert again.exit_code == 2 and "already running" in again.output
 
+        fleet.wait_ready(state, testers=1, spares=1)  # the daemon serving and its standby warm, the same for testers
         rows = fleet.status(root)
-        assert [r["name"] for r in rows] == [p.name for p in state.procs] and all(r["alive"] for r in rows)
+        assert [r["name"] for r in rows] == ["postgres", "chroma", "host", "daemons", "daemon-0", "daemon-standby",
+                                             "testers"] and all(r["alive"] for r in rows)
+        doing = {r["name"]: r["doing"] for r in rows}
+        assert doing["daemons"] == doing["testers"] == "1 serving, 1 on standby, 0 spares promoted"
+        assert doing["daemon-standby"].startswith("standby") and doing["daemon-0"].startswith("idle")
         shown = runner.invoke(app, ["fleet", "status", "--dir", str(root)])
-        assert shown.exit_code == 0 and "daemon-0" in shown.output and "testers" in shown.output
-        supervisor = next(p for p in state.procs if p.name == "testers")
-        fleet.wait_ready(state, testers=1, spares=1)
-        assert next(r for r in fleet.status(root) if r["name"] == "testers")["doing"] == (
-            "1 serving, 1 on standby, 0 spares promoted")
-        assert len(fleet.serving_workers(supervisor)) == 1
+        assert shown.exit_code == 0 and "daemon-standby" in shown.output and "testers" in shown.output
+        for name in ("daemons", "testers"):
+            assert len(fleet.serving_workers(next(p for p in state.procs if p.name == name))) == 1
 
         down = runner.invoke(app, ["fleet", "down", "--dir", str(root)])
         assert down.exit_code == 0 and "stopped 5 processes" in down.output
