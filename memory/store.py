@@ -122,6 +122,10 @@ _KERNEL_JOIN = (
 )
 
 
+# Arbitrary constant: the PostgreSQL advisory lock that writers of kernels take in turn ("MKKRN").
+KERNEL_WRITES_LOCK = 0x4D4B4B524E
+
+
 class StoreTx:
     """The writes of one transaction; obtained from ``Store.write()``, committed when it ends."""
 
@@ -230,6 +234,11 @@ class StoreTx:
         """
         if not entries:
             return []
+        if self.session.get_bind().dialect.name == "postgresql":
+            # Writers of kernels take turns (as SQLite's BEGIN IMMEDIATE makes every writer do): two
+            # daemons remembering the same kernel would otherwise both miss it below and the second
+            # insert would fail on the (code, task, target) key instead of finding the first.
+            self.session.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": KERNEL_WRITES_LOCK})
         shas = [code_sha(e.code) for e in entries]
         existing: dict[tuple[str, str, str], str] = {}
         known_ids: set[str] = set()

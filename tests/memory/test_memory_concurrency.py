@@ -68,3 +68,32 @@ def test_switching_to_wal_waits_for_a_lock_sqlite_reports_at_once(tmp_path: Path
     assert cursor.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     holder.close()
     mine.close()
+
+
+def test_two_writers_remembering_one_kernel_at_once_store_it_once(store_url: str) -> None:
+    """The second writer waits for the first and finds its kernel, instead of failing on the unique key
+    (a fleet's two daemons finishing the same task with the same code)."""
+    from jaxbench.report import EvalReport
+    from memory.models import NewKernel
+
+    code = "def kernel(x):\n    return x * 2\n"
+    report = EvalReport(task="t_same", status="ok", correct=True, speedup=1.5, basis="measured")
+    with Store.open(store_url) as first, Store.open(store_url) as second:
+        got: list[object] = []
+
+        def rival() -> None:
+            try:
+                with second.write("remembering kernels") as tx:
+                    got.append(tx.add_kernels([NewKernel(task_id="t_same", code=code, report=report)]))
+            except Exception as exc:  # the failure this test is about: kept to be asserted on
+                got.append(exc)
+
+        with first.write("remembering kernels") as tx:
+            (kid, new), = tx.add_kernels([NewKernel(task_id="t_same", code=code, report=report)])
+            thread = threading.Thread(target=rival)
+            thread.start()
+            thread.join(timeout=1.0)  # the rival runs while this transaction holds its insert uncommitted
+        thread.join(timeout=60)
+        assert new and not thread.is_alive()
+        assert got == [[(kid, False)]], got
+        assert first.stats().kernels == 1
