@@ -124,6 +124,7 @@ def test_paged_indices_are_pipelined_one_level_up() -> None:
 
 
 def test_mosaic_blocks_take_max_concurrent_steps_buffers_up_to_the_sequential_steps() -> None:
+    pytest.importorskip("absl", reason='Pallas\' Mosaic GPU module needs absl-py: pip install -e ".[gpu]"')
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     def body(x_ref: Any, o_ref: Any) -> None:
