@@ -98,13 +98,15 @@ def shared_function(programs: dict[str, Program], name: str, doc: str) -> tuple[
     return shared, own
 
 
-def sized_function(programs: dict[str, Program], name: str, doc: str,
-                   statics: dict[str, dict[str, int]]) -> tuple[str, dict[str, str], list[str]]:
-    """Like :func:`shared_function`, with the dimensions no argument names written as the layer's size
-    parameters ``statics`` (per size) where one expression of them fits every size (:mod:`.sized`); the
-    shared function takes the parameters it reads as keywords (the third item). A size's own function is
-    written with its extents."""
-    choices = choose({size: record(program) for size, program in programs.items()}, statics)
+def sized_function(programs: dict[str, Program], name: str, doc: str, statics: dict[str, dict[str, int]],
+                   probes: dict[str, tuple[Program, dict[str, int]]] | None = None) -> tuple[str, dict[str, str], list[str]]:
+    """Like :func:`shared_function`, with every extent written from the input axis or the layer's size
+    parameters (``statics``, per size) that give it at every size, the ``probes`` (programs and statics at
+    sizes traced only to tell coincidences apart) included (:mod:`.sized`); the shared function takes the
+    parameters it reads as keywords (the third item). A size whose code reads otherwise has its own."""
+    records = {size: record(program, statics[size]) for size, program in programs.items()}
+    evidence = {size: record(program, values) for size, (program, values) in (probes or {}).items()}
+    choices = choose(records, evidence)
     shared, used = emit_sized(programs["full"], name, doc, choices)
     own = {size: emit_function(program, f"{name}_{size}", f"{doc} ({size})") for size, program in programs.items()
            if size != "full" and emit_sized(program, name, doc, choices)[0] != shared}
@@ -113,9 +115,11 @@ def sized_function(programs: dict[str, Program], name: str, doc: str,
 
 def region_source(doc: str, layer_id: str, sizes: dict[str, dict[str, Any]], regions: dict[str, Program],
                   prefixes: dict[str, Program], layer_source: str,
-                  statics: dict[str, dict[str, int]] | None = None) -> str:
+                  statics: dict[str, dict[str, int]] | None = None,
+                  probes: dict[str, tuple[Program, dict[str, int]]] | None = None) -> str:
     """The region's ``reference.py``; ``layer_source`` is the layer's reference, whose names it carries
-    under the ``_layer_`` prefix; ``statics`` the layer's integer static arguments at each size."""
+    under the ``_layer_`` prefix; ``statics`` the layer's integer static arguments at each size; ``probes``
+    the region's program and statics at sizes traced only to choose how its extents are written."""
     found, layer_code = namespaced(layer_source, "_layer_")
     imports = ["import jax", "import jax.numpy as jnp", *found]
     parts = [_HEADER.format(doc=doc, layer=layer_id, imports="\n".join(dict.fromkeys(imports)))]
@@ -123,7 +127,7 @@ def region_source(doc: str, layer_id: str, sizes: dict[str, dict[str, Any]], reg
     parts.append("\n\n\n".join(layer_code) + "\n\n\n")
     statics = statics if statics is not None else {size: {} for size in sizes}
     inputs, own_inputs = shared_function(prefixes, "_inputs", "the layer's inputs -> this region's")
-    region, own_regions, used = sized_function(regions, "_region", "the region itself", statics)
+    region, own_regions, used = sized_function(regions, "_region", "the region itself", statics, probes)
     parts.append("\n\n".join([inputs, *own_inputs.values(), region, *own_regions.values()]) + "\n\n")
     prefix = ", ".join(f"{s!r}: _inputs_{s}" for s in own_inputs)
     table = ", ".join(f"{s!r}: _region_{s}" for s in own_regions)
