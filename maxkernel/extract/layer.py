@@ -286,7 +286,7 @@ def extract_task(task: Task | str | Path, out: Path, target: str = "cpu", timing
         description = (f"Region {index} ({span.kind}) of {task.id}: nodes {span.start}-{span.end} of its program, "
                        f"{len(cpu.inputs)} inputs, {len(cpu.outputs)} outputs; primitives {', '.join(prims)}.")
         source = region_source(f"Region {index} ({span.kind}) of {task.id}.", task.id, sizes, regions, prefixes,
-                               layer_source, statics, evidence)
+                               layer_source, statics, evidence, keywords=span.kind == "attention")
         folder = write_region_task(root / name, task_id=task_id, name=f"{task.spec.name}: {name}", kind=span.kind,
                                    description=description, dtype=str(cpu.outputs[0].dtype),
                                    tolerance=task.spec.tolerance.model_dump(), source=source,

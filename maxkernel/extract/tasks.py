@@ -85,6 +85,26 @@ def reference({params}):
     return _region({params}, **_statics_of({params}))
 '''
 
+_KEYWORD_FOOTER = '''
+
+_KEYWORDS = {keywords!r}
+
+
+def get_inputs(key, **size):
+    """The region's inputs and the layer's size parameters its code reads (an attention mask's window)."""
+    args, _ = _layer_get_inputs(key, **size)
+    name = _size_named(size)
+    values = next(dict(found) for known, found in _KEYWORDS if known == name)
+    return tuple(jax.jit({{{prefix}}}.get(name, _inputs))(*args)), values
+
+
+def reference({params}, *, {used}):
+    own = {{{region}}}.get(_size_of({params}))
+    if own is not None:
+        return own({params})
+    return _region({params}, {passed})
+'''
+
 
 def shared_function(programs: dict[str, Program], name: str, doc: str) -> tuple[str, dict[str, str]]:
     """(``name`` emitted from the ``full`` program, ``{size: its own function}`` for the sizes whose program
@@ -116,10 +136,12 @@ def sized_function(programs: dict[str, Program], name: str, doc: str, statics: d
 def region_source(doc: str, layer_id: str, sizes: dict[str, dict[str, Any]], regions: dict[str, Program],
                   prefixes: dict[str, Program], layer_source: str,
                   statics: dict[str, dict[str, int]] | None = None,
-                  probes: dict[str, tuple[Program, dict[str, int]]] | None = None) -> str:
+                  probes: dict[str, tuple[Program, dict[str, int]]] | None = None, keywords: bool = False) -> str:
     """The region's ``reference.py``; ``layer_source`` is the layer's reference, whose names it carries
     under the ``_layer_`` prefix; ``statics`` the layer's integer static arguments at each size; ``probes``
-    the region's program and statics at sizes traced only to choose how its extents are written."""
+    the region's program and statics at sizes traced only to choose how its extents are written.
+    ``keywords``: the size parameters the region's code reads are the task's static arguments (an attention
+    core's window, which a template must see to recover the mask), not looked up by the arguments' shapes."""
     found, layer_code = namespaced(layer_source, "_layer_")
     imports = ["import jax", "import jax.numpy as jnp", *found]
     parts = [_HEADER.format(doc=doc, layer=layer_id, imports="\n".join(dict.fromkeys(imports)))]
@@ -136,16 +158,27 @@ def region_source(doc: str, layer_id: str, sizes: dict[str, dict[str, Any]], reg
     known = tuple((size, tuple(values.items())) for size, values in sizes.items())
     bound = tuple((tuple(tuple(v.shape) for v in regions[size].inputs),
                    tuple((name, statics[size][name]) for name in used)) for size in sizes if size not in own_regions)
-    return "".join(parts).rstrip() + "\n" + _FOOTER.format(shapes=shapes, sizes=known, prefix=prefix, region=table,
-                                                           params=params, statics=bound, needs_statics=bool(used))
+    footer = _FOOTER.format(shapes=shapes, sizes=known, prefix=prefix, region=table, params=params, statics=bound,
+                            needs_statics=bool(used))
+    if keywords and used:
+        footer = footer[: footer.index("\n\ndef get_inputs(")] + _KEYWORD_FOOTER.format(
+            keywords=tuple((size, tuple((name, statics[size][name]) for name in used)) for size in sizes),
+            prefix=prefix, region=table, params=params, used=", ".join(used),
+            passed=", ".join(f"{name}={name}" for name in used))
+    return "".join(parts).rstrip() + "\n" + footer
+
+
+def keyword_names(source: str, function: str) -> list[str]:
+    """The keyword-only parameters of ``function`` in ``source`` (the layer's size parameters it reads)."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            return [a.arg for a in node.args.kwonlyargs]
+    return []
 
 
 def shared_statics(source: str) -> list[str]:
     """The size parameters a region reference's shared ``_region`` takes as keywords."""
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef) and node.name == "_region":
-            return [a.arg for a in node.args.kwonlyargs]
-    return []
+    return keyword_names(source, "_region")
 
 
 def parameter_names(program: Program) -> list[str]:
