@@ -1,6 +1,6 @@
 """Region code that runs at every size of the layer: each extent the emitted code writes (a shape's
-dimension, a slice bound, a float scalar such as RoPE's ``/ head_dim`` or the softmax scale
-``sqrt(head_dim)``) is written from what it really follows, an input's axis (``wo.shape[0]``, half of
+dimension, a slice bound, ``top_k``'s k, a scalar such as RoPE's ``/ head_dim``, the softmax scale
+``sqrt(head_dim)`` or a window) is written from what it really follows, an input's axis (``wo.shape[0]``, half of
 ``q_norm.shape[0]``) or the layer's integer size parameters (``heads``, ``heads // kv_heads``), chosen as the
 one expression that gives its value at every size the layer was traced at. Sizes only traced to tell
 coincidences apart (the ``cpu`` size with one parameter doubled: at ``cpu`` ``seq`` = ``hidden`` and
@@ -40,6 +40,13 @@ class SizedEmitter(Emitter):
 
     def __init__(self, program: Program, choices: list[Key | None] | None = None) -> None:
         super().__init__(program, size_names=True, rename_inputs=True)
+        for var in program.inputs:  # an axis of one here may be two at another size: read it the same way
+            for axis, size in enumerate(var.shape):
+                if int(size) == 1 and (var.name, axis) not in self.hoisted:
+                    self.hoisted[(var.name, axis)] = f"{var.name}_dim{axis}"
+                    self.name.fixed.add(self.hoisted[(var.name, axis)])
+        order = {(v.name, axis): (i, axis) for i, v in enumerate(program.inputs) for axis in range(len(v.shape))}
+        self.hoisted = dict(sorted(self.hoisted.items(), key=lambda item: order[item[0]]))  # the same at every size
         self.known = input_dims(program)
         self.dims = _EverySize(self.known)
         self.choices = choices
@@ -68,14 +75,9 @@ class SizedEmitter(Emitter):
             pos, axis = what
             self.used.add((names[pos], axis))
             return f"{self.hoisted[(names[pos], axis)]} // 2"
-        parts = []
-        for pos, axis in what:  # an axis of one at this size is read where it stands, not hoisted
-            if (names[pos], axis) in self.hoisted:
-                self.used.add((names[pos], axis))
-                parts.append(self.hoisted[(names[pos], axis)])
-            else:
-                parts.append(f"{self.name(self.program.inputs[pos])}.shape[{axis}]")
-        return " * ".join(parts)
+        axes = [(names[pos], axis) for pos, axis in what]
+        self.used.update(axes)
+        return " * ".join(self.hoisted[a] for a in axes)
 
     def dim(self, size: int) -> str:
         text = self._chosen("dim", size)
