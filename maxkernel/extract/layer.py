@@ -184,6 +184,13 @@ def attention_order(sub: Program) -> Program:
     return sub
 
 
+def _region_at(program: Program, span: Span) -> Program:
+    """A region's program as its task writes it (a floating output first, an attention core's arguments as
+    q, k, v)."""
+    sub = float_first(region_program(program, span))
+    return attention_order(sub) if span.kind == "attention" else sub
+
+
 def check_ladder(task: Task) -> dict[str, dict[str, Any]]:
     """The sizes between ``full`` and ``cpu`` that a TPU check size is looked for at: ``full`` with its first
     size parameter that can shrink halved, rung by rung (the order and floors of
@@ -199,30 +206,65 @@ def check_ladder(task: Task) -> dict[str, dict[str, Any]]:
     return {}
 
 
-def plan_regions(task: Task) -> tuple[dict[str, Program], list[Span], dict[str, dict[str, Any]]]:
-    """Programs at every size, the regions (which must cut ``cpu`` and ``full`` the same way) and the sizes
-    the regions are written for: ``cpu``, ``full`` and the rungs of :func:`check_ladder` that cut the same."""
+def probe_sizes(task: Task) -> dict[str, dict[str, Any]]:
+    """``cpu`` with one integer size parameter doubled, one size per parameter: traced only, so that an extent
+    equal to another at the layer's own sizes (``seq`` = ``hidden`` at ``cpu``) is not written from it."""
+    cpu = task.size("cpu")
+    return {f"probe_{name}": {**cpu, name: 2 * value} for name, value in cpu.items()
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 1}
+
+
+def _cut(program: Program, chosen: dict[int, int]) -> list[Span]:
+    return _label(program, _merge_integer_only(program, _split_attention(program, _fold_norms(find_regions(program)),
+                                                                          chosen)))
+
+
+def _traced(task: Task, size: str) -> Program:
+    program = trace_program(task, size).dce()
+    fold_constant_scalars(program)
+    return program
+
+
+def plan_regions(task: Task) -> tuple[dict[str, Program], list[Span], dict[str, dict[str, Any]], dict[int, int]]:
+    """Programs at every size, the regions (which must cut ``cpu`` and ``full`` the same way), the sizes
+    the regions are written for (``cpu``, ``full`` and the rungs of :func:`check_ladder` that cut the same)
+    and where each attention's core was cut."""
     sizes = {size: task.size(size) for size in SIZES} | check_ladder(task)
     sized = {name: task if name in SIZES else task.with_size(name, values) for name, values in sizes.items()}
-    programs = {size: trace_program(sized[size], size).dce() for size in sizes}
-    for program in programs.values():
-        fold_constant_scalars(program)
+    programs = {size: _traced(sized[size], size) for size in sizes}
     chosen: dict[int, int] = {}  # attention cores are picked at the first size (cpu) and kept at the others
-    cuts = {size: _label(p, _merge_integer_only(p, _split_attention(p, _fold_norms(find_regions(p)), chosen)))
-            for size, p in programs.items()}
+    cuts = {size: _cut(p, chosen) for size, p in programs.items()}
     shapes = {size: [(s.start, s.end, s.kind) for s in spans] for size, spans in cuts.items()}
     if shapes["cpu"] != shapes["full"]:
         raise ExtractError(f"{task.id}: the reference's program differs between sizes cpu and full; "
                            "regions must cut both the same way")
     kept = [size for size in sizes if shapes[size] == shapes["cpu"]]
-    return {s: programs[s] for s in kept}, cuts["cpu"], {s: sizes[s] for s in kept}
+    return {s: programs[s] for s in kept}, cuts["cpu"], {s: sizes[s] for s in kept}, chosen
+
+
+def plan_probes(task: Task, spans: list[Span], chosen: dict[int, int]) -> dict[str, tuple[Program, dict[str, Any]]]:
+    """The layer's program at each of :func:`probe_sizes` that traces and cuts as ``spans`` do (attention
+    cores cut where ``chosen`` says), with the size's static arguments; a size the layer does not accept,
+    or whose program reads otherwise (a group of one kv head), is left out."""
+    want = [(s.start, s.end, s.kind) for s in spans]
+    found: dict[str, tuple[Program, dict[str, Any]]] = {}
+    for name, values in probe_sizes(task).items():
+        probe = task.with_size(name, values)
+        try:
+            program = _traced(probe, name)
+            static = static_args(probe, name)
+        except Exception:  # noqa: BLE001 - a size the layer's code rejects tells nothing
+            continue
+        if [(s.start, s.end, s.kind) for s in _cut(program, dict(chosen))] == want:
+            found[name] = (program, static)
+    return found
 
 
 def extract_task(task: Task | str | Path, out: Path, target: str = "cpu", timing: bool = True) -> Extraction:
     """Write one region task per region under ``out/<layer id>/`` and return where the layer's time goes."""
     started = time.perf_counter()
     task = task if isinstance(task, Task) else load_task(task)
-    programs, spans, sizes = plan_regions(task)
+    programs, spans, sizes, chosen = plan_regions(task)
     root = out / task.id
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob("r[0-9][0-9]_*"):  # regions of an earlier extraction would mislead a reader
@@ -231,12 +273,12 @@ def extract_task(task: Task | str | Path, out: Path, target: str = "cpu", timing
     layer_source = task.reference_path.read_text()
     statics = {size: integer_statics(static_args(task if size in SIZES else task.with_size(size, values), size))
                for size, values in sizes.items()}
+    probes = plan_probes(task, spans, chosen)
     infos: list[RegionInfo] = []
     for index, span in enumerate(spans):
-        regions = {size: float_first(region_program(programs[size], span)) for size in sizes}
-        if span.kind == "attention":
-            regions = {size: attention_order(sub) for size, sub in regions.items()}
+        regions = {size: _region_at(programs[size], span) for size in sizes}
         prefixes = {size: prefix_program(programs[size], regions[size].inputs) for size in sizes}
+        evidence = {name: (_region_at(program, span), integer_statics(static)) for name, (program, static) in probes.items()}
         cpu = regions["cpu"]
         name = f"r{index:02d}_{span.kind}"
         task_id = f"{task.id}__{name}"
@@ -244,7 +286,7 @@ def extract_task(task: Task | str | Path, out: Path, target: str = "cpu", timing
         description = (f"Region {index} ({span.kind}) of {task.id}: nodes {span.start}-{span.end} of its program, "
                        f"{len(cpu.inputs)} inputs, {len(cpu.outputs)} outputs; primitives {', '.join(prims)}.")
         source = region_source(f"Region {index} ({span.kind}) of {task.id}.", task.id, sizes, regions, prefixes,
-                               layer_source, statics)
+                               layer_source, statics, evidence, keywords=span.kind == "attention")
         folder = write_region_task(root / name, task_id=task_id, name=f"{task.spec.name}: {name}", kind=span.kind,
                                    description=description, dtype=str(cpu.outputs[0].dtype),
                                    tolerance=task.spec.tolerance.model_dump(), source=source,

@@ -1,38 +1,145 @@
-"""Region code that runs at every size of the layer: a dimension no argument of the region has (the heads a
-projection is split into, the group a kv head is repeated for) is written as the layer's integer size
-parameters (``heads``, ``heads // kv_heads``) where that expression gives its extent at every size the
-layer was traced at, so the function emitted at ``full`` is also the layer's code at smaller widths."""
+"""Region code that runs at every size of the layer: each extent the emitted code writes (a shape's
+dimension, a slice bound, ``top_k``'s k, a scalar such as RoPE's ``/ head_dim``, the softmax scale
+``sqrt(head_dim)`` or a window) is written from what it really follows, an input's axis (``wo.shape[0]``, half of
+``q_norm.shape[0]``) or the layer's integer size parameters (``heads``, ``heads // kv_heads``), chosen as the
+one expression that gives its value at every size the layer was traced at. Sizes only traced to tell
+coincidences apart (the ``cpu`` size with one parameter doubled: at ``cpu`` ``seq`` = ``hidden`` and
+``heads * head_dim`` = ``hidden``; at ``full`` ``top_k`` = ``heads // kv_heads``) take part in the choice
+too, so an extent that merely equals another at the sizes that matter is not written from the wrong one.
+The function emitted at ``full`` is then also the layer's code at widths never traced."""
 
 from __future__ import annotations
 
 from itertools import permutations
 from typing import Any
 
-from maxkernel.analysis.program import Program
-from maxkernel.rewrites.emit import Emitter
+import numpy as np
 
-LITERAL = None
+from maxkernel.analysis.program import Const, Node, Program, Var
+from maxkernel.rewrites.emit import EmitError, Emitter, dtype_expr, input_dims
+
+Key = tuple[Any, ...]
+"""A candidate expression: ``("axes", ((input, axis), ...))`` (their product), ``("half", (input, axis))``,
+``("static", text)``; a float scalar's key is ``(transform, candidate key)``, transform one of
+:data:`SCALES`."""
+
+SCALES = {"same": lambda v: v, "sqrt": lambda v: v ** 0.5, "rsqrt": lambda v: 1 / v ** 0.5}
+SCALE_TEXT = {"same": "{}", "sqrt": "{} ** 0.5", "rsqrt": "1 / {} ** 0.5"}
+
+
+class _EverySize(dict):
+    """Input dimensions by size that claim every size: the plain emitter then asks :meth:`SizedEmitter.dim`
+    for every extent (a mean's count too), so each size writes the same sites whatever coincides there."""
+
+    def __contains__(self, size: object) -> bool:
+        return True
 
 
 class SizedEmitter(Emitter):
-    """Records the extent behind every dimension no input names, and writes the chosen expression for it."""
+    """Records every extent it writes (a site), and writes the chosen expression for each."""
 
-    def __init__(self, program: Program, choices: list[str | None] | None = None) -> None:
+    def __init__(self, program: Program, choices: list[Key | None] | None = None) -> None:
         super().__init__(program, size_names=True, rename_inputs=True)
+        for var in program.inputs:  # an axis of one here may be two at another size: read it the same way
+            for axis, size in enumerate(var.shape):
+                if int(size) == 1 and (var.name, axis) not in self.hoisted:
+                    self.hoisted[(var.name, axis)] = f"{var.name}_dim{axis}"
+                    self.name.fixed.add(self.hoisted[(var.name, axis)])
+        order = {(v.name, axis): (i, axis) for i, v in enumerate(program.inputs) for axis in range(len(v.shape))}
+        self.hoisted = dict(sorted(self.hoisted.items(), key=lambda item: order[item[0]]))  # the same at every size
+        self.known = input_dims(program)
+        self.dims = _EverySize(self.known)
         self.choices = choices
-        self.extents: list[int] = []
+        self.sites: list[tuple[str, float, Any]] = []
         self.used_statics: set[str] = set()
 
+    def _chosen(self, kind: str, value: float, dtype: Any = None) -> str | None:
+        """Record a site; the text of its chosen expression, or None (no choice: the plain emitter's)."""
+        call = len(self.sites)
+        self.sites.append((kind, value, dtype))
+        if self.choices is None:
+            return None
+        choice = self.choices[call] if call < len(self.choices) else None
+        return None if choice is None else self.text(choice)
+
+    def text(self, key: Key) -> str:
+        kind, what = key
+        if kind in SCALE_TEXT:
+            inner = self.text(what)
+            return SCALE_TEXT[kind].format(f"({inner})" if " " in inner else inner)
+        if kind == "static":
+            self.used_statics.update(part for part in what.split() if part.isidentifier())
+            return what
+        names = [v.name for v in self.program.inputs]
+        if kind == "half":
+            pos, axis = what
+            self.used.add((names[pos], axis))
+            return f"{self.hoisted[(names[pos], axis)]} // 2"
+        axes = [(names[pos], axis) for pos, axis in what]
+        self.used.update(axes)
+        return " * ".join(self.hoisted[a] for a in axes)
+
     def dim(self, size: int) -> str:
-        if size in self.dims:
-            return super().dim(size)
-        call = len(self.extents)
-        self.extents.append(size)
-        choice = self.choices[call] if self.choices is not None and call < len(self.choices) else LITERAL
-        if choice is None:
-            return str(size)
-        self.used_statics.update(part for part in choice.split() if part.isidentifier())
-        return choice
+        text = self._chosen("dim", size)
+        if text is not None:
+            return text
+        return str(size) if self.choices is not None else super().dim(size)
+
+    def operand(self, op: Any, partner: Any = None) -> str:
+        numeric = isinstance(op, Const) and not op.shape and np.dtype(op.dtype) != np.bool_ and (
+            np.issubdtype(np.dtype(op.dtype), np.floating) or np.issubdtype(np.dtype(op.dtype), np.integer))
+        if numeric:
+            text = self._chosen("scale", float(np.asarray(op.value)), np.dtype(op.dtype))
+            if text is not None:
+                bare = partner is not None and isinstance(partner, Var) and partner.dtype == op.dtype
+                return (f"({text})" if " " in text else text) if bare else f"jnp.asarray({text}, dtype={dtype_expr(op.dtype)})"
+        return super().operand(op, partner)
+
+    def line(self, node: Node) -> str:
+        if node.prim == "slice":
+            return self._slice(node)
+        if node.prim == "reshape":
+            return self._reshape(node)
+        if node.prim == "top_k":
+            text = super().line(node)
+            k = int(node.params["k"])
+            return text[: text.rindex(",")] + f", {self._chosen('index', k) or k})"
+        return super().line(node)
+
+    def _reshape(self, n: Node) -> str:
+        """A reshape whose one extent no expression gives is ``-1`` (it follows from the others at any size)."""
+        if n.params.get("dimensions") is not None:
+            raise EmitError("reshape with dimensions")
+        sizes = [int(d) for d in n.params["new_sizes"]]
+        chosen = [self._chosen("dim", d) for d in sizes]
+        if self.choices is None:  # as the plain emitter: the one size no input has is -1
+            open_ = [i for i, d in enumerate(sizes) if d > 1 and d not in self.known]
+            chosen = [super(SizedEmitter, self).dim(d) if d in self.known or d <= 1 else str(d) for d in sizes]
+        else:
+            open_ = [i for i, (d, c) in enumerate(zip(sizes, chosen)) if d > 1 and c is None]
+            chosen = [c if c is not None else str(d) for d, c in zip(sizes, chosen)]
+        if len(open_) == 1:
+            chosen[open_[0]] = "-1"
+        return f"{self.operand(n.ins[0])}.reshape({_tuple(chosen)})"
+
+    def _slice(self, n: Node) -> str:
+        """A static slice whose bounds are sites (RoPE's half-width); a bound at an axis' end reads that end."""
+        operand = n.ins[0]
+        starts = [self._chosen("index", int(d)) or str(int(d)) for d in n.params["start_indices"]]
+        ends = []
+        for axis, d in enumerate(int(d) for d in n.params["limit_indices"]):
+            if isinstance(operand, Var) and d == int(operand.shape[axis]):  # to the end, at every size
+                self._chosen("end", d)
+                ends.append(f"{self.name(operand)}.shape[{axis}]")
+            else:
+                ends.append(self._chosen("index", d) or str(d))
+        strides = n.params.get("strides")
+        extra = f", {tuple(int(s) for s in strides)}" if strides is not None else ""
+        return f"jax.lax.slice({self.operand(operand)}, {_tuple(starts)}, {_tuple(ends)}{extra})"
+
+
+def _tuple(parts: list[str]) -> str:
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
 def integer_statics(static: dict[str, Any]) -> dict[str, int]:
@@ -40,29 +147,95 @@ def integer_statics(static: dict[str, Any]) -> dict[str, int]:
     return {k: v for k, v in static.items() if isinstance(v, int) and not isinstance(v, bool) and v > 1}
 
 
-def choose(extents: dict[str, list[int]], statics: dict[str, dict[str, int]]) -> list[str | None] | None:
-    """For each recorded dimension, the one expression of the statics (a name, a quotient or a product of
-    two) that gives its extent at every size; None where none or several do. None overall when the sizes'
-    programs do not read their dimensions alike (their records differ in length)."""
-    sizes = list(extents)
-    if len({len(extents[s]) for s in sizes}) != 1:
+def candidates(program: Program, statics: dict[str, int]) -> dict[Key, int]:
+    """Every expression an extent may be written as, with its value at this program's size, in the order
+    preferred: an input's axis, a product of two adjacent axes (a flattening reshape), half an axis, a size
+    parameter, a quotient, product or sum of two (MLA's ``nope_dim + rope_dim``), half of one."""
+    found: dict[Key, int] = {}
+    shapes = [tuple(int(d) for d in v.shape) for v in program.inputs]
+    for pos, shape in enumerate(shapes):  # an axis of one too: a batch of one at one size is two at another
+        for axis, size in enumerate(shape):
+            found[("axes", ((pos, axis),))] = size
+    for pos, shape in enumerate(shapes):
+        for axis in range(len(shape) - 1):
+            if shape[axis] * shape[axis + 1] > 1:
+                found[("axes", ((pos, axis), (pos, axis + 1)))] = shape[axis] * shape[axis + 1]
+    for pos, shape in enumerate(shapes):
+        for axis, size in enumerate(shape):
+            if size > 2 and size % 2 == 0:
+                found[("half", (pos, axis))] = size // 2
+    names = sorted(statics)
+    for n in names:
+        found[("static", n)] = statics[n]
+    for a, b in permutations(names, 2):
+        if statics[a] % statics[b] == 0:
+            found[("static", f"{a} // {b}")] = statics[a] // statics[b]
+    for a, b in permutations(names, 2):
+        if a < b:
+            found[("static", f"{a} * {b}")] = statics[a] * statics[b]
+    for a, b in permutations(names, 2):
+        if a < b:
+            found[("static", f"{a} + {b}")] = statics[a] + statics[b]
+    for n in names:
+        if statics[n] > 2 and statics[n] % 2 == 0:
+            found[("static", f"{n} // 2")] = statics[n] // 2
+    return found
+
+
+Site = tuple[str, float, Any]
+Record = tuple[list[Site], dict[Key, int]]
+
+
+def record(program: Program, statics: dict[str, int]) -> Record:
+    """The sites of ``program`` in the order the emitter writes them, and the candidates at its size."""
+    em = SizedEmitter(program)
+    em.body()
+    em.returns()
+    return em.sites, candidates(program, statics)
+
+
+def _fits(kind: str, dtype: Any, values: list[float], cands: list[dict[Key, int]]) -> Key | None:
+    """The first candidate (of the first size's order) that gives the site's value at every size."""
+    if kind in ("dim", "index"):
+        if not all(float(v).is_integer() and v >= 1 for v in values) or max(values) == 1:
+            return None
+        for key in cands[0]:
+            if all(c.get(key) == v for c, v in zip(cands, values)):
+                return key
         return None
-    names = sorted(set.intersection(*(set(statics[s]) for s in sizes))) if sizes else []
-    candidates: list[tuple[str, Any]] = [(n, lambda v, n=n: v[n]) for n in names]
-    candidates += [(f"{a} // {b}", lambda v, a=a, b=b: v[a] // v[b] if v[a] % v[b] == 0 else None)
-                   for a, b in permutations(names, 2)]
-    candidates += [(f"{a} * {b}", lambda v, a=a, b=b: v[a] * v[b]) for a, b in permutations(names, 2) if a < b]
-    choices: list[str | None] = []
-    for call in range(len(extents[sizes[0]]) if sizes else 0):
-        fits = [text for text, value in candidates
-                if all(extents[s][call] > 1 and value(statics[s]) == extents[s][call] for s in sizes)]
-        direct = [t for t in fits if t.isidentifier()]  # a size parameter itself before any combination
-        fits = direct or fits
-        choices.append(fits[0] if len(fits) == 1 else None)
+    if len(set(values)) == 1:  # a scalar that is the same at every size is a literal of the layer's
+        return None
+    integer = np.issubdtype(dtype, np.integer)
+    for transform, f in SCALES.items() if not integer else [("same", SCALES["same"])]:
+        for key in cands[0]:
+            if all(key in c and float(np.asarray(f(c[key]), dtype)) == v for c, v in zip(cands, values)):
+                return (transform, key)
+    return None
+
+
+def choose(records: dict[str, Record], probes: dict[str, Record] | None = None) -> list[Key | None] | None:
+    """For each site, the expression that gives its value at every size of ``records`` and of the probes
+    that write the same site there; None where none does, or where the sizes write the site as different
+    things. None overall when the sizes of ``records`` write different numbers of sites."""
+    sizes = list(records)
+    if not sizes:
+        return None
+    count = len(records[sizes[0]][0])
+    if any(len(records[s][0]) != count for s in sizes):
+        return None
+    extra = [r for r in (probes or {}).values() if len(r[0]) == count]
+    choices: list[Key | None] = []
+    for call in range(count):
+        kind, _, dtype = records[sizes[0]][0][call]
+        if any(records[s][0][call][0::2] != (kind, dtype) for s in sizes) or kind == "end":
+            choices.append(None)
+            continue
+        evidence = [records[s] for s in sizes] + [r for r in extra if r[0][call][0::2] == (kind, dtype)]
+        choices.append(_fits(kind, dtype, [sites[call][1] for sites, _ in evidence], [c for _, c in evidence]))
     return choices
 
 
-def emit_sized(program: Program, name: str, doc: str, choices: list[str | None] | None) -> tuple[str, set[str]]:
+def emit_sized(program: Program, name: str, doc: str, choices: list[Key | None] | None) -> tuple[str, set[str]]:
     """``def name(inputs..., *, statics):`` with the chosen expressions; the statics it reads."""
     em = SizedEmitter(program, choices)
     body = em.body()
@@ -73,8 +246,3 @@ def emit_sized(program: Program, name: str, doc: str, choices: list[str | None] 
     return "\n".join([head, f'    """{doc}"""', *body, f"    return {returns}"]), set(used)
 
 
-def record(program: Program) -> list[int]:
-    """The extents of the dimensions no input of ``program`` names, in the order the emitter writes them."""
-    em = SizedEmitter(program)
-    em.body()
-    return em.extents

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from maxkernel.extract.layer import Extraction
 from maxkernel.extract.names import namespaced
-from maxkernel.extract.tasks import shared_statics
+from maxkernel.extract.tasks import keyword_names, shared_statics
 
 _OWN = re.compile(r"^def _region_(\w+)\(", re.MULTILINE)
 
@@ -37,7 +37,8 @@ def splice(extraction: Extraction, kernels: dict[int, str], arg_shapes: dict[str
         prefix = f"r{info.index:02d}_"
         if info.index in kernels:
             found, code = namespaced(kernels[info.index], prefix)
-            call = f"{prefix}kernel({', '.join(info.inputs)})"
+            bound = "".join(f", {name}=static[{name!r}]" for name in keyword_names(kernels[info.index], "kernel"))
+            call = f"{prefix}kernel({', '.join(info.inputs)}{bound})"
             what = "verified region kernel"
         else:
             source = Path(info.path, "reference.py").read_text()

@@ -85,6 +85,26 @@ def reference({params}):
     return _region({params}, **_statics_of({params}))
 '''
 
+_KEYWORD_FOOTER = '''
+
+_KEYWORDS = {keywords!r}
+
+
+def get_inputs(key, **size):
+    """The region's inputs and the layer's size parameters its code reads (an attention mask's window)."""
+    args, _ = _layer_get_inputs(key, **size)
+    name = _size_named(size)
+    values = next(dict(found) for known, found in _KEYWORDS if known == name)
+    return tuple(jax.jit({{{prefix}}}.get(name, _inputs))(*args)), values
+
+
+def reference({params}, *, {used}):
+    own = {{{region}}}.get(_size_of({params}))
+    if own is not None:
+        return own({params})
+    return _region({params}, {passed})
+'''
+
 
 def shared_function(programs: dict[str, Program], name: str, doc: str) -> tuple[str, dict[str, str]]:
     """(``name`` emitted from the ``full`` program, ``{size: its own function}`` for the sizes whose program
@@ -98,13 +118,15 @@ def shared_function(programs: dict[str, Program], name: str, doc: str) -> tuple[
     return shared, own
 
 
-def sized_function(programs: dict[str, Program], name: str, doc: str,
-                   statics: dict[str, dict[str, int]]) -> tuple[str, dict[str, str], list[str]]:
-    """Like :func:`shared_function`, with the dimensions no argument names written as the layer's size
-    parameters ``statics`` (per size) where one expression of them fits every size (:mod:`.sized`); the
-    shared function takes the parameters it reads as keywords (the third item). A size's own function is
-    written with its extents."""
-    choices = choose({size: record(program) for size, program in programs.items()}, statics)
+def sized_function(programs: dict[str, Program], name: str, doc: str, statics: dict[str, dict[str, int]],
+                   probes: dict[str, tuple[Program, dict[str, int]]] | None = None) -> tuple[str, dict[str, str], list[str]]:
+    """Like :func:`shared_function`, with every extent written from the input axis or the layer's size
+    parameters (``statics``, per size) that give it at every size, the ``probes`` (programs and statics at
+    sizes traced only to tell coincidences apart) included (:mod:`.sized`); the shared function takes the
+    parameters it reads as keywords (the third item). A size whose code reads otherwise has its own."""
+    records = {size: record(program, statics[size]) for size, program in programs.items()}
+    evidence = {size: record(program, values) for size, (program, values) in (probes or {}).items()}
+    choices = choose(records, evidence)
     shared, used = emit_sized(programs["full"], name, doc, choices)
     own = {size: emit_function(program, f"{name}_{size}", f"{doc} ({size})") for size, program in programs.items()
            if size != "full" and emit_sized(program, name, doc, choices)[0] != shared}
@@ -113,9 +135,13 @@ def sized_function(programs: dict[str, Program], name: str, doc: str,
 
 def region_source(doc: str, layer_id: str, sizes: dict[str, dict[str, Any]], regions: dict[str, Program],
                   prefixes: dict[str, Program], layer_source: str,
-                  statics: dict[str, dict[str, int]] | None = None) -> str:
+                  statics: dict[str, dict[str, int]] | None = None,
+                  probes: dict[str, tuple[Program, dict[str, int]]] | None = None, keywords: bool = False) -> str:
     """The region's ``reference.py``; ``layer_source`` is the layer's reference, whose names it carries
-    under the ``_layer_`` prefix; ``statics`` the layer's integer static arguments at each size."""
+    under the ``_layer_`` prefix; ``statics`` the layer's integer static arguments at each size; ``probes``
+    the region's program and statics at sizes traced only to choose how its extents are written.
+    ``keywords``: the size parameters the region's code reads are the task's static arguments (an attention
+    core's window, which a template must see to recover the mask), not looked up by the arguments' shapes."""
     found, layer_code = namespaced(layer_source, "_layer_")
     imports = ["import jax", "import jax.numpy as jnp", *found]
     parts = [_HEADER.format(doc=doc, layer=layer_id, imports="\n".join(dict.fromkeys(imports)))]
@@ -123,7 +149,7 @@ def region_source(doc: str, layer_id: str, sizes: dict[str, dict[str, Any]], reg
     parts.append("\n\n\n".join(layer_code) + "\n\n\n")
     statics = statics if statics is not None else {size: {} for size in sizes}
     inputs, own_inputs = shared_function(prefixes, "_inputs", "the layer's inputs -> this region's")
-    region, own_regions, used = sized_function(regions, "_region", "the region itself", statics)
+    region, own_regions, used = sized_function(regions, "_region", "the region itself", statics, probes)
     parts.append("\n\n".join([inputs, *own_inputs.values(), region, *own_regions.values()]) + "\n\n")
     prefix = ", ".join(f"{s!r}: _inputs_{s}" for s in own_inputs)
     table = ", ".join(f"{s!r}: _region_{s}" for s in own_regions)
@@ -132,16 +158,27 @@ def region_source(doc: str, layer_id: str, sizes: dict[str, dict[str, Any]], reg
     known = tuple((size, tuple(values.items())) for size, values in sizes.items())
     bound = tuple((tuple(tuple(v.shape) for v in regions[size].inputs),
                    tuple((name, statics[size][name]) for name in used)) for size in sizes if size not in own_regions)
-    return "".join(parts).rstrip() + "\n" + _FOOTER.format(shapes=shapes, sizes=known, prefix=prefix, region=table,
-                                                           params=params, statics=bound, needs_statics=bool(used))
+    footer = _FOOTER.format(shapes=shapes, sizes=known, prefix=prefix, region=table, params=params, statics=bound,
+                            needs_statics=bool(used))
+    if keywords and used:
+        footer = footer[: footer.index("\n\ndef get_inputs(")] + _KEYWORD_FOOTER.format(
+            keywords=tuple((size, tuple((name, statics[size][name]) for name in used)) for size in sizes),
+            prefix=prefix, region=table, params=params, used=", ".join(used),
+            passed=", ".join(f"{name}={name}" for name in used))
+    return "".join(parts).rstrip() + "\n" + footer
+
+
+def keyword_names(source: str, function: str) -> list[str]:
+    """The keyword-only parameters of ``function`` in ``source`` (the layer's size parameters it reads)."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            return [a.arg for a in node.args.kwonlyargs]
+    return []
 
 
 def shared_statics(source: str) -> list[str]:
     """The size parameters a region reference's shared ``_region`` takes as keywords."""
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef) and node.name == "_region":
-            return [a.arg for a in node.args.kwonlyargs]
-    return []
+    return keyword_names(source, "_region")
 
 
 def parameter_names(program: Program) -> list[str]:

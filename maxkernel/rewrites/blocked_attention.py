@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from jaxbench.task import Task
     from maxkernel.analysis import TaskAnalysis
 
-CHAIN = ("mul", "div", "add", "sub", "select_n", "convert_element_type")
+CHAIN = ("mul", "div", "add", "sub", "select_n", "convert_element_type", "tanh")
 PASS_BACK = ("convert_element_type", "reshape", "copy")
 
 
@@ -44,7 +44,7 @@ class ChainStep:
     prim: str
     operand: Operand | None = None  # the other operand (a scalar, a static array, or a side term)
     scores_first: bool = True  # the running scores are the left operand
-    kind: str = "scalar"  # scalar | static | side | mask | none
+    kind: str = "scalar"  # scalar | static | side | mask | none | unary (tanh: a logit soft cap)
     name: str = ""  # for static/side operands: the function computing it
 
 
@@ -160,6 +160,8 @@ def _match_attention(program: Program) -> AttentionPlan | str:
         others = [op for op in node.ins if op is not current]
         if node.prim == "convert_element_type":
             steps.append(ChainStep("convert_element_type", kind="none"))
+        elif node.prim == "tanh":
+            steps.append(ChainStep("tanh", kind="unary"))
         elif node.prim == "select_n":
             pred, *cases = node.ins
             fill = next((c for c in cases if c is not current), None)
@@ -404,6 +406,8 @@ def _seen(kept, seq_q, seq_k):
 def _step_line(step: ChainStep) -> str:
     if step.kind == "none":
         return "s = s.astype(jnp.float32)"
+    if step.kind == "unary":
+        return f"s = jnp.{step.prim}(s)"
     if step.kind == "mask":
         cut = f"_rows_cols({step.name}, rows, spans, seq_q, seq_k)"
         return f"s = jnp.where({cut}, s, -jnp.inf)" if step.scores_first else f"s = jnp.where({cut}, -jnp.inf, s)"

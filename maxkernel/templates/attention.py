@@ -1,9 +1,11 @@
 """Flash attention over a block schedule: only the key blocks the mask leaves visible are visited.
 
-The reference's mask (causal, or a causal window with global blocks; see ``masks``) is recovered as a
-formula. At trace time the candidate sorts every (query block, key block) pair into empty, whole or
-partial and flattens the visible ones, row by row, into scalar-prefetched step tables, as JAX's splash
-attention does; the grid is (batch, kv head, step), so a skipped block costs neither a DMA nor a grid
+The reference's mask (causal, a sliding causal window, or a causal window with global blocks; see
+``masks``) is recovered as a formula, and a logit soft cap (``cap * tanh(s / cap)`` after the scale, as
+Gemma 2 writes it) is applied to the f32 scores before the mask. At trace time the candidate sorts every
+(query block, key block) pair into empty, whole or partial and flattens the visible ones, row by row, into
+scalar-prefetched step tables, as JAX's splash attention does (a sliding window's blocks wholly outside it
+are never visited); the grid is (batch, kv head, step), so a skipped block costs neither a DMA nor a grid
 step, and only partial blocks evaluate the mask, token by token.
 
 What an expert writes, and why:
@@ -60,6 +62,7 @@ class AttentionShape:
     bias: str | None = None  # the relative-position bias table's argument name
     bias_structure: tuple[str, ...] = ()  # the primitives computing the bias from the table
     buckets: int = 0  # the bias table's last axis
+    soft_cap: float | None = None  # scores pass through cap * tanh(s / cap) after the scale (Gemma 2)
 
     @property
     def group(self) -> int:
@@ -85,7 +88,13 @@ def match(program: Program, static: dict[str, Any] | None = None, size_checked: 
     scale = plan.q_factor
     bias: str | None = None
     bias_structure: tuple[str, ...] = ()
-    for step in plan.steps:
+    capped = _soft_cap(plan.steps)
+    if isinstance(capped, str):
+        return capped
+    soft_cap, cap_steps = capped if capped is not None else (None, set())
+    for index, step in enumerate(plan.steps):
+        if index in cap_steps:
+            continue
         if step.kind == "side" and step.prim == "add" and bias is None and extra:
             assert isinstance(step.operand, Var)
             if program.reads(step.operand) != {extra[0].name}:
@@ -97,21 +106,47 @@ def match(program: Program, static: dict[str, Any] | None = None, size_checked: 
         elif bias is not None and step.kind == "scalar":
             return "a scale applied after the bias"
         elif step.kind == "scalar" and step.prim in ("mul", "div") and step.scores_first:
+            if cap_steps and index > min(cap_steps):
+                return "a scale applied after the soft cap"
             value = float(step.operand.scalar())  # type: ignore[union-attr]
             scale = scale * value if step.prim == "mul" else scale / value
         elif step.kind == "mask":
+            if cap_steps and index < min(cap_steps):
+                return "a mask applied before the soft cap (tanh of a hidden score is not hidden)"
             pred = step.operand
             assert isinstance(pred, Var)
             if _differs_between_heads(program, pred, plan.score_shape):
                 return "a mask that differs between heads"
         elif step.kind != "none":
-            return f"a score term beyond a scale and a mask ({step.prim} with {step.kind} operand)"
+            return f"a score term beyond a scale, a soft cap and a mask ({step.prim} with {step.kind} operand)"
+    if soft_cap is not None and bias is not None:
+        return "a soft cap and a score bias together"
     if extra and bias is None:
         return "an input that is not q, k, v or an additive score bias"
     q, k = plan.q, plan.k
     return AttentionShape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], scale,
                           np.dtype(q.dtype), np.dtype(plan.out_dtype), plan.mask, dict(static or {}), bias,
-                          bias_structure, int(extra[0].shape[-1]) if bias is not None else 0)
+                          bias_structure, int(extra[0].shape[-1]) if bias is not None else 0, soft_cap)
+
+
+def _soft_cap(steps: list[Any]) -> tuple[float, set[int]] | None | str:
+    """Logit soft-capping, ``cap * tanh(s / cap)`` (Gemma 2): its cap and the indices of its three steps
+    (the division by the cap, the tanh, the product by the cap); None when the scores have no tanh."""
+    found = [i for i, step in enumerate(steps) if step.kind == "unary"]
+    if not found:
+        return None
+    if len(found) > 1 or steps[found[0]].prim != "tanh":
+        return "a score transform other than one soft cap (cap * tanh(s / cap))"
+    at = found[0]
+    before, after = (steps[at - 1] if at > 0 else None), (steps[at + 1] if at + 1 < len(steps) else None)
+    if before is None or after is None or before.kind != "scalar" or after.kind != "scalar":
+        return "a tanh of the scores that is not cap * tanh(s / cap)"
+    inner = float(before.operand.scalar())
+    inner = inner if before.prim == "div" and before.scores_first else 1.0 / inner if before.prim == "mul" else math.nan
+    outer = float(after.operand.scalar()) if after.prim == "mul" else math.nan
+    if not (math.isfinite(inner) and inner > 0 and np.float32(inner) == np.float32(outer)):
+        return "a tanh of the scores that is not cap * tanh(s / cap) with one cap"
+    return outer, {at - 1, at, at + 1}
 
 
 def _differs_between_heads(program: Program, pred: Var, score_shape: tuple[int, ...]) -> bool:
@@ -159,6 +194,7 @@ class FlashPlan:
     out_dtype: Any
     static: tuple[str, ...]
     bias: str | None = None
+    soft_cap: float | None = None
 
 
 def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
@@ -178,9 +214,12 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
         return "a softmax scale that changes with size but is not 1/sqrt(head_dim)"
     if len({(s.in_dtype, s.out_dtype) for s in found}) != 1:
         return "dtypes that change with size"
+    if len({s.soft_cap for s in found}) != 1:
+        return "a soft cap that changes with size"
     if found[0].bias is not None and ("cpu" not in sizes or len({s.bias_structure for s in found}) != 1):
         return "a bias whose values were not checked at the cpu size, or that is computed differently by size"
-    return FlashPlan(mask, scale_text, found[0].in_dtype, found[0].out_dtype, tuple(found[0].static), found[0].bias)
+    return FlashPlan(mask, scale_text, found[0].in_dtype, found[0].out_dtype, tuple(found[0].static), found[0].bias,
+                     found[0].soft_cap)
 
 
 def vmem_bytes(a: AttentionShape, block_q: int, block_k: int) -> int:
@@ -278,6 +317,8 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int, names: 
         "MASK_VALUE = -1e30  # a masked score: finite, so no inf - inf",
         "M_START = -1e20  # the running max starts above MASK_VALUE: exp(MASK_VALUE - M_START) is 0, so a row with nothing visible yet adds nothing",
         "FIRST, LAST, PARTIAL = 1, 2, 4  # step flags: a row's first key block, its last, the mask cuts it",
+        *([f"SOFT_CAP = {scalar_text(np.float64(p.soft_cap))}  # logit soft cap: scores become SOFT_CAP * tanh(s / SOFT_CAP)"]
+          if p.soft_cap is not None else []),
         "",
         "",
     ]
@@ -340,6 +381,8 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int, names: 
         "            s = jax.lax.dot_general(q_ref[h], k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32"
         f"{precision})",
         "            s = s * scale  # on the f32 scores: a scaled copy of a bf16 q would round every query",
+        *(["            s = SOFT_CAP * jnp.tanh(s / SOFT_CAP)  # before the mask: a hidden score stays hidden"]
+          if p.soft_cap is not None else []),
     ]
     if table:
         lines += ["            s = s + bias_ref[h, distance].astype(jnp.float32)  # this block distance's bias tile"]

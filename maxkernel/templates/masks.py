@@ -56,6 +56,11 @@ def _local_global(block: str, window: str, first: str) -> MaskFormula:
                        f"a causal window of {window} blocks of {block} keys, plus the first {first} blocks")
 
 
+def _sliding(window: str) -> MaskFormula:
+    return MaskFormula("sliding_window", (window,), f"    return (cols <= rows) & (rows - cols < {window})",
+                       f"keys at or before the query and fewer than {window} positions back (a sliding window)")
+
+
 def _int_statics(static: dict[str, Any]) -> list[str]:
     return [name for name, value in static.items() if isinstance(value, (int, np.integer)) and not isinstance(value, bool)]
 
@@ -64,6 +69,7 @@ def candidates(static: dict[str, Any]) -> list[MaskFormula]:
     """Every formula worth trying for a task with these static arguments (causal first)."""
     found = [CAUSAL]
     names = _int_statics(static)
+    found += [_sliding(name) for name in names]
     for block, window, first in itertools.permutations(names, 3):
         found.append(_local_global(block, window, first))
     return found
@@ -80,4 +86,4 @@ def recover(masks: list[tuple[np.ndarray, dict[str, Any]]]) -> MaskFormula | Non
         if all(set(formula.params) <= set(static) and
                np.array_equal(formula.evaluate(*mask.shape, static), mask) for mask, static in masks):
             return formula
-    return "a mask that is neither causal nor a causal window with global blocks"
+    return "a mask that is neither causal, nor a sliding causal window, nor a causal window with global blocks"

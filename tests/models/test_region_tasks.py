@@ -17,9 +17,9 @@ from maxkernel.analysis.program import Const, ProgramBuilder, arg_names, input_s
 from maxkernel.extract import extract_task
 from maxkernel.extract.constants import fold_constant_scalars
 from maxkernel.extract.splice import own_sizes, splice
-from maxkernel.extract.tasks import shared_function, shared_statics
+from maxkernel.extract.tasks import shared_function, shared_statics, sized_function
 from maxkernel.rules.strategy import reference_source
-from maxkernel.templates.attention import FlashAttentionTemplate, plan
+from maxkernel.templates.attention import FLASH_ATTENTION, FlashAttentionTemplate, plan
 from maxkernel.templates.masks import CAUSAL
 from orchestrators.model_opt import _shapes
 
@@ -84,10 +84,32 @@ def test_regions_left_as_reference_run_fulls_code_at_widths_never_traced(tmp_pat
     check finds below ``full`` is the code priced there."""
     layer = load_task("llama31_8b_decoder")
     extraction = extract_task(layer, tmp_path, timing=False)
-    unseen = {"batch": 1, "seq": 64, "hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 128, "intermediate": 256}
+    # head_dim 64 at full's code: RoPE's half-width and /head_dim and the softmax scale follow head_dim
+    unseen = {"batch": 1, "seq": 64, "hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 64, "intermediate": 256}
     assert unseen not in extraction.sizes.values()
     projections = Path(extraction.regions[0].path, "reference.py").read_text()
     assert {"heads", "kv_heads"} <= set(shared_statics(projections))  # the group is heads // kv_heads
+    _assert_layer_at(layer, extraction, unseen)
+
+
+def test_an_extent_equal_to_another_at_the_traced_sizes_is_written_from_the_one_it_follows(tmp_path):
+    """Qwen3 at ``full``: seq = heads * head_dim = 4096 and top_k = heads // kv_heads = 8; at ``cpu``
+    seq = hidden = heads * head_dim = 256. Written from the wrong one, full's code would not trace (or would
+    repeat kv heads top_k times) at a width where they differ; probes at ``cpu`` with one parameter doubled
+    tell them apart."""
+    layer = load_task("qwen3_moe_layer")
+    extraction = extract_task(layer, tmp_path, timing=False)
+    projections = Path(extraction.regions[0].path, "reference.py").read_text()
+    assert set(shared_statics(projections)) == {"heads", "kv_heads"}  # the kv group, never top_k
+    output = Path(extraction.regions[2].path, "reference.py").read_text()
+    assert "def _region_" not in output  # one function for every size: the heads' width read from wo
+    unseen = {"batch": 1, "seq": 64, "hidden": 384, "heads": 8, "kv_heads": 2, "head_dim": 32, "experts": 4,
+              "intermediate": 96, "top_k": 3}
+    _assert_layer_at(layer, extraction, unseen)
+
+
+def _assert_layer_at(layer, extraction, unseen):
+    """The layer spliced from region references, run at ``unseen`` (a size never traced), computes the layer."""
     sized = layer.with_size("unseen", unseen)
     namespace: dict[str, object] = {}
     exec(compile(splice(extraction, {}, _shapes(layer, extraction)), "layer_candidate.py", "exec"), namespace)  # noqa: S102
@@ -113,3 +135,26 @@ def test_a_size_written_otherwise_keeps_a_function_of_its_own():
     assert list(own) == ["cpu"]
     assert "def _region(" in shared and "def _region_cpu(" in own["cpu"]
     assert own_sizes(own["cpu"]) == ["cpu"]
+    # Written as what it follows, the scale is sqrt of the argument's last axis: one function for both.
+    shared, own, used = sized_function(programs, "_region", "doc", {size: {} for size in programs})
+    assert own == {} and used == [] and "x_dim1 ** 0.5" in shared, shared
+
+
+def test_gemma2_attention_core_reaches_flash_with_its_soft_cap_and_sliding_window(tmp_path, declared_size_evaluator):
+    """Gemma 2's core (scores soft-capped by 50 * tanh(s / 50), then a causal window of ``window`` keys)
+    is the flash template's: the window is the region's static argument, the cap a named constant, and the
+    schedule skips the key blocks wholly outside the window."""
+    extraction = extract_task("gemma2_9b_layer", tmp_path, timing=False)
+    core = next(r for r in extraction.regions if r.kind == "attention")
+    region = load_task(core.path)
+    _, static = region.get_inputs(jax.random.key(0), "cpu")
+    assert static == {"window": 64}
+    assert FLASH_ATTENTION.applies(region, analyze_task(region)) is None
+    source = FLASH_ATTENTION.render(region, {"block_q": 64, "block_k": 64}, ("cpu",))
+    assert "SOFT_CAP = 50.0" in source and "(cols <= rows) & (rows - cols < window)" in source
+    namespace: dict[str, object] = {}
+    exec(compile(source, "flash.py", "exec"), namespace)  # noqa: S102
+    q_blocks, _, _ = namespace["_schedule"](256, 256, 64, 64, window=64)  # type: ignore[operator]
+    assert len(q_blocks) == 7  # each query block sees itself and the block before: 3 of causal's 10 skipped
+    report = declared_size_evaluator.evaluate(region, source)
+    assert report.passed and report.label == "pallas-kernel", report.reason

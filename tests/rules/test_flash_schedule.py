@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import types
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxbench.task import load_task
-from maxkernel.analysis.program import static_args
-from maxkernel.templates.attention import FLASH_ATTENTION, analyse, plan
+from maxkernel.analysis.program import ProgramBuilder, static_args
+from maxkernel.templates.attention import FLASH_ATTENTION, analyse, match, plan
 from maxkernel.templates.masks import CAUSAL, candidates, recover
 
 
@@ -128,3 +130,25 @@ def test_a_mask_too_large_to_evaluate_declines_the_template_instead_of_raising(m
     reason = analyse(task, "full")
     assert isinstance(reason, str) and reason.startswith("mask not evaluated"), reason
     assert isinstance(plan(task, ("cpu", "full")), str)
+
+
+def _capped_attention(transform, mask_first: bool = False):  # type: ignore[no-untyped-def]
+    """The program of a small causal attention whose scaled scores pass through ``transform``."""
+    def attention(q, k, v):  # type: ignore[no-untyped-def]
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / 8.0
+        visible = jnp.tril(jnp.ones((16, 16), dtype=bool))
+        s = transform(jnp.where(visible, s, -jnp.inf)) if mask_first else jnp.where(visible, transform(s), -jnp.inf)
+        return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, axis=-1), v)
+
+    x = jnp.ones((1, 2, 16, 8), jnp.float32)
+    return ProgramBuilder().build(jax.make_jaxpr(attention)(x, x, x), ["q", "k", "v"])
+
+
+def test_a_soft_cap_is_read_as_one_and_any_other_tanh_of_the_scores_is_refused() -> None:
+    capped = match(_capped_attention(lambda s: 30.0 * jnp.tanh(s / 30.0)))
+    assert not isinstance(capped, str) and capped.soft_cap == 30.0 and abs(capped.scale - 0.125) < 1e-12
+    assert isinstance(match(_capped_attention(jnp.tanh)), str)  # no cap around the tanh
+    assert isinstance(match(_capped_attention(lambda s: 30.0 * jnp.tanh(s / 20.0))), str)  # two different caps
+    refused = match(_capped_attention(lambda s: 30.0 * jnp.tanh(s / 30.0), mask_first=True))
+    assert isinstance(refused, str) and "mask" in refused  # tanh of a hidden score is not hidden
+
