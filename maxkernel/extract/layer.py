@@ -14,10 +14,13 @@ from pydantic import BaseModel, Field
 from jaxbench.task import Task, load_task
 from maxkernel.analysis.program import Program, static_args, trace_program
 from maxkernel.extract.constants import fold_constant_scalars
-from maxkernel.extract.regions import Span, find_regions
+from maxkernel.extract.regions import Span, find_regions, merge_routed
 from maxkernel.extract.sized import integer_statics
 from maxkernel.extract.subprogram import prefix_program, region_program
 from maxkernel.extract.tasks import float_first, region_source, write_region_task
+from maxkernel.logging import get_logger
+
+log = get_logger(__name__)
 
 SIZES = ("cpu", "full")
 LAYOUT = {"broadcast_in_dim", "reshape", "transpose", "convert_element_type", "squeeze", "expand_dims", "copy"}
@@ -185,18 +188,37 @@ def attention_order(sub: Program) -> Program:
 
 
 def check_ladder(task: Task) -> dict[str, dict[str, Any]]:
-    """The sizes between ``full`` and ``cpu`` that a TPU check size is looked for at: ``full`` with its first
-    size parameter that can shrink halved, rung by rung (the order and floors of
-    :func:`maxkernel.targets.check_size.derive_check_size`). Region tasks carry programs for these too, so a
-    region kernel, and the layer spliced from them, can be checked below ``full``."""
+    """The sizes between ``full`` and ``cpu`` that a TPU check size is looked for at, along the walks of
+    :func:`maxkernel.targets.check_size.derive_check_size`, which takes the size parameters in order, each
+    down its rungs while the candidate's trace stays a twin of the priced one: ``full`` with its first
+    parameter that can shrink halved rung by rung to its floor, then each later parameter's rungs from
+    there, both with the parameters between them at their floors (every one shrank) and at ``full`` (a
+    kernel whose blocks follow them stopped them). A region whose reference is too heavy to check at every
+    rung of ``seq`` alone, the dense experts of a MoE, is then checked with a width shrunk as well. Region
+    tasks carry programs for these too, so a region kernel, and the layer spliced from them, can be
+    checked below ``full``."""
     from maxkernel.targets.check_size import _floor, _ladder
 
     full, cpu = task.size("full"), task.size("cpu")
-    for name, value in full.items():
-        rungs = _ladder(value, *_floor(task, name, cpu))
-        if rungs:
-            return {f"{name}_{rung}": {**full, name: rung} for rung in rungs}
-    return {}
+    rungs = {name: _ladder(value, *_floor(task, name, cpu)) for name, value in full.items()}
+    shrinking = [name for name in full if rungs[name]]
+    ladder: dict[str, dict[str, Any]] = {}
+
+    def add(base: dict[str, Any], name: str) -> None:
+        prefix = "".join(f"{n}_{base[n]}_" for n in full if base[n] != full[n])
+        for rung in rungs[name]:
+            ladder[f"{prefix}{name}_{rung}"] = {**base, name: rung}
+
+    if not shrinking:
+        return {}
+    first = shrinking[0]
+    add(dict(full), first)
+    floored = {**full, first: rungs[first][-1]}
+    for name in shrinking[1:]:
+        add({**full, first: rungs[first][-1]}, name)  # the parameters between kept at full
+        add(dict(floored), name)  # every earlier one at its floor
+        floored[name] = rungs[name][-1]
+    return ladder
 
 
 def plan_regions(task: Task) -> tuple[dict[str, Program], list[Span], dict[str, dict[str, Any]]]:
@@ -204,17 +226,24 @@ def plan_regions(task: Task) -> tuple[dict[str, Program], list[Span], dict[str, 
     the regions are written for: ``cpu``, ``full`` and the rungs of :func:`check_ladder` that cut the same."""
     sizes = {size: task.size(size) for size in SIZES} | check_ladder(task)
     sized = {name: task if name in SIZES else task.with_size(name, values) for name, values in sizes.items()}
-    programs = {size: trace_program(sized[size], size).dce() for size in sizes}
+    programs: dict[str, Program] = {}
+    for size in sizes:
+        try:
+            programs[size] = trace_program(sized[size], size).dce()
+        except Exception:  # a rung the layer does not trace at (an extent it reads follows another there)
+            if size in SIZES:
+                raise
+            log.debug("rung_does_not_trace", task=task.id, size=size)
     for program in programs.values():
         fold_constant_scalars(program)
     chosen: dict[int, int] = {}  # attention cores are picked at the first size (cpu) and kept at the others
-    cuts = {size: _label(p, _merge_integer_only(p, _split_attention(p, _fold_norms(find_regions(p)), chosen)))
+    cuts = {size: merge_routed(_label(p, _merge_integer_only(p, _split_attention(p, _fold_norms(find_regions(p)), chosen))))
             for size, p in programs.items()}
     shapes = {size: [(s.start, s.end, s.kind) for s in spans] for size, spans in cuts.items()}
     if shapes["cpu"] != shapes["full"]:
         raise ExtractError(f"{task.id}: the reference's program differs between sizes cpu and full; "
                            "regions must cut both the same way")
-    kept = [size for size in sizes if shapes[size] == shapes["cpu"]]
+    kept = [size for size in programs if shapes[size] == shapes["cpu"]]
     return {s: programs[s] for s in kept}, cuts["cpu"], {s: sizes[s] for s in kept}
 
 
