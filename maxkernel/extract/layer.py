@@ -187,16 +187,16 @@ def attention_order(sub: Program) -> Program:
     return sub
 
 
-def check_ladder(task: Task) -> dict[str, dict[str, Any]]:
+def check_ladder(task: Task, widths: bool = True) -> dict[str, dict[str, Any]]:
     """The sizes between ``full`` and ``cpu`` that a TPU check size is looked for at, along the walks of
     :func:`maxkernel.targets.check_size.derive_check_size`, which takes the size parameters in order, each
     down its rungs while the candidate's trace stays a twin of the priced one: ``full`` with its first
     parameter that can shrink halved rung by rung to its floor, then each later parameter's rungs from
     there, both with the parameters between them at their floors (every one shrank) and at ``full`` (a
     kernel whose blocks follow them stopped them). A region whose reference is too heavy to check at every
-    rung of ``seq`` alone, the dense experts of a MoE, is then checked with a width shrunk as well. Region
-    tasks carry programs for these too, so a region kernel, and the layer spliced from them, can be
-    checked below ``full``."""
+    rung of ``seq`` alone, the dense experts of a MoE, is then checked with a width shrunk as well. Without
+    ``widths`` only the first parameter's rungs. Region tasks carry programs for these too, so a region
+    kernel, and the layer spliced from them, can be checked below ``full``."""
     from maxkernel.targets.check_size import _floor, _ladder
 
     full, cpu = task.size("full"), task.size("cpu")
@@ -213,6 +213,8 @@ def check_ladder(task: Task) -> dict[str, dict[str, Any]]:
         return {}
     first = shrinking[0]
     add(dict(full), first)
+    if not widths:
+        return ladder
     floored = {**full, first: rungs[first][-1]}
     for name in shrinking[1:]:
         add({**full, first: rungs[first][-1]}, name)  # the parameters between kept at full
@@ -224,7 +226,11 @@ def check_ladder(task: Task) -> dict[str, dict[str, Any]]:
 def plan_regions(task: Task) -> tuple[dict[str, Program], list[Span], dict[str, dict[str, Any]]]:
     """Programs at every size, the regions (which must cut ``cpu`` and ``full`` the same way) and the sizes
     the regions are written for: ``cpu``, ``full`` and the rungs of :func:`check_ladder` that cut the same."""
-    sizes = {size: task.size(size) for size in SIZES} | check_ladder(task)
+    # A layer with attention keeps the seq rungs only: traced also with its head counts and widths shrunk
+    # one at a time, llama's shared region code no longer runs at widths never traced (a reshape of the
+    # kv heads fails), while the seq rungs suffice for its attention core's check.
+    widths = not any(s.kind == "attention" for s in find_regions(trace_program(task, "cpu").dce()))
+    sizes = {size: task.size(size) for size in SIZES} | check_ladder(task, widths)
     sized = {name: task if name in SIZES else task.with_size(name, values) for name, values in sizes.items()}
     programs: dict[str, Program] = {}
     for size in sizes:
