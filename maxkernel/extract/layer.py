@@ -14,10 +14,13 @@ from pydantic import BaseModel, Field
 from jaxbench.task import Task, load_task
 from maxkernel.analysis.program import Program, static_args, trace_program
 from maxkernel.extract.constants import fold_constant_scalars
-from maxkernel.extract.regions import Span, find_regions
+from maxkernel.extract.regions import Span, find_regions, merge_routed
 from maxkernel.extract.sized import integer_statics
 from maxkernel.extract.subprogram import prefix_program, region_program
 from maxkernel.extract.tasks import float_first, region_source, write_region_task
+from maxkernel.logging import get_logger
+
+log = get_logger(__name__)
 
 SIZES = ("cpu", "full")
 LAYOUT = {"broadcast_in_dim", "reshape", "transpose", "convert_element_type", "squeeze", "expand_dims", "copy"}
@@ -191,19 +194,40 @@ def _region_at(program: Program, span: Span) -> Program:
     return attention_order(sub) if span.kind == "attention" else sub
 
 
-def check_ladder(task: Task) -> dict[str, dict[str, Any]]:
-    """The sizes between ``full`` and ``cpu`` that a TPU check size is looked for at: ``full`` with its first
-    size parameter that can shrink halved, rung by rung (the order and floors of
-    :func:`maxkernel.targets.check_size.derive_check_size`). Region tasks carry programs for these too, so a
-    region kernel, and the layer spliced from them, can be checked below ``full``."""
+def check_ladder(task: Task, widths: bool = True) -> dict[str, dict[str, Any]]:
+    """The sizes between ``full`` and ``cpu`` that a TPU check size is looked for at, along the walks of
+    :func:`maxkernel.targets.check_size.derive_check_size`, which takes the size parameters in order, each
+    down its rungs while the candidate's trace stays a twin of the priced one: ``full`` with its first
+    parameter that can shrink halved rung by rung to its floor, then each later parameter's rungs from
+    there, both with the parameters between them at their floors (every one shrank) and at ``full`` (a
+    kernel whose blocks follow them stopped them). A region whose reference is too heavy to check at every
+    rung of ``seq`` alone, the dense experts of a MoE, is then checked with a width shrunk as well. Without
+    ``widths`` only the first parameter's rungs. Region tasks carry programs for these too, so a region
+    kernel, and the layer spliced from them, can be checked below ``full``."""
     from maxkernel.targets.check_size import _floor, _ladder
 
     full, cpu = task.size("full"), task.size("cpu")
-    for name, value in full.items():
-        rungs = _ladder(value, *_floor(task, name, cpu))
-        if rungs:
-            return {f"{name}_{rung}": {**full, name: rung} for rung in rungs}
-    return {}
+    rungs = {name: _ladder(value, *_floor(task, name, cpu)) for name, value in full.items()}
+    shrinking = [name for name in full if rungs[name]]
+    ladder: dict[str, dict[str, Any]] = {}
+
+    def add(base: dict[str, Any], name: str) -> None:
+        prefix = "".join(f"{n}_{base[n]}_" for n in full if base[n] != full[n])
+        for rung in rungs[name]:
+            ladder[f"{prefix}{name}_{rung}"] = {**base, name: rung}
+
+    if not shrinking:
+        return {}
+    first = shrinking[0]
+    add(dict(full), first)
+    if not widths:
+        return ladder
+    floored = {**full, first: rungs[first][-1]}
+    for name in shrinking[1:]:
+        add({**full, first: rungs[first][-1]}, name)  # the parameters between kept at full
+        add(dict(floored), name)  # every earlier one at its floor
+        floored[name] = rungs[name][-1]
+    return ladder
 
 
 def probe_sizes(task: Task) -> dict[str, dict[str, Any]]:
@@ -215,8 +239,8 @@ def probe_sizes(task: Task) -> dict[str, dict[str, Any]]:
 
 
 def _cut(program: Program, chosen: dict[int, int]) -> list[Span]:
-    return _label(program, _merge_integer_only(program, _split_attention(program, _fold_norms(find_regions(program)),
-                                                                          chosen)))
+    return merge_routed(_label(program, _merge_integer_only(
+        program, _split_attention(program, _fold_norms(find_regions(program)), chosen))))
 
 
 def _traced(task: Task, size: str) -> Program:
@@ -229,16 +253,27 @@ def plan_regions(task: Task) -> tuple[dict[str, Program], list[Span], dict[str, 
     """Programs at every size, the regions (which must cut ``cpu`` and ``full`` the same way), the sizes
     the regions are written for (``cpu``, ``full`` and the rungs of :func:`check_ladder` that cut the same)
     and where each attention's core was cut."""
-    sizes = {size: task.size(size) for size in SIZES} | check_ladder(task)
+    # A layer with attention keeps the seq rungs only: traced also with its head counts and widths shrunk
+    # one at a time, llama's shared region code no longer runs at widths never traced (a reshape of the
+    # kv heads fails), while the seq rungs suffice for its attention core's check.
+    widths = not any(s.kind == "attention" for s in find_regions(trace_program(task, "cpu").dce()))
+    sizes = {size: task.size(size) for size in SIZES} | check_ladder(task, widths)
     sized = {name: task if name in SIZES else task.with_size(name, values) for name, values in sizes.items()}
-    programs = {size: _traced(sized[size], size) for size in sizes}
+    programs: dict[str, Program] = {}
+    for size in sizes:
+        try:
+            programs[size] = _traced(sized[size], size)
+        except Exception:  # a rung the layer does not trace at (an extent it reads follows another there)
+            if size in SIZES:
+                raise
+            log.debug("rung_does_not_trace", task=task.id, size=size)
     chosen: dict[int, int] = {}  # attention cores are picked at the first size (cpu) and kept at the others
     cuts = {size: _cut(p, chosen) for size, p in programs.items()}
     shapes = {size: [(s.start, s.end, s.kind) for s in spans] for size, spans in cuts.items()}
     if shapes["cpu"] != shapes["full"]:
         raise ExtractError(f"{task.id}: the reference's program differs between sizes cpu and full; "
                            "regions must cut both the same way")
-    kept = [size for size in sizes if shapes[size] == shapes["cpu"]]
+    kept = [size for size in programs if shapes[size] == shapes["cpu"]]
     return {s: programs[s] for s in kept}, cuts["cpu"], {s: sizes[s] for s in kept}, chosen
 
 

@@ -179,3 +179,27 @@ def find_regions(program: Program) -> list[Span]:
     ends = starts[1:] + [len(program.nodes)]
     return [Span(s, e, kind, cores.get(a) if kind == "attention" else None)
             for s, e, (a, _, kind) in zip(starts, ends, merged)]
+
+
+
+def merge_routed(spans: list[Span]) -> list[Span]:
+    """A routing step and the regions after it up to its last expert region as one region: the expert
+    matmuls (the dense gate and up products over every expert included) then read the routing that picks
+    their tokens, so a kernel can run each token through its chosen experts only (the dense reference runs
+    every expert on every token and zeroes the others)."""
+    merged: list[Span] = []
+    i = 0
+    while i < len(spans):
+        span = spans[i]
+        if span.kind == "routing":
+            run = i + 1
+            while run < len(spans) and spans[run].kind in ("matmul", "experts"):
+                run += 1
+            last = max((j for j in range(i + 1, run) if spans[j].kind == "experts"), default=None)
+            if last is not None:
+                merged.append(Span(span.start, spans[last].end, "experts"))
+                i = last + 1
+                continue
+        merged.append(span)
+        i += 1
+    return merged

@@ -10,6 +10,9 @@ What an expert writes for a Mixtral-style layer on a TPU (the megablox layout, w
   ``silu(gate) * up`` rounded to bf16 in VMEM, its product with the down weight's rows accumulated into
   whole f32 output rows (the output block itself, resident across the hidden steps);
 - the pairs' rows gathered back and summed with their router weights in f32, rounded once.
+Two forms are read: a task of x, router and the three expert weights (the router matmul inside), and the
+expert region of a model layer (``maxkernel extract``), which takes the router's f32 logits, the normed
+tokens, the expert weights and the residual it adds the experts' sum to.
 The template renders only what its router and experts compute, and says so only after comparing the
 reference with that computation on the task's own inputs at the ``cpu`` size.
 """
@@ -40,6 +43,13 @@ ROUTING_SOURCE = '''def _route(tokens, w_router, top_k):
     logits = jnp.dot(tokens, w_router, preferred_element_type=jnp.float32)
     top_p, top_idx = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
     return top_p / jnp.sum(top_p, axis=-1, keepdims=True), top_idx
+
+
+def _route_logits(logits, top_k):
+    """The router from its logits: the top_k kept, a softmax over them in f32 (the same weights as a softmax
+    over every expert renormalized over the top_k)."""
+    top_vals, top_idx = jax.lax.top_k(logits.astype(jnp.float32), top_k)
+    return jax.nn.softmax(top_vals, axis=-1), top_idx
 
 
 def _combine(weights, picked):
@@ -104,17 +114,87 @@ def _weight_rows(i, j, expert, used):
 class MoePlan:
     """Which argument plays which part, and the extents at one size."""
 
-    x: str
-    router: str
+    x: str  # the tokens [..., hidden] (the normed ones in the region form)
+    router: str  # the router [hidden, experts], or in the region form the router's f32 logits [tokens, experts]
     gate: str
     up: str
     down: str
-    top_k: str  # the static argument holding the number of experts each token keeps
+    top_k: str  # the static argument holding the number of experts each token keeps ("" when a literal)
     tokens: int
     hidden: int
     intermediate: int
     experts: int
     k: int
+    names: tuple[str, ...] = ()  # the arguments in the reference's order
+    residual: str = ""  # the region form: the input [..., hidden] the experts' sum is added to
+    from_logits: bool = False  # the region form: routing reads the logits, not x @ router
+
+
+def _top_k_of(task: "Task", size: str) -> int | None:
+    """The k of the reference's one top_k at ``size``, or None when it has none or several."""
+    ks = {int(n.params["k"]) for n in trace_program(task, size).nodes if n.prim == "top_k"}
+    return ks.pop() if len(ks) == 1 else None
+
+
+def _feeds_logistic(task: "Task", size: str, name: str) -> bool:
+    """Whether the matmul reading argument ``name`` feeds a sigmoid (through layout ops only): the gate of
+    silu(gate) * up."""
+    program = trace_program(task, size)
+    index = arg_names(task).index(name)
+    weight = program.inputs[index]
+    users: dict[Any, list[Any]] = {}
+    for node in program.nodes:
+        for op in node.ins:
+            users.setdefault(op, []).append(node)
+    frontier = [n.outs[0] for n in program.nodes if n.prim == "dot_general" and weight in n.ins]
+    while frontier:
+        for node in users.get(frontier.pop(), []):
+            if node.prim == "logistic":
+                return True
+            if node.prim in ("transpose", "reshape", "convert_element_type"):
+                frontier.extend(node.outs)
+    return False
+
+
+def _region_roles(task: "Task", size: str) -> MoePlan | str:
+    """The region form by shape: f32 logits [T, E], bf16 tokens [T, H], two [E, H, I] weights (the gate is
+    the one whose product feeds the sigmoid), one [E, I, H], and a residual [..., H] of T rows."""
+    shapes = input_shapes(task, size)
+    names = arg_names(task)
+    if len(shapes) != 6 or len(names) != 6:
+        return "not six arguments (logits, tokens, gate, up, down, residual)"
+    f32 = [i for i, s in enumerate(shapes) if np.dtype(s.dtype) == np.dtype("float32") and len(s.shape) == 2]
+    if len(f32) != 1 or sum(np.dtype(s.dtype) == np.dtype("bfloat16") for s in shapes) != 5:
+        return "not f32 router logits beside five bfloat16 arguments"
+    t, e = shapes[f32[0]].shape
+    stacked = [i for i, s in enumerate(shapes) if len(s.shape) == 3 and s.shape[0] == e and i not in f32]
+    if len(stacked) != 3:
+        return "not three stacked expert weights [experts, ...]"
+    pairs = {i: [j for j in stacked if shapes[j].shape == shapes[i].shape] for i in stacked}
+    square = [i for i in stacked if len(pairs[i]) == 2]
+    downs = [i for i in stacked if len(pairs[i]) == 1]
+    if len(square) != 2 or len(downs) != 1:
+        return "no two expert weights [experts, hidden, intermediate] beside one [experts, intermediate, hidden]"
+    _, h, inter = shapes[square[0]].shape
+    if shapes[downs[0]].shape != (e, inter, h):
+        return "the down weight is not [experts, intermediate, hidden]"
+    rest = [i for i in range(6) if i not in f32 and i not in stacked]
+    tokens = [i for i in rest if shapes[i].shape == (t, h)]
+    if len(tokens) != 1:
+        return "no tokens [tokens, hidden] beside the logits"
+    residual = [i for i in rest if i != tokens[0]][0]
+    r = shapes[residual].shape
+    if not r or r[-1] != h or int(np.prod(r[:-1])) != t:
+        return "no residual [..., hidden] of the tokens' rows"
+    gates = [i for i in square if _feeds_logistic(task, size, names[i])]
+    if len(gates) != 1:
+        return "no one expert weight whose product feeds the sigmoid (silu(gate) * up)"
+    k = _top_k_of(task, size)
+    if k is None or not 1 <= k <= e:
+        return "no one top-k over the experts"
+    up = [i for i in square if i != gates[0]][0]
+    return MoePlan(names[tokens[0]], names[f32[0]], names[gates[0]], names[up], names[downs[0]], "", int(t), int(h),
+                   int(inter), int(e), k, tuple(names), names[residual], True)
 
 
 def _roles(task: "Task", size: str) -> MoePlan | str:
@@ -122,6 +202,8 @@ def _roles(task: "Task", size: str) -> MoePlan | str:
     weights [E, H, I], [E, H, I], [E, I, H] (gate, up, down, in that order), and one integer static."""
     shapes = input_shapes(task, size)
     names = arg_names(task)
+    if len(shapes) == 6:
+        return _region_roles(task, size)
     if len(shapes) != 5 or len(names) != 5 or any(np.dtype(s.dtype) != np.dtype("bfloat16") for s in shapes):
         return "not five bfloat16 arguments (x, router, gate, up, down)"
     x, router, gate, up, down = shapes
@@ -137,22 +219,30 @@ def _roles(task: "Task", size: str) -> MoePlan | str:
     top_k = int(static_args(task, size)[ints[0]])
     if not 1 <= top_k <= e:
         return "the static argument is not a number of experts"
-    return MoePlan(*names, ints[0], int(np.prod(x.shape[:-1])), int(h), int(i), int(e), top_k)
+    return MoePlan(*names, ints[0], int(np.prod(x.shape[:-1])), int(h), int(i), int(e), top_k, tuple(names))
 
 
-def _routed_reference(routing: dict[str, Any], x: Any, router: Any, gate: Any, up: Any, down: Any, top_k: int) -> Any:
+def _routed_reference(routing: dict[str, Any], p: MoePlan, args: dict[str, Any], top_k: int) -> Any:
     """What the kernel computes, written densely (every expert on every token, then each token's chosen
     ones picked): the computation the reference is compared with."""
     import jax
     import jax.numpy as jnp
 
+    x, gate, up, down = args[p.x], args[p.gate], args[p.up], args[p.down]
     tokens = x.reshape((-1, x.shape[-1]))
-    weights, top_idx = routing["_route"](tokens, router, top_k)
+    if p.from_logits:
+        weights, top_idx = routing["_route_logits"](args[p.router], top_k)
+    else:
+        weights, top_idx = routing["_route"](tokens, args[p.router], top_k)
     g = jnp.einsum("th,ehi->eti", tokens, gate, preferred_element_type=jnp.float32)
     u = jnp.einsum("th,ehi->eti", tokens, up, preferred_element_type=jnp.float32)
     y = jnp.einsum("eti,eih->eth", (jax.nn.silu(g) * u).astype(jnp.bfloat16), down, preferred_element_type=jnp.float32)
     picked = y[top_idx, jnp.arange(tokens.shape[0])[:, None]]
-    return routing["_combine"](weights, picked).astype(x.dtype).reshape(x.shape)
+    out = routing["_combine"](weights, picked).astype(x.dtype)
+    if p.residual:
+        residual = args[p.residual]
+        return residual + out.reshape(residual.shape)
+    return out.reshape(x.shape)
 
 
 def computes_the_reference(task: "Task") -> bool:
@@ -166,8 +256,10 @@ def computes_the_reference(task: "Task") -> bool:
     args, static = task.get_inputs(jax.random.key(0), "cpu")
     roles = _roles(task, "cpu")
     assert not isinstance(roles, str)
+    top_k = static[roles.top_k] if roles.top_k else roles.k
     expected = np.asarray(jax.jit(lambda *a: task.reference(*a, **static))(*args), np.float32)
-    got = np.asarray(jax.jit(lambda *a: _routed_reference(routing, *a, static[roles.top_k]))(*args), np.float32)
+    got = np.asarray(jax.jit(lambda *a: _routed_reference(routing, roles, dict(zip(roles.names, a)), top_k))(*args),
+                     np.float32)
     tol = task.spec.tolerance
     return expected.shape == got.shape and bool(np.allclose(got, expected, atol=tol.atol, rtol=tol.rtol))
 
@@ -181,6 +273,8 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> MoePlan | str:
         found.append(p)
     if "top_k" not in trace_program(task, "cpu").primitives():
         return "no top-k routing in the reference"
+    if not found[-1].top_k and len({p.k for p in found}) != 1:
+        return "a literal top-k that differs between sizes (no static argument gives it)"
     return found[-1]
 
 
@@ -219,20 +313,28 @@ class TpuMoeTemplate:
         doc = (f'"""{task.id}: {self.description}.\n\nGenerated by MaxKernel\'s rules brain: '
                f"{params['block_m']} rows by {params['block_h']} hidden columns a step.\n\"\"\"\n")
         constants = (f"BLOCK_M = {int(params['block_m'])}  # rows of one expert per step (its rows are padded to these)\n"
-                     f"BLOCK_H = {int(params['block_h'])}  # hidden columns per step (innermost, accumulated)\n")
+                     f"BLOCK_H = {int(params['block_h'])}  # hidden columns per step (innermost, accumulated)\n"
+                     + ("" if p.top_k else f"TOP_K = {p.k}  # experts each token keeps (the reference's literal)\n"))
         return "\n".join([doc, HEADER, constants, FIT_SOURCE, "", _mxu_source(W_KN_DIMENSIONS, 1),
                           ROUTING_SOURCE, "", LAYOUT_SOURCE, "", KERNEL_BODY, "", _kernel_source(p)])
 
 
 def _kernel_source(p: MoePlan) -> str:
     x, router, gate, up, down = p.x, p.router, p.gate, p.up, p.down
-    return f'''def kernel({x}, {router}, {gate}, {up}, {down}, **static):
-    top_k = static[{p.top_k!r}]
+    top_k = f"static[{p.top_k!r}]" if p.top_k else "TOP_K"
+    route = f"_route_logits({router}, top_k)" if p.from_logits else f"_route(tokens, {router}, top_k)"
+    if p.residual:
+        result = (f"out = _combine(weights, picked).astype({x}.dtype)\n"
+                  f"    return {p.residual} + out.reshape({p.residual}.shape)")
+    else:
+        result = f"return _combine(weights, picked).astype({x}.dtype).reshape({x}.shape)"
+    return f'''def kernel({", ".join(p.names)}, **static):
+    top_k = {top_k}
     width = {x}.shape[-1]
     tokens = {x}.reshape((-1, width))
     num_experts, _, inter = {gate}.shape
     block_h = _fit(BLOCK_H, inter)
-    weights, top_idx = _route(tokens, {router}, top_k)
+    weights, top_idx = {route}
     row_of_pair, token_of_row, block_expert, used = _layout(top_idx, num_experts, BLOCK_M)
     rows = tokens[token_of_row]
     # What one step holds (blocks double-buffered, the gate, up and hidden tiles): the limit is raised to
@@ -257,7 +359,7 @@ def _kernel_source(p: MoePlan) -> str:
                                              vmem_limit_bytes=max(32 << 20, planned + (planned >> 2))),
     )(block_expert, used, rows, {gate}, {up}, {down})
     picked = y[row_of_pair].reshape(top_idx.shape + (width,))
-    return _combine(weights, picked).astype({x}.dtype).reshape({x}.shape)
+    {result}
 '''
 
 

@@ -12,7 +12,10 @@ import pytest
 from jaxbench.task import list_models, load_task
 from jaxbench.task_check import check_task
 from maxkernel.extract import extract_task
+from maxkernel.extract.layer import check_ladder
+from maxkernel.extract.regions import Span, merge_routed
 from maxkernel.extract.rejoin import rejoin, run_regions
+from maxkernel.templates.tpu_moe import plan as moe_plan
 
 LAYERS = [t.id for t in list_models()]
 
@@ -37,6 +40,32 @@ def test_a_wrong_region_breaks_the_rejoin(tmp_path):
     expected = jax.jit(lambda *a: layer.reference(*a, **static))(*args)
     np.testing.assert_allclose(right[0], expected, atol=2e-3, rtol=2e-3)
     assert not np.allclose(wrong[0], expected, atol=2e-3, rtol=2e-3)
+    # Routing and the experts are one region, which the routed-experts kernel reads: the router's logits,
+    # the normed tokens, gate, up and down, and the residual the experts' sum is added to.
+    assert [r.kind for r in extraction.regions] == ["matmul", "experts"]
+    roles = moe_plan(load_task(hot.path), ("cpu", "full"))
+    assert not isinstance(roles, str), roles
+    assert roles.from_logits and (roles.gate, roles.up, roles.down, roles.residual) == ("w_gate", "w_up", "w_down", "x")
+    assert (roles.k, roles.experts, roles.tokens) == (2, 8, 8192)
+
+
+def test_routing_merges_with_the_expert_regions_after_it():
+    spans = [Span(0, 3, "matmul"), Span(3, 5, "routing"), Span(5, 7, "matmul"), Span(7, 9, "experts"),
+             Span(9, 10, "experts"), Span(10, 12, "matmul")]
+    assert [(s.start, s.end, s.kind) for s in merge_routed(spans)] == [
+        (0, 3, "matmul"), (3, 10, "experts"), (10, 12, "matmul")]
+    alone = [Span(0, 2, "routing"), Span(2, 4, "matmul")]  # no expert region after it: left as it is
+    assert [(s.start, s.end, s.kind) for s in merge_routed(alone)] == [(0, 2, "routing"), (2, 4, "matmul")]
+
+
+def test_the_check_ladder_shrinks_a_width_with_the_others_at_full():
+    ladder = check_ladder(load_task("mixtral_8x7b_moe"))
+    full = load_task("mixtral_8x7b_moe").size("full")
+    # seq down to its floor, then intermediate alone (a kernel whose blocks follow hidden keeps it at full)
+    assert ladder["seq_256_intermediate_1792"] == {**full, "seq": 256, "intermediate": 1792}
+    assert ladder["seq_256_hidden_256_intermediate_1792"] == {**full, "seq": 256, "hidden": 256, "intermediate": 1792}
+    assert [n for n in ladder if n.startswith("seq_") and "_" not in n[4:]] == [
+        "seq_4096", "seq_2048", "seq_1024", "seq_512", "seq_256"]
 
 
 def test_attention_is_one_region_and_region_tasks_are_sound(tmp_path):
