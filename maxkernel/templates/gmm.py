@@ -8,9 +8,13 @@ spent on visits that do not exist (a static grid of the bound pays a block fetch
 grid is (column tile, visit, depth tile) with depth innermost: each visit multiplies its row
 tile by its group's weight tile into an f32 VMEM accumulator and, on the last depth step, writes the rows
 that belong to the group; a tile that straddles a boundary is visited once per group, consecutively, so
-its output block stays in VMEM until every group has written its rows. MXU operands stay in the input dtype. Rows and depth are tiled exactly;
-the column axis counts partial tiles (a last tile past the end writes only the columns that exist), so the
-check size can halve ``n`` without changing the column tile.
+its output block stays in VMEM until every group has written its rows. MXU operands stay in the input dtype.
+Blocks follow the tuned table's rule (``block_for``) at any shape. Rows are tiled by it where it finds a
+legal divisor near the tuned tile, else padded to whole tuned tiles: group boundaries fall anywhere anyway,
+so the padded rows are rows no group owns, and they are cut from the output. Depth is tiled exactly (an
+extent with no legal divisor is refused by name); the column axis counts partial tiles (a last tile past
+the end writes only the columns that exist), so the check size can halve ``n`` without changing the
+column tile.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import numpy as np
 from maxkernel.analysis.program import arg_names, trace_program
 from maxkernel.rewrites.emit import EmitError, dtype_expr
 from maxkernel.targets.check_size import CHECK_FLOPS, CHECK_GRID_STEPS
-from maxkernel.templates.base import (FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, check_extent, check_floor, divisors,
-                                      tpu_target)
+from maxkernel.targets.blocks import LANES
+from maxkernel.templates.base import (BLOCK_FOR_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, check_extent, check_floor,
+                                      divisors, sublane_rows, tpu_target)
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -183,6 +188,15 @@ def render_gmm(task: "Task", a: GroupedShape, bm: int, bk: int, bn: int) -> str:
     args = ", ".join(arg_names(task)[:3])
     f32 = a.dtype == np.float32
     precision = ", precision=jax.lax.Precision.HIGHEST" if f32 else ""
+    sublanes = sublane_rows(a.dtype, a.out_dtype)
+    # Tiles tuned for a TPU are multiples of its VMEM tiling, and so is any other block the rule picks; a CPU
+    # tuning's tiles need not be, and then any block is legal.
+    row_align = sublanes if bm % sublanes == 0 else 1
+    row_why = (f"row tiles are whole {sublanes}-row sublane tiles of the TPU ({a.dtype.name})" if row_align > 1
+               else "BLOCK_M is no multiple of the TPU's sublane tile (a CPU tuning): any row tile")
+    depth_align = LANES if bk % LANES == 0 else 1
+    depth_why = (f"depth blocks are whole {LANES}-lane tiles of the TPU" if depth_align > 1
+                 else "BLOCK_K is no multiple of the TPU's lane tile (a CPU tuning): any depth block")
     lines = [
         f'"""{task.id}: grouped matmul, megablox style, over (row tile, group) visits.\n',
         "Grid (column tile, visit, depth tile): each visit multiplies one row tile by its group's weight tile",
@@ -202,9 +216,23 @@ def render_gmm(task: "Task", a: GroupedShape, bm: int, bk: int, bn: int) -> str:
         f"BLOCK_M = {bm}  # rows per tile",
         f"BLOCK_K = {bk}  # depth per step",
         f"BLOCK_N = {bn}  # output columns per tile",
+        f"ROW_ALIGN = {row_align}  # {row_why}",
+        f"DEPTH_ALIGN = {depth_align}  # {depth_why}",
         "",
         "",
-        FIT_SOURCE,
+        BLOCK_FOR_SOURCE,
+        "",
+        "",
+        "def _row_blocks(rows):",
+        '    """The row tile and the rows the grid covers: the block rule\'s divisor of ``rows`` where it has one of at',
+        "    least half BLOCK_M (at most twice the tuned steps), else BLOCK_M tiles (one tile of the rows rounded up to",
+        "    ROW_ALIGN when they are fewer) over the rows padded to a whole tile. Group boundaries fall anywhere, so",
+        '    padded rows are just rows no group owns: no visit writes them, and they are cut from the output."""',
+        "    legal = range(BLOCK_M // ROW_ALIGN * ROW_ALIGN, BLOCK_M // 2 - 1, -ROW_ALIGN)",
+        "    if any(rows % block == 0 for block in legal) or (rows <= BLOCK_M and rows % ROW_ALIGN == 0):",
+        '        return block_for(rows, BLOCK_M, ROW_ALIGN, BLOCK_M // 2, "rows"), rows',
+        "    block_m = min(BLOCK_M, -(-rows // ROW_ALIGN) * ROW_ALIGN)",
+        "    return block_m, -(-rows // block_m) * block_m",
         "",
         "",
         "def _group_metadata(group_sizes, rows, block_m):",
@@ -247,9 +275,12 @@ def render_gmm(task: "Task", a: GroupedShape, bm: int, bk: int, bn: int) -> str:
         f"def kernel({args}):",
         f"    rows, depth = {lhs}.shape",
         f"    cols = {rhs}.shape[2]",
-        "    # Rows and depth are tiled exactly; the last column tile may be partial (Pallas drops its extra columns).",
-        "    block_m, block_k, block_n = _fit(BLOCK_M, rows), _fit(BLOCK_K, depth), min(BLOCK_N, cols)",
-        f"    group_of, tile_of, starts, ends, total = _group_metadata({sizes}, rows, block_m)",
+        "    # Rows in whole tiles (padded where no legal tile divides them) and depth tiled exactly (refused where",
+        "    # no legal block divides it); the last column tile may be partial (Pallas drops its extra columns).",
+        "    block_m, tiled_rows = _row_blocks(rows)",
+        '    block_k, block_n = block_for(depth, BLOCK_K, DEPTH_ALIGN, 1, "depth"), min(BLOCK_N, cols)',
+        f"    lhs_tiles = {lhs} if tiled_rows == rows else jnp.pad({lhs}, ((0, tiled_rows - rows), (0, 0)))",
+        f"    group_of, tile_of, starts, ends, total = _group_metadata({sizes}, tiled_rows, block_m)",
         "    grid_spec = pltpu.PrefetchScalarGridSpec(",
         "        num_scalar_prefetch=4,",
         "        grid=(pl.cdiv(cols, block_n), total, depth // block_k),  # only the real visits",
@@ -260,12 +291,13 @@ def render_gmm(task: "Task", a: GroupedShape, bm: int, bk: int, bn: int) -> str:
         "        out_specs=pl.BlockSpec((block_m, block_n), lambda j, t, kk, grp, tile, st, en: (tile[t], j)),",
         "        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],",
         "    )",
-        "    return pl.pallas_call(",
+        "    out = pl.pallas_call(",
         "        functools.partial(_gmm_kernel, block_m=block_m),",
         "        grid_spec=grid_spec,",
-        f"        out_shape=jax.ShapeDtypeStruct((rows, cols), {dtype_expr(a.out_dtype)}),",
+        f"        out_shape=jax.ShapeDtypeStruct((tiled_rows, cols), {dtype_expr(a.out_dtype)}),",
         '        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary")),',
-        f"    )(group_of, tile_of, starts, ends, {lhs}, {rhs})",
+        f"    )(group_of, tile_of, starts, ends, lhs_tiles, {rhs})",
+        "    return out if tiled_rows == rows else out[:rows]",
     ]
     return "\n".join(lines) + "\n"
 

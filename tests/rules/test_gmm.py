@@ -111,3 +111,51 @@ def test_the_grid_runs_only_the_real_visits() -> None:
     columns, visited, depth = kernel.grid
     assert (columns, depth) == (full.n // 1024, full.k // 1024)
     assert full.m // 512 <= visited < visits(full, 512)
+
+
+def _interpreted(source: str) -> types.ModuleType:
+    """The candidate with its pallas_call run in interpret mode on this CPU."""
+    from jax.experimental import pallas as pl
+
+    module = _module(source)
+    pallas = types.SimpleNamespace(**{name: getattr(pl, name) for name in dir(pl) if not name.startswith("_")})
+    pallas.pallas_call = lambda *args, **kwargs: pl.pallas_call(*args, interpret=True, **kwargs)
+    module.pl = pallas
+    return module
+
+
+def test_odd_row_counts_keep_the_tuned_tiles_over_padded_rows_and_match_the_reference() -> None:
+    """No legal divisor near BLOCK_M divides 902, 518 or 37 rows: the rows are padded to whole tiles (a
+    group boundary may fall anywhere, so padded rows are rows no group owns) instead of shrinking the tile."""
+    import jax
+
+    task = load_task("11p_Megablox_GMM")
+    module = _interpreted(GROUPED_MATMUL.render(task, {"block_m": 128, "block_k": 512, "block_n": 256}, ("cpu",)))
+    assert module._row_blocks(512) == (128, 512)  # the block rule where it serves
+    assert module._row_blocks(480) == (96, 480)  # a legal divisor no smaller than half the tuned tile
+    for rows, tiling in ((902, (128, 1024)), (518, (128, 640)), (37, (48, 48))):
+        assert module._row_blocks(rows) == tiling
+        (lhs, group_sizes, rhs), _ = task.module.get_inputs(jax.random.key(rows), m=rows, k=128, n=256, num_groups=8)
+        got = np.asarray(module.kernel(lhs, group_sizes, rhs), np.float32)
+        want = np.asarray(task.reference(lhs, group_sizes, rhs), np.float32)
+        assert got.shape == (rows, 256)
+        np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_a_depth_with_no_legal_block_is_refused_by_name_and_odd_rows_still_lower_for_tpu() -> None:
+    import jax
+    import jax.numpy as jnp
+    import pytest
+
+    task = load_task("11p_Megablox_GMM")
+    source = GROUPED_MATMUL.render(task, {"block_m": 512, "block_k": 1024, "block_n": 1024}, ("cpu", "full"))
+    assert "ROW_ALIGN = 16" in source and "DEPTH_ALIGN = 128" in source and "_fit(" not in source
+    module = _module(source)
+    rhs = jax.ShapeDtypeStruct((8, 1000, 512), jnp.bfloat16)
+    with pytest.raises(ValueError, match="depth=1000 is not served"):
+        module.kernel(jax.ShapeDtypeStruct((512, 1000), jnp.bfloat16), jax.ShapeDtypeStruct((8,), jnp.int32), rhs)
+    # 902 rows: 1024 padded rows in tiles of 512, lowered for the TPU.
+    exported = jax.export.export(jax.jit(module.kernel), platforms=["tpu"])(
+        jax.ShapeDtypeStruct((902, 512), jnp.bfloat16), jax.ShapeDtypeStruct((8,), jnp.int32),
+        jax.ShapeDtypeStruct((8, 512, 1024), jnp.bfloat16))
+    assert exported.out_avals[0].shape == (902, 1024)
