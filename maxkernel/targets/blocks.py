@@ -32,6 +32,12 @@ def memory_space(aval: object) -> str:
     return str(getattr(space, "value", space)).lower()
 
 
+def sublane_rows(*dtypes: Any) -> int:
+    """Rows of the TPU's (sublane, lane) VMEM tile for the narrowest of ``dtypes``: 8 of 32 bits, 16 of
+    bfloat16, 32 of int8; a row block that is not the whole extent must be a multiple of it."""
+    return SUBLANES * max(1, 4 // min(np.dtype(d).itemsize for d in dtypes))
+
+
 def padded_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
     """Bytes of an array laid out in VMEM tiles: the last dim rounded up to 128 lanes, the second-last to 8
     sublanes of 32 bits (16 rows of bf16, 32 of int8); a 1-D array to 128 lanes."""
@@ -40,7 +46,7 @@ def padded_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
         return itemsize
     if len(shape) == 1:
         return -(-shape[0] // LANES) * LANES * itemsize
-    sublanes = SUBLANES * max(1, 4 // itemsize)
+    sublanes = sublane_rows(dtype)
     rows = -(-shape[-2] // sublanes) * sublanes
     cols = -(-shape[-1] // LANES) * LANES
     return math.prod(shape[:-2]) * rows * cols * itemsize

@@ -10,7 +10,6 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
-import numpy as np
 from pydantic import BaseModel
 
 from maxkernel.tuning.table import block_for
@@ -35,12 +34,6 @@ FIT_SOURCE = '''def _fit(block, extent):
 # Emitted into shape-generic candidates: the tuned table's block rule (largest legal divisor under the tuned
 # block, a multiple of the chip's tiling), refusing by name an extent it cannot serve.
 BLOCK_FOR_SOURCE = inspect.getsource(block_for).rstrip()
-
-
-def sublane_rows(*dtypes: Any) -> int:
-    """Rows of the TPU's (sublane, lane) VMEM tile for the narrowest of ``dtypes``: 8 of 32 bits, 16 of
-    bfloat16, 32 of int8; a row block that is not the whole extent must be a multiple of it."""
-    return 8 * max(1, 4 // min(np.dtype(d).itemsize for d in dtypes))
 
 
 class TemplateSpace(BaseModel):

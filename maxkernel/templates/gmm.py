@@ -27,9 +27,9 @@ import numpy as np
 from maxkernel.analysis.program import arg_names, trace_program
 from maxkernel.rewrites.emit import EmitError, dtype_expr
 from maxkernel.targets.check_size import CHECK_FLOPS, CHECK_GRID_STEPS
-from maxkernel.targets.blocks import LANES
+from maxkernel.targets.blocks import LANES, sublane_rows
 from maxkernel.templates.base import (BLOCK_FOR_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, check_extent, check_floor,
-                                      divisors, sublane_rows, tpu_target)
+                                      divisors, tpu_target)
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
