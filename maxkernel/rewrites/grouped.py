@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from maxkernel.analysis.moe import moe_roles
 from maxkernel.analysis.program import Program, Var, arg_names, static_args, trace_program
 from maxkernel.rewrites.emit import dtype_expr
 from maxkernel.rewrites.structural import candidate_header
@@ -150,29 +151,36 @@ class GroupedMatmulRewrite:
                 f"    return out.astype({dtype_expr(roles.out_dtype)})\n")
 
 
-EXPERTS = '''
-def _routed_experts(x, w_router, w_gate, w_up, w_down, top_k, tile, wide):
-    """Top-k softmax routing, then each expert's SwiGLU run only on the tokens routed to it."""
-    hidden = x.shape[-1]
-    experts = w_router.shape[1]
-    tokens = x.reshape(-1, hidden)
-    count = tokens.shape[0]
-    probs = jax.nn.softmax(jnp.dot(tokens, w_router, preferred_element_type=jnp.float32), axis=-1)
-    top_p, top_idx = jax.lax.top_k(probs, top_k)
-    weights = {weights}
-    # Token copies sorted by expert: expert e owns sorted rows [starts[e], ends[e]).
+PAIRS_BY_EXPERT = '''
+def _pairs_by_expert(top_idx, experts):
+    """The (token, choice) pairs sorted by expert: expert e owns sorted rows [starts[e], ends[e]); the token
+    each sorted row reads and, for each pair in [token, choice] order, its sorted row."""
     expert_of = top_idx.reshape(-1)
+    rows, top_k = expert_of.shape[0], top_idx.shape[1]
     order = jnp.argsort(expert_of, stable=True)
-    token_of = jnp.repeat(jnp.arange(count), top_k)[order]
-    weight_of = weights.reshape(-1)[order]
-    ends = jnp.cumsum(jnp.bincount(expert_of, length=experts))
-    starts = ends - jnp.bincount(expert_of, length=experts)
-    rows = count * top_k
-    sorted_x = jnp.pad(tokens[token_of], ((0, tile), (0, 0)))
+    sizes = jnp.bincount(expert_of, length=experts)
+    ends = jnp.cumsum(sizes)
+    row_of_pair = jnp.zeros((rows,), jnp.int32).at[order].set(jnp.arange(rows, dtype=jnp.int32))
+    return order // top_k, sizes, ends - sizes, ends, row_of_pair
+
+
+def _combine(y, row_of_pair, weights):
+    """Each token's chosen experts' outputs summed with their weights, in f32."""
+    picked = y[row_of_pair].reshape(weights.shape + (y.shape[-1],))
+    return jnp.sum(weights.astype(jnp.float32)[..., None] * picked, axis=1)
+'''
+
+EXPERTS_LOOP = '''
+def _routed_experts(tokens, w_gate, w_up, w_down, top_idx, weights, tile, wide, expert_dtype):
+    """Each (token, choice) pair through its own expert's SwiGLU only, each expert walking its sorted rows a
+    tile at a time (gate, up and down fused per tile); the outputs summed per token with their weights."""
+    hidden = tokens.shape[1]
+    token_of_row, _, starts, ends, row_of_pair = _pairs_by_expert(top_idx, w_gate.shape[0])
+    rows = token_of_row.shape[0]
+    compute = jnp.float32 if wide else tokens.dtype  # f32 products of bf16 values are exact
+    sorted_x = jnp.pad(tokens[token_of_row], ((0, tile), (0, 0))).astype(compute)
     y = jnp.zeros((rows + tile, hidden), jnp.float32)
-    compute = jnp.float32 if wide else sorted_x.dtype  # f32 products of bf16 values are exact
-    sorted_x = sorted_x.astype(compute)
-    for e in range(experts):
+    for e in range(w_gate.shape[0]):
         wg, wu, wd = w_gate[e].astype(compute), w_up[e].astype(compute), w_down[e].astype(compute)
 
         def step(state, e=e, wg=wg, wu=wu, wd=wd):
@@ -181,13 +189,54 @@ def _routed_experts(x, w_router, w_gate, w_up, w_down, top_k, tile, wide):
             gate = jnp.dot(xt, wg, preferred_element_type=jnp.float32)
             up = jnp.dot(xt, wu, preferred_element_type=jnp.float32)
             h = (jax.nn.silu(gate) * up).astype(w_down.dtype).astype(compute)
-            part = jnp.dot(h, wd, preferred_element_type=jnp.float32)
+            part = jnp.dot(h, wd, preferred_element_type=jnp.float32).astype(expert_dtype).astype(jnp.float32)
             mine = (r + jnp.arange(tile) < ends[e])[:, None]
             old = jax.lax.dynamic_slice_in_dim(y, r, tile)
             return r + tile, jax.lax.dynamic_update_slice_in_dim(y, jnp.where(mine, part, old), r, 0)
         _, y = jax.lax.while_loop(lambda s, e=e: s[0] < ends[e], step, (starts[e], y))
-    out = jnp.zeros((count, hidden), jnp.float32).at[token_of].add(weight_of[:, None] * y[:rows])
-    return out.reshape(x.shape)
+    return _combine(y[:rows], row_of_pair, weights)
+'''
+
+EXPERTS_PAIRS = '''
+def _routed_experts(tokens, w_gate, w_up, w_down, top_idx, weights, tile, wide, expert_dtype):
+    """Each (token, choice) pair through its own expert's SwiGLU only: gate, up and down each one grouped
+    matmul over the (row tile, expert) pairs of the rows sorted by expert; the outputs summed per token."""
+    token_of_row, sizes, _, _, row_of_pair = _pairs_by_expert(top_idx, w_gate.shape[0])
+    compute = jnp.float32 if wide else tokens.dtype  # f32 products of bf16 values are exact
+    sorted_x = tokens[token_of_row].astype(compute)
+    gate = _grouped_matmul(sorted_x, w_gate.astype(compute), sizes, tile)
+    up = _grouped_matmul(sorted_x, w_up.astype(compute), sizes, tile)
+    h = (jax.nn.silu(gate) * up).astype(w_down.dtype).astype(compute)
+    y = _grouped_matmul(h, w_down.astype(compute), sizes, tile).astype(expert_dtype).astype(jnp.float32)
+    return _combine(y, row_of_pair, weights)
+'''
+
+
+def experts_source(form: str) -> str:
+    """The routed SwiGLU experts helper (``_routed_experts``) in one of its two forms, with what it calls."""
+    if form == "pairs":
+        return PAIRS_BY_EXPERT + GROUP_TILES + PAIRS + EXPERTS_PAIRS
+    return PAIRS_BY_EXPERT + EXPERTS_LOOP
+
+
+def experts_constants(params: dict[str, Any]) -> str:
+    return (f"TILE = {int(params['tile'])}  # sorted (token, choice) rows per expert step\n"
+            f"WIDEN = {bool(params.get('widen', False))}  # bf16 operands widened to f32 before the matmuls\n")
+
+
+def experts_space(rows: int, target: str) -> TemplateSpace:
+    """Tiles up to the (token, choice) rows; both forms; widening where it pays."""
+    tiles = [t for t in TILES if t <= rows] or [rows]
+    return TemplateSpace(defaults={"form": "loop", "tile": 32 if 32 in tiles else tiles[-1], "widen": False},
+                         space={"form": ["loop", "pairs"], "tile": tiles, "widen": _widen_options(target)})
+
+
+TASK_ROUTING = '''
+def _route(tokens, w_router, top_k):
+    """Top-k of a softmax over the experts in f32 (the kept probabilities {renorm})."""
+    probs = jax.nn.softmax(jnp.dot(tokens, w_router, preferred_element_type=jnp.float32), axis=-1)
+    top_p, top_idx = jax.lax.top_k(probs, top_k)
+    return {weights}, top_idx
 '''
 
 
@@ -228,27 +277,38 @@ class RoutedExpertsRewrite:
 
     def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
         found = match_experts(trace_program(task, "cpu").dce(), static_args(task, "cpu"))
-        return found if isinstance(found, str) else None
+        if not isinstance(found, str):
+            return None
+        from maxkernel.rewrites.expert_region import expert_region
+
+        region = expert_region(task, ("cpu", "full"))
+        return None if not isinstance(region, str) else f"{found}; as an expert region: {region}"
 
     def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
-        tokens = int(np.prod(trace_program(task, "cpu").inputs[0].shape[:-1]))
-        tiles = [t for t in TILES if t <= tokens] or [tokens]
-        return TemplateSpace(defaults={"tile": 32 if 32 in tiles else tiles[-1], "widen": False},
-                             space={"tile": tiles, "widen": _widen_options(target)})
+        roles = moe_roles(task, "cpu")
+        if isinstance(roles, str):
+            raise ValueError(roles)
+        return experts_space(roles.tokens * roles.k, target)
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
         roles = match_experts(trace_program(task, "cpu").dce(), static_args(task, "cpu"))
         if isinstance(roles, str):
-            raise ValueError(roles)
+            from maxkernel.rewrites.expert_region import render_region
+
+            return render_region(task, params, sizes, self.description)
+        x, router, gate, up, down = roles.names
+        routing = TASK_ROUTING.replace("{renorm}", "renormalized to sum to one" if roles.renormalize else "as they are")
         weights = "top_p / jnp.sum(top_p, axis=-1, keepdims=True)" if roles.renormalize else "top_p"
-        doc = (f"{task.id}: {self.description}.\n\ntile={params['tile']} token copies per expert step, "
-               f"widen={bool(params.get('widen', False))}.")
+        doc = (f"{task.id}: {self.description}.\n\nform={params.get('form', 'loop')}, tile={params['tile']} "
+               f"token copies per expert step, widen={bool(params.get('widen', False))}.")
         names = arg_names(task)
-        return (candidate_header(doc) + "\n" + EXPERTS.replace("{weights}", weights) + "\n\n"
+        return (candidate_header(doc) + "\n" + experts_constants(params) + experts_source(params.get("form", "loop"))
+                + routing.replace("{weights}", weights) + "\n\n"
                 f"def kernel({', '.join(names)}, **static):\n"
-                f"    out = _routed_experts({', '.join(roles.names)}, {roles.top_k}, {int(params['tile'])}, "
-                f"{bool(params.get('widen', False))})\n"
-                f"    return out.astype({dtype_expr(roles.out_dtype)})\n")
+                f"    tokens = {x}.reshape(-1, {x}.shape[-1])\n"
+                f"    weights, top_idx = _route(tokens, {router}, {roles.top_k})\n"
+                f"    out = _routed_experts(tokens, {gate}, {up}, {down}, top_idx, weights, TILE, WIDEN, jnp.float32)\n"
+                f"    return out.astype({dtype_expr(roles.out_dtype)}).reshape({x}.shape)\n")
 
 
 GROUPED_MATMUL = GroupedMatmulRewrite()

@@ -19,12 +19,12 @@ reference with that computation on the task's own inputs at the ``cpu`` size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from maxkernel.analysis.program import arg_names, input_shapes, static_args, trace_program
+from maxkernel.analysis.moe import MoePlan, moe_roles, plan_sizes
+from maxkernel.analysis.program import input_shapes, trace_program
 from maxkernel.rewrites.emit import EmitError
 from maxkernel.templates.base import FIT_SOURCE, TemplateSpace
 from maxkernel.templates.tpu_gemm import HEADER, W_KN_DIMENSIONS, _mxu_source
@@ -110,118 +110,6 @@ def _weight_rows(i, j, expert, used):
 '''
 
 
-@dataclass
-class MoePlan:
-    """Which argument plays which part, and the extents at one size."""
-
-    x: str  # the tokens [..., hidden] (the normed ones in the region form)
-    router: str  # the router [hidden, experts], or in the region form the router's f32 logits [tokens, experts]
-    gate: str
-    up: str
-    down: str
-    top_k: str  # the static argument holding the number of experts each token keeps ("" when a literal)
-    tokens: int
-    hidden: int
-    intermediate: int
-    experts: int
-    k: int
-    names: tuple[str, ...] = ()  # the arguments in the reference's order
-    residual: str = ""  # the region form: the input [..., hidden] the experts' sum is added to
-    from_logits: bool = False  # the region form: routing reads the logits, not x @ router
-
-
-def _top_k_of(task: "Task", size: str) -> int | None:
-    """The k of the reference's one top_k at ``size``, or None when it has none or several."""
-    ks = {int(n.params["k"]) for n in trace_program(task, size).nodes if n.prim == "top_k"}
-    return ks.pop() if len(ks) == 1 else None
-
-
-def _feeds_logistic(task: "Task", size: str, name: str) -> bool:
-    """Whether the matmul reading argument ``name`` feeds a sigmoid (through layout ops only): the gate of
-    silu(gate) * up."""
-    program = trace_program(task, size)
-    index = arg_names(task).index(name)
-    weight = program.inputs[index]
-    users: dict[Any, list[Any]] = {}
-    for node in program.nodes:
-        for op in node.ins:
-            users.setdefault(op, []).append(node)
-    frontier = [n.outs[0] for n in program.nodes if n.prim == "dot_general" and weight in n.ins]
-    while frontier:
-        for node in users.get(frontier.pop(), []):
-            if node.prim == "logistic":
-                return True
-            if node.prim in ("transpose", "reshape", "convert_element_type"):
-                frontier.extend(node.outs)
-    return False
-
-
-def _region_roles(task: "Task", size: str) -> MoePlan | str:
-    """The region form by shape: f32 logits [T, E], bf16 tokens [T, H], two [E, H, I] weights (the gate is
-    the one whose product feeds the sigmoid), one [E, I, H], and a residual [..., H] of T rows."""
-    shapes = input_shapes(task, size)
-    names = arg_names(task)
-    if len(shapes) != 6 or len(names) != 6:
-        return "not six arguments (logits, tokens, gate, up, down, residual)"
-    f32 = [i for i, s in enumerate(shapes) if np.dtype(s.dtype) == np.dtype("float32") and len(s.shape) == 2]
-    if len(f32) != 1 or sum(np.dtype(s.dtype) == np.dtype("bfloat16") for s in shapes) != 5:
-        return "not f32 router logits beside five bfloat16 arguments"
-    t, e = shapes[f32[0]].shape
-    stacked = [i for i, s in enumerate(shapes) if len(s.shape) == 3 and s.shape[0] == e and i not in f32]
-    if len(stacked) != 3:
-        return "not three stacked expert weights [experts, ...]"
-    pairs = {i: [j for j in stacked if shapes[j].shape == shapes[i].shape] for i in stacked}
-    square = [i for i in stacked if len(pairs[i]) == 2]
-    downs = [i for i in stacked if len(pairs[i]) == 1]
-    if len(square) != 2 or len(downs) != 1:
-        return "no two expert weights [experts, hidden, intermediate] beside one [experts, intermediate, hidden]"
-    _, h, inter = shapes[square[0]].shape
-    if shapes[downs[0]].shape != (e, inter, h):
-        return "the down weight is not [experts, intermediate, hidden]"
-    rest = [i for i in range(6) if i not in f32 and i not in stacked]
-    tokens = [i for i in rest if shapes[i].shape == (t, h)]
-    if len(tokens) != 1:
-        return "no tokens [tokens, hidden] beside the logits"
-    residual = [i for i in rest if i != tokens[0]][0]
-    r = shapes[residual].shape
-    if not r or r[-1] != h or int(np.prod(r[:-1])) != t:
-        return "no residual [..., hidden] of the tokens' rows"
-    gates = [i for i in square if _feeds_logistic(task, size, names[i])]
-    if len(gates) != 1:
-        return "no one expert weight whose product feeds the sigmoid (silu(gate) * up)"
-    k = _top_k_of(task, size)
-    if k is None or not 1 <= k <= e:
-        return "no one top-k over the experts"
-    up = [i for i in square if i != gates[0]][0]
-    return MoePlan(names[tokens[0]], names[f32[0]], names[gates[0]], names[up], names[downs[0]], "", int(t), int(h),
-                   int(inter), int(e), k, tuple(names), names[residual], True)
-
-
-def _roles(task: "Task", size: str) -> MoePlan | str:
-    """The arguments by shape: x [..., H] and the router [H, E] in bf16, then three stacked expert
-    weights [E, H, I], [E, H, I], [E, I, H] (gate, up, down, in that order), and one integer static."""
-    shapes = input_shapes(task, size)
-    names = arg_names(task)
-    if len(shapes) == 6:
-        return _region_roles(task, size)
-    if len(shapes) != 5 or len(names) != 5 or any(np.dtype(s.dtype) != np.dtype("bfloat16") for s in shapes):
-        return "not five bfloat16 arguments (x, router, gate, up, down)"
-    x, router, gate, up, down = shapes
-    ints = [k for k, v in static_args(task, size).items() if isinstance(v, int) and not isinstance(v, bool)]
-    if len(ints) != 1:
-        return "not one integer static argument (the experts each token keeps)"
-    if len(x.shape) < 2 or len(router.shape) != 2:
-        return "no tokens [..., hidden] and router [hidden, experts]"
-    h, e = router.shape
-    i = gate.shape[-1] if len(gate.shape) == 3 else 0
-    if x.shape[-1] != h or gate.shape != (e, h, i) or up.shape != (e, h, i) or down.shape != (e, i, h):
-        return "no stacked expert weights [experts, hidden, intermediate] and [experts, intermediate, hidden]"
-    top_k = int(static_args(task, size)[ints[0]])
-    if not 1 <= top_k <= e:
-        return "the static argument is not a number of experts"
-    return MoePlan(*names, ints[0], int(np.prod(x.shape[:-1])), int(h), int(i), int(e), top_k, tuple(names))
-
-
 def _routed_reference(routing: dict[str, Any], p: MoePlan, args: dict[str, Any], top_k: int) -> Any:
     """What the kernel computes, written densely (every expert on every token, then each token's chosen
     ones picked): the computation the reference is compared with."""
@@ -254,7 +142,7 @@ def computes_the_reference(task: "Task") -> bool:
     routing: dict[str, Any] = {"jax": jax, "jnp": jnp}
     exec(compile(ROUTING_SOURCE, "routing", "exec"), routing)
     args, static = task.get_inputs(jax.random.key(0), "cpu")
-    roles = _roles(task, "cpu")
+    roles = moe_roles(task, "cpu")
     assert not isinstance(roles, str)
     top_k = static[roles.top_k] if roles.top_k else roles.k
     expected = np.asarray(jax.jit(lambda *a: task.reference(*a, **static))(*args), np.float32)
@@ -265,12 +153,15 @@ def computes_the_reference(task: "Task") -> bool:
 
 
 def plan(task: "Task", sizes: tuple[str, ...]) -> MoePlan | str:
-    found: list[MoePlan] = []
-    for size in sizes:
-        p = _roles(task, size)
-        if isinstance(p, str):
-            return p
-        found.append(p)
+    found = plan_sizes(task, sizes)
+    if isinstance(found, str):
+        return found
+    last = found[-1]
+    logits = dict(zip(last.names, input_shapes(task, sizes[-1]))).get(last.router)
+    if last.from_logits and (logits is None or logits.shape != (last.tokens, last.experts)
+                             or np.dtype(logits.dtype) != np.dtype("float32")):
+        return (f"the routing reads {', '.join(last.routing)}: this template routes from the router's f32 logits "
+                "[tokens, experts] alone (a softmax over the top-k logits)")
     if "top_k" not in trace_program(task, "cpu").primitives():
         return "no top-k routing in the reference"
     if not found[-1].top_k and len({p.k for p in found}) != 1:

@@ -1,0 +1,169 @@
+"""Which argument of a mixture-of-experts reference plays which part: read once, used by every kernel of it.
+
+Two forms are read:
+- a task of x, router and the three stacked expert weights, with the router matmul inside and the number
+  of experts each token keeps as its one integer static argument (``10p_Sparse_MoE``);
+- the expert region of a model layer (``maxkernel extract``): the normed tokens [T, H], the stacked gate
+  and up [E, H, I] and down [E, I, H], the routing inputs the region's router reads (the router's f32
+  logits, or what the layer computed of its router before the cut: a softmax's parts, a selection bias)
+  and, where the region adds the experts' sum to it, the residual [..., H] of the tokens' rows.
+The gate is told from the up weight by what its product feeds (the sigmoid of ``silu(gate) * up``); in the
+region form the top-k's k is read from the reference's program at each size (no static argument gives it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from maxkernel.analysis.program import Program, arg_names, input_shapes, static_args, trace_program
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
+
+
+@dataclass
+class MoePlan:
+    """Which argument plays which part, and the extents at one size."""
+
+    x: str  # the tokens [..., hidden] (the normed ones in the region form)
+    router: str  # the router [hidden, experts], or in the region form its one routing input (else "")
+    gate: str
+    up: str
+    down: str
+    top_k: str  # the static argument holding the number of experts each token keeps ("" when a literal)
+    tokens: int
+    hidden: int
+    intermediate: int
+    experts: int
+    k: int
+    names: tuple[str, ...] = ()  # the arguments in the reference's order
+    residual: str = ""  # the region form: the input [..., hidden] the experts' sum is added to
+    from_logits: bool = False  # the region form: routing reads what the layer's router computed, not x @ router
+    routing: tuple[str, ...] = ()  # the region form: every argument the routing reads (logits, bias, ...)
+
+
+def feeds_logistic(program: Program, name: str) -> bool:
+    """Whether the matmul reading argument ``name`` feeds a sigmoid (through layout ops only): the gate of
+    silu(gate) * up."""
+    weight = next(v for v in program.inputs if v.name == name)
+    users = program.users()
+    frontier = [n.outs[0] for n in program.nodes if n.prim == "dot_general" and weight in n.ins]
+    while frontier:
+        for node in users.get(frontier.pop(), []):
+            if node.prim == "logistic":
+                return True
+            if node.prim in ("transpose", "reshape", "convert_element_type"):
+                frontier.extend(node.outs)
+    return False
+
+
+def _reads_with(program: Program, weight: str) -> set[str]:
+    """The arguments a matmul reading argument ``weight`` multiplies it with."""
+    inputs = {v: v.name for v in program.inputs}
+    found: set[str] = set()
+    for node in program.nodes:
+        if node.prim == "dot_general" and any(inputs.get(op) == weight for op in node.ins):
+            found.update(inputs[op] for op in node.ins if op in inputs and inputs[op] != weight)
+    return found
+
+
+def region_roles(task: "Task", size: str) -> MoePlan | str:
+    """The region form by shape: two stacked weights [E, H, I] (the gate is the one whose product feeds the
+    sigmoid), one [E, I, H], the tokens [T, H] they multiply, at most one residual [..., H] of T rows in the
+    tokens' dtype, and the routing inputs (every other argument, floating point)."""
+    shapes = input_shapes(task, size)
+    names = arg_names(task)
+    if len(shapes) != len(names) or len(shapes) < 5:
+        return "not the arguments of an expert region (tokens, gate, up, down and the routing's inputs)"
+    cubes = [i for i, s in enumerate(shapes) if len(s.shape) == 3]  # a residual [1, T, H] is one too
+    leading = [n for n in {shapes[i].shape[0] for i in cubes} if sum(shapes[i].shape[0] == n for i in cubes) == 3]
+    if len(leading) != 1:
+        return "not three stacked expert weights [experts, ...]"
+    e = leading[0]
+    stacked = [i for i in cubes if shapes[i].shape[0] == e]
+    # gate and up multiply an argument (the tokens), down multiplies what they made: shapes alone cannot tell
+    # them apart where hidden = intermediate
+    program = trace_program(task, size)
+    multiplied = {i: _reads_with(program, names[i]) for i in stacked}
+    square = [i for i in stacked if multiplied[i]]
+    downs = [i for i in stacked if not multiplied[i]]
+    if len(square) != 2 or len(downs) != 1 or shapes[square[0]].shape != shapes[square[1]].shape:
+        return "no two expert weights [experts, hidden, intermediate] beside one [experts, intermediate, hidden]"
+    _, h, inter = shapes[square[0]].shape
+    if shapes[downs[0]].shape != (e, inter, h):
+        return "the down weight is not [experts, intermediate, hidden]"
+    dtype = np.dtype(shapes[square[0]].dtype)
+    multiplied_by = multiplied[square[0]] | multiplied[square[1]]
+    tokens = [i for i, s in enumerate(shapes) if i not in stacked and len(s.shape) == 2 and s.shape[1] == h
+              and np.dtype(s.dtype) == dtype and names[i] in multiplied_by]
+    if len(tokens) != 1:
+        return "no one tokens argument [tokens, hidden] that the expert weights multiply"
+    t = shapes[tokens[0]].shape[0]
+    rest = [i for i in range(len(shapes)) if i not in stacked and i != tokens[0]]
+    residual = [i for i in rest if np.dtype(shapes[i].dtype) == dtype and shapes[i].shape
+                and shapes[i].shape[-1] == h and int(np.prod(shapes[i].shape[:-1])) == t]
+    if len(residual) > 1:
+        return "more than one residual [..., hidden] of the tokens' rows"
+    routing = [i for i in rest if i not in residual]
+    if not routing or any(not np.issubdtype(np.dtype(shapes[i].dtype), np.floating) for i in routing):
+        return "no floating-point routing inputs beside the tokens and the expert weights"
+    gates = [i for i in square if feeds_logistic(program, names[i])]
+    if len(gates) != 1:
+        return "no one expert weight whose product feeds the sigmoid (silu(gate) * up)"
+    ks = {int(n.params["k"]) for n in program.nodes if n.prim == "top_k"}
+    k = ks.pop() if len(ks) == 1 else None
+    if k is None or not 1 <= k <= e:
+        return "no one top-k over the experts"
+    up = [i for i in square if i != gates[0]][0]
+    router = names[routing[0]] if len(routing) == 1 else ""
+    return MoePlan(names[tokens[0]], router, names[gates[0]], names[up], names[downs[0]], "", int(t), int(h),
+                   int(inter), int(e), k, tuple(names), names[residual[0]] if residual else "", True,
+                   tuple(names[i] for i in routing))
+
+
+def task_roles(task: "Task", size: str) -> MoePlan | str:
+    """The task form by shape: x [..., H] and the router [H, E] in bf16, then three stacked expert
+    weights [E, H, I], [E, H, I], [E, I, H] (gate, up, down, in that order), and one integer static."""
+    shapes = input_shapes(task, size)
+    names = arg_names(task)
+    if len(shapes) != 5 or len(names) != 5 or any(np.dtype(s.dtype) != np.dtype("bfloat16") for s in shapes):
+        return "not five bfloat16 arguments (x, router, gate, up, down)"
+    x, router, gate, up, down = shapes
+    ints = [k for k, v in static_args(task, size).items() if isinstance(v, int) and not isinstance(v, bool)]
+    if len(ints) != 1:
+        return "not one integer static argument (the experts each token keeps)"
+    if len(x.shape) < 2 or len(router.shape) != 2:
+        return "no tokens [..., hidden] and router [hidden, experts]"
+    h, e = router.shape
+    i = gate.shape[-1] if len(gate.shape) == 3 else 0
+    if x.shape[-1] != h or gate.shape != (e, h, i) or up.shape != (e, h, i) or down.shape != (e, i, h):
+        return "no stacked expert weights [experts, hidden, intermediate] and [experts, intermediate, hidden]"
+    top_k = int(static_args(task, size)[ints[0]])
+    if not 1 <= top_k <= e:
+        return "the static argument is not a number of experts"
+    return MoePlan(*names, ints[0], int(np.prod(x.shape[:-1])), int(h), int(i), int(e), top_k, tuple(names))
+
+
+def moe_roles(task: "Task", size: str) -> MoePlan | str:
+    """The task form where it fits, else the region form (a reference of five arguments or fewer is told
+    why the task form does not fit)."""
+    task_form = task_roles(task, size)
+    if not isinstance(task_form, str):
+        return task_form
+    region = region_roles(task, size)
+    return region if not isinstance(region, str) or len(arg_names(task)) > 5 else task_form
+
+
+def plan_sizes(task: "Task", sizes: tuple[str, ...]) -> list[MoePlan] | str:
+    """The roles at every size, or why one size has none."""
+    found: list[MoePlan] = []
+    for size in sizes:
+        p = moe_roles(task, size)
+        if isinstance(p, str):
+            return f"{p} (at the {size} size)"
+        found.append(p)
+    return found
+
