@@ -12,6 +12,11 @@ for every fresh start, ``spare <pid>`` for every spare started, ``standby <pid>`
 serving; SIGTERM stops the workers and then the supervisor. What a dead worker was doing is given to
 another by the host (``actors.balancer``). The same supervisor keeps a fleet's daemons and their warm
 standby daemons (``module="orchestrators.daemon"``, each process in a data folder of its own).
+
+Every process, the first ones and every replacement, is forked by the supervisor's zygote
+(``actors.zygote``), which imported the program once: a replacement pays no imports, so the work of the
+live processes is not slowed by the CPU a fresh interpreter would take (its own set-up, the store, the
+sandbox, the connection, it still makes).
 """
 
 from __future__ import annotations
@@ -23,24 +28,25 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import structlog
 
-log = structlog.get_logger("actors.supervisor")
+from actors.zygote import Forked, Zygote
 
-ROOT = Path(__file__).resolve().parent.parent
+log = structlog.get_logger("actors.supervisor")
 
 
 class Supervisor:
     def __init__(self, worker_args: list[str], count: int, *, spares: int = 0, restart_delay_s: float = 0.5,
                  module: str = "actors.worker", env_for: Callable[[int], dict[str, str]] | None = None) -> None:
-        """``module`` is the program each process runs (``python -m module *worker_args``); ``env_for(n)``, when
-        given, adds to the environment of the ``n``-th process started (from 0)."""
+        """``module`` is the program each process runs (its ``main(worker_args)``, as ``python -m module
+        *worker_args`` would); ``env_for(n)``, when given, adds to the environment of the ``n``-th process
+        started (from 0)."""
         self.worker_args, self.count, self.spares, self.restart_delay_s = worker_args, count, spares, restart_delay_s
         self.module, self.env_for, self.spawned = module, env_for, 0
-        self.procs: dict[int, subprocess.Popen[str]] = {}
-        self.standby: list[subprocess.Popen[str]] = []
+        self.procs: dict[int, Forked] = {}
+        self.standby: list[Forked] = []
+        self.zygote: Zygote | None = None
         self.restarts = 0
         self.promotions = 0
         self._stop = threading.Event()
@@ -51,12 +57,18 @@ class Supervisor:
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
 
-    def _spawn(self, *extra: str) -> subprocess.Popen[str]:
-        env = {**os.environ, **self.env_for(self.spawned)} if self.env_for is not None else None
+    def _spawn(self, *extra: str) -> Forked:
+        """A new process of the program, forked by the zygote (its imports already done); a zygote that died
+        is started again first."""
+        env = {**os.environ, **(self.env_for(self.spawned) if self.env_for is not None else {})}
         self.spawned += 1
-        proc = subprocess.Popen([sys.executable, "-m", self.module, *self.worker_args, *extra], cwd=str(ROOT),
-                                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-                                env=env, preexec_fn=_standby_child if "--standby" in extra else _die_with_parent)
+        if self.zygote is None or not self.zygote.alive:
+            if self.zygote is not None:
+                log.warning("supervisor.zygote_died", module=self.module)
+                self.zygote.close()
+            self.zygote = Zygote(self.module)
+            log.info("supervisor.zygote_ready", module=self.module, pid=self.zygote.proc.pid, threads=self.zygote.threads)
+        proc = self.zygote.spawn([*self.worker_args, *extra], env)
         threading.Thread(target=self._relay, args=(proc,), daemon=True).start()
         return proc
 
@@ -84,10 +96,10 @@ class Supervisor:
         self._say(f"promoted {slot} {spare.pid}")
         self._start_spare()
 
-    def _slot_of(self, proc: subprocess.Popen[str]) -> int | None:
+    def _slot_of(self, proc: Forked) -> int | None:
         return next((slot for slot, p in self.procs.items() if p is proc), None)
 
-    def _relay(self, proc: subprocess.Popen[str]) -> None:
+    def _relay(self, proc: Forked) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.strip() == "standby":
@@ -136,22 +148,9 @@ class Supervisor:
                     proc.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     _kill_group(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            if self.zygote is not None:
+                self.zygote.close()
         return 0
-
-
-def _die_with_parent() -> None:
-    """In the child: SIGTERM when the supervisor dies, even by SIGKILL (Linux), so no worker is orphaned."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _standby_child() -> None:
-    """In a spare: SIGUSR1 held back until the worker has its handler (a promotion never kills it)."""
-    _die_with_parent()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 
 
 def _kill_group(pid: int, sig: int) -> None:

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from actors.config import ActorConfig
     from actors.services import Services
 
+# What a worker imports before it serves, imported once by its supervisor's zygote (``actors.zygote``) rather
+# than by every worker started: none of them starts a thread or opens a connection at import.
+PRELOAD = ("actors.config", "actors.registry", "actors.services", "maxkernel.logging", "maxkernel.runtime",
+           "maxkernel.evaluation", "jaxbench.evaluate", "autogen_ext.runtimes.grpc", "jax.numpy")
+
 
 def prefork(services: Services, roles: list[str]) -> None:
     """Start the evaluator's sandbox now (a tester's), rather than on the first evaluation it is given."""

@@ -129,8 +129,10 @@ class Killer:
 
     def __init__(self, state: fleet.FleetState, seed: int, kills: int, every_s: float) -> None:
         self.state, self.rng, self.left, self.every_s = state, random.Random(seed), kills, every_s
-        self.next_at = time.monotonic() + every_s
+        self.began = time.monotonic()
+        self.next_at = self.began + every_s
         self.done: Counter[str] = Counter()
+        self.log: list[dict[str, Any]] = []  # each kill: seconds into the phase, kind, pid
 
     def _serving(self, name: str) -> list[int]:
         """Pids serving a slot of supervisor ``name``: an idle spare on standby would be a kill that costs nothing."""
@@ -145,12 +147,16 @@ class Killer:
         daemons, workers = self._serving("daemons"), self._serving("testers")
         kinds = ["daemon"] * bool(daemons) + ["worker"] * bool(workers) + ["chroma"]
         kind = self.rng.choice(kinds)
+        at = round(time.monotonic() - self.began, 1)
         if kind == "daemon":
-            os.killpg(self.rng.choice(daemons), signal.SIGKILL)
+            pid = self.rng.choice(daemons)
+            os.killpg(pid, signal.SIGKILL)
         elif kind == "worker":
-            os.killpg(self.rng.choice(workers), signal.SIGKILL)
+            pid = self.rng.choice(workers)
+            os.killpg(pid, signal.SIGKILL)
         else:
             chroma = next(p for p in procs if p.name == "chroma")
+            pid = chroma.pid
             os.killpg(chroma.pid, signal.SIGKILL)
             gone = time.monotonic() + 5
             while fleet.alive(chroma.pid) and time.monotonic() < gone:  # its port is free once it is reaped
@@ -158,6 +164,7 @@ class Killer:
             procs[procs.index(chroma)] = fleet.start_chroma(Path(self.state.root), chroma.port)
         self.left -= 1
         self.done[kind] += 1
+        self.log.append({"at": at, "kind": kind, "pid": pid})
         fleet.write(self.state)
 
 
@@ -179,16 +186,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # With kills, then without: each phase's jobs are its own, and what memory learns favours the second.
         killer = Killer(state, args.seed, args.kills, args.every)
         chaos_ids = _submit(state.store_url, args.jobs, args.seed + 1, args.evals, args.job_seconds)
-        start = time.monotonic()
+        start, utc = time.monotonic(), [time.time()]
         calm_reserve = max(90.0, 0.25 * (hard_end - start))
         chaos_end = _wait_done(state.store_url, chaos_ids, hard_end - calm_reserve, killer.tick)
         chaos_done = args.jobs - _audit(state.store_url, chaos_ids)["lost"]  # jobs done within the phase
         chaos_rate = chaos_done / max(chaos_end - start, 1e-9) * 60
+        utc.append(utc[0] + chaos_end - start)
         calm_ids = _submit(state.store_url, args.jobs, args.seed, args.evals, args.job_seconds)
         start = time.monotonic()
+        utc.append(time.time())
         calm_end = _wait_done(state.store_url, calm_ids, hard_end)
         calm_done = args.jobs - _audit(state.store_url, calm_ids)["lost"]
         calm_rate = calm_done / max(calm_end - start, 1e-9) * 60  # a phase cut off at the deadline: no tail
+        utc.append(utc[2] + calm_end - start)
         calm, chaos = _audit(state.store_url, calm_ids), _audit(state.store_url, chaos_ids)
         warm = _audit(state.store_url, warm_ids)
         memory = fleet.memory_audit(state.store_url, state.chroma_url)
@@ -210,7 +220,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "jobs_per_min_without_kills": round(calm_rate, 3), "jobs_per_min_with_kills": round(chaos_rate, 3),
             "throughput_ratio": round(chaos_rate / calm_rate, 3) if calm_rate else None,
             "done_in_phase": {"with_kills": chaos_done, "without_kills": calm_done},
-            "seconds": round(time.monotonic() - began, 1),
+            "seconds": round(time.monotonic() - began, 1), "kill_log": killer.log,
+            "phases_unix": {"with_kills": utc[0:2], "without_kills": utc[2:4]},
             "without_kills": calm, "with_kills": chaos, "warmup": warm, "folder": str(root)}
 
 

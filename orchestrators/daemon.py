@@ -52,6 +52,10 @@ from orchestrators.jobs import JobInfo, JobQueue
 log = structlog.get_logger("orchestrators.daemon")
 
 STATE_FILE = "daemon.json"
+# What a daemon imports before it serves, imported once by its supervisor's zygote (``actors.zygote``) rather
+# than by every daemon started: none of them starts a thread or opens a connection at import.
+PRELOAD = ("actors.session", "actors.registry", "actors.brains.rules", "orchestrators.dashboard", "maxkernel.logging",
+           "maxkernel.runtime", "autogen_ext.runtimes.grpc", "memory", "chromadb", "psycopg", "jax.numpy")
 DEAD_CHECK_S = 1.0  # how often a daemon looks for jobs held by dead daemons of its host
 
 
