@@ -15,21 +15,27 @@ class BrainActor(Actor):
     def __init__(self, services, description: str = "") -> None:  # type: ignore[no-untyped-def]
         super().__init__(services, description)
         self._brain: Brain | None = None
+        self._about: BusMessage | None = None
 
     def reset(self) -> None:
         self._brain = None
+        self._about = None
 
     def brain(self, about: BusMessage, target: str, size: str, budget: Budget) -> Brain:
+        # The brain is built once per session, but its tools must speak for the message being handled now:
+        # a tuning trial belongs to the strategy (and candidate) this message is about, not the first one's.
+        self._about = about
         if self._brain is None:
             kind = self.services.config.brain_for(self.role)
             client = self.services.client(about.session_id, self.role, budget) if kind == "llm" else None
             self._brain = make_brain(kind, self.role, self.services, self._tools(about, target, size), client)
         return self._brain
 
-    def _tools(self, about: BusMessage, target: str, size: str) -> Tools:
-        session_id, task_id = about.session_id, about.task_id
+    def _tools(self, first: BusMessage, target: str, size: str) -> Tools:
+        session_id, task_id = first.session_id, first.task_id
 
         async def evaluate(source: str, timing: bool) -> JudgeReport:
+            about = self._about or first
             plan = about.plan if isinstance(about, KernelDraft) else getattr(getattr(about, "draft", None), "plan", None)
             if plan is None and isinstance(about, Plan):
                 plan = about

@@ -79,6 +79,22 @@ def test_a_stale_iteration_does_not_end_a_run_while_budget_remains(orch_evaluato
     # Each iteration's plan carries what the earlier ones taught.
     handed = [e.payload for e in events if e.message_type == "Plan" and e.payload["sender"] == "orchestrator"]
     assert len(handed) == len(result.iterations) and worked[0] in handed[1]["notes"]
+    # Every tuning trial is labelled with the strategy it tunes and hangs under that strategy's candidate:
+    # the draft (or fix) judged just before it, not the session's first one.
+    tuned, current, parent = 0, None, None
+    drafts = {e.candidate_id: e.payload["draft"]["plan"]["strategies"][e.payload["draft"]["plan"]["step"]]["name"]
+              for e in events if e.message_type == "EvalReport"}
+    for row in result.trials:
+        if row.role in ("draft", "fix"):
+            current = row.strategy
+        elif row.role == "tune":
+            tuned += 1
+            assert row.strategy == current, [(t.role, t.strategy) for t in result.trials]
+    trials = [e for e in events if e.message_type == "EvalReport" and e.payload["draft"]["produced_by"] == "tuner:tool"]
+    for e in trials:
+        parent = e.payload["draft"]["parent_id"]
+        assert drafts.get(parent) == drafts[e.candidate_id], (parent, drafts[e.candidate_id])
+    assert tuned == len(trials) and len({drafts[e.candidate_id] for e in trials}) >= 2
 
 
 def test_a_job_run_again_carries_on_from_its_interrupted_run(orch_evaluator: object) -> None:
