@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from pydantic import BaseModel, Field
 
+from actors.policy import MOVE, prior_band
 from maxkernel.messages import StrategyRef
 from maxkernel.tuning.table import TunedTable
 from memory.insights import Measurement, StrategyOutcome, TaskMatch, strategy_outcomes
@@ -38,8 +39,6 @@ Config = dict[str, Any]
 Order = Callable[[list[Config]], list[Config]]
 NEIGHBOURS = 5
 FIXED_KINDS = frozenset({"recalled", "reference"})  # a same-task recall stays first, the reference last
-# A prior moves a strategy only beyond the noise of one CPU measurement: a 10% win or loss.
-MOVE = math.log(1.1)
 
 
 class StrategyPrior(BaseModel):
@@ -113,9 +112,8 @@ def order_strategies(strategies: Sequence[StrategyRef], priors: dict[str, Strate
     Returns the new order and the notes that say why."""
     def band(ref: StrategyRef) -> tuple[int, float]:
         prior = prior_for(ref.name, priors)
-        if prior is None or abs(prior.score) < MOVE:
-            return 1, 0.0
-        return (0, -prior.score) if prior.score > 0 else (2, -prior.score)
+        band = prior_band(prior.score if prior is not None else None)
+        return band, 0.0 if band == 1 or prior is None else -prior.score
 
     head = [s for s in strategies if s.kind == "recalled"]
     tail = [s for s in strategies if s.kind == "reference"]
@@ -125,6 +123,10 @@ def order_strategies(strategies: Sequence[StrategyRef], priors: dict[str, Strate
     notes: list[str] = []
     for ref in head + ranked + tail:
         prior = prior_for(ref.name, priors)
+        if prior is not None and ref.kind not in FIXED_KINDS:
+            # The score travels with the strategy: the work order (``actors.policy.work_order``) weighs it
+            # against the target's own rule.
+            ref = ref.model_copy(update={"prior": round(prior.score, 4)})
         if prior is not None and prior.reasons:
             why = "; ".join(prior.reasons)
             ref = ref.model_copy(update={"rationale": f"{ref.rationale} [memory: {why}]".strip()})

@@ -365,3 +365,35 @@ def test_tuning_starts_where_the_plan_drafted() -> None:
     assert order is not None
     assert order([{"block_rows": b} for b in (512, 64, 256, 128)]) == [
         {"block_rows": 256}, {"block_rows": 64}, {"block_rows": 128}, {"block_rows": 512}]
+
+
+def test_on_tpu_a_rewrite_that_won_on_a_similar_task_is_worked_before_the_pallas_kernels(tmp_path: Path) -> None:
+    """The plan's prior travels to the work order: on ``tpu-*`` the Pallas-first rule no longer undoes it."""
+    from actors.policy import work_order
+
+    target, task_id = "tpu-v6e", "27k_Matmul_Mish_Mish"
+    services = Services(ActorConfig(data_dir=str(tmp_path / "data")))
+    try:
+        async def unused(*_: object) -> None:
+            raise AssertionError("planning evaluates nothing")
+
+        def plan() -> list[StrategyRef]:
+            tools = Tools(task=services.task(task_id), target=target, size="cpu", evaluate=unused, recall=unused)  # type: ignore[arg-type]
+            request = OptimizeRequest(session_id="s", task_id=task_id, target=target)
+            outcome = asyncio.run(RulesBrain("planner", services, tools).plan(request, Recall(session_id="s", task_id=task_id)))
+            return work_order(outcome.strategies, lambda ref: ref.kind, target, lambda ref: ref.prior)
+
+        cold = plan()
+        assert cold[0].kind != "rewrite" and cold[0].prior is None  # no memory: Pallas first
+        # On a similar matmul task the activation rewrite won clearly and the Pallas GEMM lost to it.
+        rewrite = StrategyRef(name="rewrite:idle_subgraphs+cheaper_activations", kind="rewrite", target=target)
+        gemm = StrategyRef(name="template:tpu_gemm", kind="template", target=target)
+        record_session(services.store, "47k_Matmul_Add_Swish_Tanh_GELU_Hardtanh", [rewrite, gemm, REF],
+                       {rewrite.name: ("ok", 3.0), gemm.name: ("ok", 1.2)}, target=target)
+        warm = plan()
+    finally:
+        asyncio.run(services.aclose())
+    names = [s.name for s in warm]
+    assert names[0] == rewrite.name and warm[0].prior is not None and warm[0].prior > 0
+    assert names.index("template:tpu_gemm") > names.index("template:matmul_epilogue")  # lost there: behind the unknown
+    assert warm[names.index("template:tpu_gemm")].prior < 0
