@@ -45,6 +45,7 @@ class StrategyPrior(BaseModel):
     name: str
     score: float = Field(description="> 0: won on similar tasks; < 0: failed there; weighted by similarity")
     reasons: list[str] = Field(default_factory=list)
+    passed: bool = Field(True, description="some outcome of it passed: a measured speedup, not only failures")
 
 
 def _outcome_value(o: StrategyOutcome, top: float | None = None) -> float:
@@ -82,7 +83,8 @@ def strategy_priors(outcomes: Sequence[StrategyOutcome]) -> dict[str, StrategyPr
         weight = sum(max(o.similarity, 0.0) for o in group) or 1.0
         score = sum(max(o.similarity, 0.0) * _outcome_value(o, top.get(o.task_id)) for o in group) / weight
         ranked = sorted(group, key=lambda o: (-o.similarity, -abs(_outcome_value(o, top.get(o.task_id)))))
-        priors[name] = StrategyPrior(name=name, score=score, reasons=[_reason(o, top.get(o.task_id)) for o in ranked[:3]])
+        priors[name] = StrategyPrior(name=name, score=score, reasons=[_reason(o, top.get(o.task_id)) for o in ranked[:3]],
+                                     passed=any(o.best_speedup is not None for o in group))
     return priors
 
 
@@ -94,11 +96,13 @@ def _parts(name: str) -> set[str]:
 
 def prior_for(name: str, priors: dict[str, StrategyPrior]) -> StrategyPrior | None:
     """The prior of ``name``, or for a combination of rewrites never measured as such, the mean prior
-    of the measured strategies that share one of its rewrites (rewrite sets differ from task to task)."""
+    of the measured strategies that share one of its rewrites (rewrite sets differ from task to task).
+    Only those that passed lend theirs: a combination that failed does not say which of its rewrites
+    failed (nor whether the check refused the task's size), so it says nothing of one rewrite alone."""
     if name in priors:
         return priors[name]
     parts = _parts(name)
-    related = [p for other, p in priors.items() if parts & _parts(other)]
+    related = [p for other, p in priors.items() if parts & _parts(other) and p.passed]
     if not related:
         return None
     return StrategyPrior(name=name, score=sum(p.score for p in related) / len(related),

@@ -85,6 +85,21 @@ def test_a_combination_of_rewrites_borrows_the_prior_of_its_parts() -> None:
     assert "as rewrite:idle_subgraphs+cheaper_activations: won on a" in ordered[0].rationale
 
 
+def test_a_failed_combination_says_nothing_of_its_parts() -> None:
+    # Four rewrites together were refused on a similar task; one of them alone was measured slower there.
+    priors = strategy_priors([outcome("a", 0.8, "rewrite:dead_code+idle_subgraphs+cheaper_activations", None),
+                              outcome("a", 0.8, "template:tpu_gemm", 1.7, won=True),
+                              outcome("a", 0.8, "rewrite:dead_code", 1.0)])
+    idle = StrategyRef(name="rewrite:idle_subgraphs", kind="rewrite")
+    pair = StrategyRef(name="rewrite:idle_subgraphs+dead_code", kind="rewrite")
+    ordered, _ = order_strategies([idle, pair, TAIL], priors)
+    assert ordered[0].prior is None and ordered[0].rationale == ""  # only the failed combination shares a part
+    assert ordered[2].name == pair.name and ordered[2].prior is not None and ordered[2].prior < 0
+    # ...it borrows from rewrite:dead_code, which passed (and lost), not from the failed combination
+    assert "as rewrite:dead_code" in ordered[2].rationale and "failed on" not in ordered[2].rationale
+    assert [s.name for s in ordered] == [idle.name, TAIL.name, pair.name]
+
+
 def test_a_win_within_noise_moves_nothing() -> None:
     priors = strategy_priors([outcome("a", 0.9, "template:fused_tail", 1.05, won=True),
                               outcome("a", 0.9, "template:matmul_epilogue", 0.97)])
