@@ -329,11 +329,17 @@ def learned_model(memory: "Memory", data_dir: Path, task: "Task",
     return model, learned.task_features(memory.signature(task))
 
 
-def predictor(found: tuple["LearnedCostModel", dict[str, float]]) -> Callable[[StrategyRef], Callable[[list[Config]], list[float]]]:
-    """For a strategy, the model's predicted speedup of each configuration over the strategy's typical one."""
+def predictor(found: tuple["LearnedCostModel", dict[str, float]]
+              ) -> Callable[[StrategyRef], Callable[[list[Config]], list[float]] | None]:
+    """For a strategy, the model's predicted speedup of each configuration over the strategy's typical one;
+    None for a strategy it has never seen measured: its pick would replace the strategy's own defaults by
+    a guess from other strategies' blocks (on tpu-v6e such a pick for the cross-entropy template did not
+    even compile), so the defaults stay the draft. Ordering trials (``learned_rank``) still uses it."""
     model, features = found
 
-    def for_strategy(ref: StrategyRef) -> Callable[[list[Config]], list[float]]:
+    def for_strategy(ref: StrategyRef) -> Callable[[list[Config]], list[float]] | None:
+        if not model.knows(ref.name):
+            return None
         extents = tiled_extents(ref.extents, ref.space)
         return lambda configs: model.predict(features, ref.name, ref.kind, configs, extents)
 
