@@ -14,8 +14,12 @@ Auto, search, chat and daemon jobs all ask these functions; none of them keeps a
 - **Shares.** Each strategy still to be worked on gets an equal share of the time (and evaluations)
   left; what one leaves unused flows to the next. A tuner stops starting trials when the next one (as
   long as the strategy's own draft took to judge) would not end inside the strategy's share.
-- **Order.** On ``tpu-*`` targets the Pallas strategies go first and plain-JAX ones after: building and
-  checking a plain-JAX trial there can take a minute, and it must never starve the Pallas kernels.
+- **Order.** Memory's priors and the target's rule are decided together here. A strategy that clearly
+  (``MOVE``) won on the nearest measured tasks goes first, best prior first, whatever its kind; a verified
+  kernel recalled for this very task goes before even those, and the reference last. Among the rest, on
+  ``tpu-*`` targets the Pallas strategies go before the plain-JAX ones (building and checking a plain-JAX
+  trial there can take a minute, and it must never starve the Pallas kernels), and strategies that failed
+  or lost clearly on similar tasks go after those memory knows nothing of.
 - **Confirmation.** The top candidates above the bar are measured again before one is named the winner:
   of the runs' lower ends, the lower of two runs, or the median of three when the two disagree about clearing the bar. A modelled
   speedup (a TPU target without a TPU) is deterministic and needs no second run.
@@ -23,11 +27,14 @@ Auto, search, chat and daemon jobs all ask these functions; none of them keeps a
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence, TypeVar
 
 from jaxbench.report import EvalReport as JudgeReport, format_interval, format_speedup
 
 SUSPECT_BIAS = 1.05
+# A prior moves a strategy only beyond the noise of one CPU measurement: a 10% win or loss.
+MOVE = math.log(1.1)
 CONFIRM_TOP = 3
 PLAIN_JAX_KINDS = ("rewrite", "reference")
 STEP_TUNE_S = 120.0  # one tuning step asked for by a person (chat): no session budget to take a share of
@@ -149,10 +156,29 @@ def is_pallas(kind: str) -> bool:
     return kind not in PLAIN_JAX_KINDS
 
 
-def work_order(strategies: Sequence[S], kind_of: Callable[[S], str], target: str) -> list[S]:
-    """The order strategies are worked in: the planner's, except that on ``tpu-*`` Pallas goes first."""
+def prior_band(prior: float | None) -> int:
+    """0: a clear win on similar tasks; 1: memory knows nothing or little; 2: a clear failure or loss there."""
+    if prior is None or abs(prior) < MOVE:
+        return 1
+    return 0 if prior > 0 else 2
+
+
+def work_order(strategies: Sequence[S], kind_of: Callable[[S], str], target: str,
+               prior_of: Callable[[S], float | None] | None = None) -> list[S]:
+    """The order strategies are worked in. The planner's order already ranks by memory; on ``tpu-*``
+    Pallas goes first within each of memory's bands, so a plain-JAX rewrite that clearly won on similar
+    tasks is still tried before the Pallas kernels (see the module's **Order**)."""
     if not target.startswith("tpu"):
         return list(strategies)
-    pallas = [s for s in strategies if is_pallas(kind_of(s))]
-    return pallas + [s for s in strategies if not is_pallas(kind_of(s))]
 
+    def key(item: tuple[int, S]) -> tuple[int, int, int]:
+        index, strategy = item
+        kind = kind_of(strategy)
+        if kind == "recalled":
+            return -1, 0, index
+        if kind == "reference":
+            return 3, 0, index
+        band = prior_band(prior_of(strategy) if prior_of is not None else None)
+        return band, 0 if band == 0 or is_pallas(kind) else 1, index
+
+    return [s for _, s in sorted(enumerate(strategies), key=key)]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from pydantic import BaseModel, Field
 
+from actors.policy import MOVE, prior_band
 from maxkernel.messages import StrategyRef
 from maxkernel.tuning.table import TunedTable
 from memory.insights import Measurement, StrategyOutcome, TaskMatch, strategy_outcomes
@@ -38,14 +39,13 @@ Config = dict[str, Any]
 Order = Callable[[list[Config]], list[Config]]
 NEIGHBOURS = 5
 FIXED_KINDS = frozenset({"recalled", "reference"})  # a same-task recall stays first, the reference last
-# A prior moves a strategy only beyond the noise of one CPU measurement: a 10% win or loss.
-MOVE = math.log(1.1)
 
 
 class StrategyPrior(BaseModel):
     name: str
     score: float = Field(description="> 0: won on similar tasks; < 0: failed there; weighted by similarity")
     reasons: list[str] = Field(default_factory=list)
+    passed: bool = Field(True, description="some outcome of it passed: a measured speedup, not only failures")
 
 
 def _outcome_value(o: StrategyOutcome, top: float | None = None) -> float:
@@ -83,7 +83,8 @@ def strategy_priors(outcomes: Sequence[StrategyOutcome]) -> dict[str, StrategyPr
         weight = sum(max(o.similarity, 0.0) for o in group) or 1.0
         score = sum(max(o.similarity, 0.0) * _outcome_value(o, top.get(o.task_id)) for o in group) / weight
         ranked = sorted(group, key=lambda o: (-o.similarity, -abs(_outcome_value(o, top.get(o.task_id)))))
-        priors[name] = StrategyPrior(name=name, score=score, reasons=[_reason(o, top.get(o.task_id)) for o in ranked[:3]])
+        priors[name] = StrategyPrior(name=name, score=score, reasons=[_reason(o, top.get(o.task_id)) for o in ranked[:3]],
+                                     passed=any(o.best_speedup is not None for o in group))
     return priors
 
 
@@ -95,11 +96,13 @@ def _parts(name: str) -> set[str]:
 
 def prior_for(name: str, priors: dict[str, StrategyPrior]) -> StrategyPrior | None:
     """The prior of ``name``, or for a combination of rewrites never measured as such, the mean prior
-    of the measured strategies that share one of its rewrites (rewrite sets differ from task to task)."""
+    of the measured strategies that share one of its rewrites (rewrite sets differ from task to task).
+    Only those that passed lend theirs: a combination that failed does not say which of its rewrites
+    failed (nor whether the check refused the task's size), so it says nothing of one rewrite alone."""
     if name in priors:
         return priors[name]
     parts = _parts(name)
-    related = [p for other, p in priors.items() if parts & _parts(other)]
+    related = [p for other, p in priors.items() if parts & _parts(other) and p.passed]
     if not related:
         return None
     return StrategyPrior(name=name, score=sum(p.score for p in related) / len(related),
@@ -113,9 +116,8 @@ def order_strategies(strategies: Sequence[StrategyRef], priors: dict[str, Strate
     Returns the new order and the notes that say why."""
     def band(ref: StrategyRef) -> tuple[int, float]:
         prior = prior_for(ref.name, priors)
-        if prior is None or abs(prior.score) < MOVE:
-            return 1, 0.0
-        return (0, -prior.score) if prior.score > 0 else (2, -prior.score)
+        band = prior_band(prior.score if prior is not None else None)
+        return band, 0.0 if band == 1 or prior is None else -prior.score
 
     head = [s for s in strategies if s.kind == "recalled"]
     tail = [s for s in strategies if s.kind == "reference"]
@@ -125,6 +127,10 @@ def order_strategies(strategies: Sequence[StrategyRef], priors: dict[str, Strate
     notes: list[str] = []
     for ref in head + ranked + tail:
         prior = prior_for(ref.name, priors)
+        if prior is not None and ref.kind not in FIXED_KINDS:
+            # The score travels with the strategy: the work order (``actors.policy.work_order``) weighs it
+            # against the target's own rule.
+            ref = ref.model_copy(update={"prior": round(prior.score, 4)})
         if prior is not None and prior.reasons:
             why = "; ".join(prior.reasons)
             ref = ref.model_copy(update={"rationale": f"{ref.rationale} [memory: {why}]".strip()})
@@ -323,11 +329,17 @@ def learned_model(memory: "Memory", data_dir: Path, task: "Task",
     return model, learned.task_features(memory.signature(task))
 
 
-def predictor(found: tuple["LearnedCostModel", dict[str, float]]) -> Callable[[StrategyRef], Callable[[list[Config]], list[float]]]:
-    """For a strategy, the model's predicted speedup of each configuration over the strategy's typical one."""
+def predictor(found: tuple["LearnedCostModel", dict[str, float]]
+              ) -> Callable[[StrategyRef], Callable[[list[Config]], list[float]] | None]:
+    """For a strategy, the model's predicted speedup of each configuration over the strategy's typical one;
+    None for a strategy it has never seen measured: its pick would replace the strategy's own defaults by
+    a guess from other strategies' blocks (on tpu-v6e such a pick for the cross-entropy template did not
+    even compile), so the defaults stay the draft. Ordering trials (``learned_rank``) still uses it."""
     model, features = found
 
-    def for_strategy(ref: StrategyRef) -> Callable[[list[Config]], list[float]]:
+    def for_strategy(ref: StrategyRef) -> Callable[[list[Config]], list[float]] | None:
+        if not model.knows(ref.name):
+            return None
         extents = tiled_extents(ref.extents, ref.space)
         return lambda configs: model.predict(features, ref.name, ref.kind, configs, extents)
 

@@ -339,6 +339,8 @@ def main() -> int:
         cold = {t: run_in(d, t, evaluator, args, "cold") for t, d in cold_dirs.items()}
         measured, dropped = select_late(cold, measured, args)
         extra += dropped
+        if args.json:  # written now, so that a run cut off (or with no task to measure warm) leaves the cold figures
+            args.json.write_text(json.dumps(cold_report(cold, measured, args), indent=2))
         print(f"measured warm: {len(measured)} tasks whose cold best is not the reference and came at evaluation "
               f"{args.min_cold_evals} or later ({', '.join(measured) or 'none'}); memory only: {', '.join(dropped) or 'none'}",
               flush=True)
@@ -367,15 +369,20 @@ def main() -> int:
     report: dict[str, Any] = dict(sections["no_cost_model" if args.no_cost_model else "learned"])
     if args.compare:
         report["no_cost_model"] = sections["no_cost_model"]
-    report["cold"] = {t: {"best": r.confirmed, "confirm_runs": r.confirm_runs, "noise": spread(r.confirm_runs),
-                          "strategy": r.best_strategy, "is_reference": r.is_reference, "measured_warm": t in measured,
-                          "reach": r.reach_at(goal_of(r, args.tolerance), args.budget + 1), "evaluations": r.evaluations}
-                      for t, r in cold.items()}
-    report["args"] = {k: str(v) for k, v in vars(args).items()}
+    report.update(cold_report(cold, measured, args))
     print(f"{time.monotonic() - started:.0f} s in all")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0
+
+
+def cold_report(cold: dict[str, Run], measured: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The cold runs' figures (each task's confirmed best and the evaluation that reached it) and the options."""
+    return {"cold": {t: {"best": r.confirmed, "confirm_runs": r.confirm_runs, "noise": spread(r.confirm_runs),
+                         "strategy": r.best_strategy, "is_reference": r.is_reference, "measured_warm": t in measured,
+                         "reach": r.reach_at(goal_of(r, args.tolerance), args.budget + 1), "evaluations": r.evaluations}
+                     for t, r in cold.items()},
+            "args": {k: str(v) for k, v in vars(args).items()}}
 
 
 if __name__ == "__main__":

@@ -70,6 +70,8 @@ class StrategyRef(BaseModel):
     extents: dict[str, int] = Field(default_factory=dict, description="what each block parameter tiles")
     defaults: dict[str, Any] = Field(default_factory=dict, description="the strategy's own parameters, kept when "
                                      "memory drafts it at others: what a draft at memory's parameters falls back to")
+    prior: float | None = Field(None, description="memory's score of it on the nearest measured tasks (log of the "
+                                "speedup, similarity weighted; < 0: failed or lost there); None: memory knows nothing")
 
 
 class Plan(BusMessage):

@@ -47,6 +47,15 @@ def test_only_tasks_whose_cold_best_came_late_are_measured_warm(bench: ModuleTyp
     assert cold["never"].reach_at(bench.goal_of(cold["never"], 0.05), ARGS.budget + 1) == 7  # budget + 1
 
 
+def test_the_cold_figures_stand_on_their_own(bench: ModuleType) -> None:
+    """What is written once the cold phase ends, before any warm run: a run cut off later keeps it."""
+    cold = {"early": run(bench, "early", [2.0, 1.1], 2.0), "late": run(bench, "late", [1.1, None, 1.9], 2.0)}
+    report = bench.cold_report(cold, ["late"], ARGS)
+    assert report["cold"]["early"]["reach"] == 1 and report["cold"]["late"]["reach"] == 3
+    assert not report["cold"]["early"]["measured_warm"] and report["cold"]["late"]["measured_warm"]
+    assert report["args"]["budget"] == "6"
+
+
 def test_ratio_counts_evaluations_to_the_cold_best_and_states_the_noise(bench: ModuleType) -> None:
     cold = run(bench, "t", [1.1, 1.2, 1.3, 2.0], 2.0, confirm_runs=[1.9, 2.0, 2.2])
     warm = run(bench, "t", [1.95, 1.0], 2.1, confirm_runs=[2.0, 2.1, 2.1])

@@ -153,8 +153,13 @@ def training_set(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
 class LearnedCostModel:
     """A fitted regressor and what it was trained on."""
 
-    def __init__(self, regressor: Any, samples: int, groups: int) -> None:
+    def __init__(self, regressor: Any, samples: int, groups: int, strategies: frozenset[str] = frozenset()) -> None:
         self.regressor, self.samples, self.groups = regressor, samples, groups
+        self.strategies = strategies  # the strategies it has seen measured
+
+    def knows(self, strategy: str) -> bool:
+        """Whether ``strategy`` was among what it learned from (a model cached before this was kept: no)."""
+        return strategy in getattr(self, "strategies", frozenset())
 
     @classmethod
     def fit(cls, samples: Sequence[Sample]) -> LearnedCostModel | None:
@@ -173,7 +178,7 @@ class LearnedCostModel:
             categorical_features=[FEATURES.index(c) for c in CATEGORICAL], early_stopping=False, random_state=0)
         with threadpool_limits(1):  # a few hundred rows: threads only contend with the evaluator's workers
             regressor.fit(x, y)
-        return cls(regressor, len(y), groups)
+        return cls(regressor, len(y), groups, frozenset(s.strategy for s in samples))
 
     def predict(self, task: dict[str, float], strategy: str, kind: str, configs: Sequence[Config],
                 extents: dict[str, int]) -> list[float]:

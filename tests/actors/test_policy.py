@@ -57,9 +57,29 @@ def test_shares_split_what_is_left_among_the_strategies_still_to_come() -> None:
 def test_on_tpu_pallas_strategies_are_worked_first_elsewhere_the_planner_order_stands() -> None:
     kinds = ["rewrite", "template", "rewrite", "recalled", "template", "reference"]
     order = policy.work_order(list(range(len(kinds))), lambda i: kinds[i], "tpu-v5e")
-    assert [kinds[i] for i in order] == ["template", "recalled", "template", "rewrite", "rewrite", "reference"]
-    assert order[:3] == [1, 3, 4] and order[3:] == [0, 2, 5]  # stable within each group
+    # A kernel recalled for this very task first (it is verified already), then the Pallas strategies.
+    assert [kinds[i] for i in order] == ["recalled", "template", "template", "rewrite", "rewrite", "reference"]
+    assert order[:3] == [3, 1, 4] and order[3:] == [0, 2, 5]  # stable within each group
     assert policy.work_order(list(range(len(kinds))), lambda i: kinds[i], "cpu") == list(range(len(kinds)))
+
+
+def test_on_tpu_a_clear_prior_outranks_the_pallas_first_rule() -> None:
+    # (kind, prior): a rewrite that clearly won on similar tasks, one that won within noise, a Pallas
+    # template memory knows nothing of, one that failed on similar tasks, a same-task recall, the reference.
+    plan = [("template", -0.7), ("rewrite", 1.2), ("rewrite", 0.05), ("template", None), ("reference", None),
+            ("recalled", None), ("rewrite", -0.5), ("template", 0.4)]
+    order = policy.work_order(list(range(len(plan))), lambda i: plan[i][0], "tpu-v6e", lambda i: plan[i][1])
+    # The recall first, the clear winners in the planner's order whatever their kind, then Pallas before
+    # plain JAX among the unknown, the clear losers after them (Pallas first again), the reference last.
+    assert order == [5, 1, 7, 3, 2, 0, 6, 4]
+    # Without priors the Pallas-first rule alone decides, as before.
+    assert policy.work_order(list(range(len(plan))), lambda i: plan[i][0], "tpu-v6e") == [5, 0, 3, 7, 1, 2, 6, 4]
+    assert policy.work_order(list(range(len(plan))), lambda i: plan[i][0], "cpu", lambda i: plan[i][1]) == list(range(8))
+
+
+def test_prior_bands_need_a_clear_win_or_loss() -> None:
+    assert policy.prior_band(None) == 1 and policy.prior_band(0.05) == 1 and policy.prior_band(-0.05) == 1
+    assert policy.prior_band(policy.MOVE * 1.01) == 0 and policy.prior_band(-policy.MOVE * 1.01) == 2
 
 
 def test_a_trial_is_started_only_when_it_can_end_inside_the_share() -> None:

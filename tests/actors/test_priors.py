@@ -85,6 +85,21 @@ def test_a_combination_of_rewrites_borrows_the_prior_of_its_parts() -> None:
     assert "as rewrite:idle_subgraphs+cheaper_activations: won on a" in ordered[0].rationale
 
 
+def test_a_failed_combination_says_nothing_of_its_parts() -> None:
+    # Four rewrites together were refused on a similar task; one of them alone was measured slower there.
+    priors = strategy_priors([outcome("a", 0.8, "rewrite:dead_code+idle_subgraphs+cheaper_activations", None),
+                              outcome("a", 0.8, "template:tpu_gemm", 1.7, won=True),
+                              outcome("a", 0.8, "rewrite:dead_code", 1.0)])
+    idle = StrategyRef(name="rewrite:idle_subgraphs", kind="rewrite")
+    pair = StrategyRef(name="rewrite:idle_subgraphs+dead_code", kind="rewrite")
+    ordered, _ = order_strategies([idle, pair, TAIL], priors)
+    assert ordered[0].prior is None and ordered[0].rationale == ""  # only the failed combination shares a part
+    assert ordered[2].name == pair.name and ordered[2].prior is not None and ordered[2].prior < 0
+    # ...it borrows from rewrite:dead_code, which passed (and lost), not from the failed combination
+    assert "as rewrite:dead_code" in ordered[2].rationale and "failed on" not in ordered[2].rationale
+    assert [s.name for s in ordered] == [idle.name, TAIL.name, pair.name]
+
+
 def test_a_win_within_noise_moves_nothing() -> None:
     priors = strategy_priors([outcome("a", 0.9, "template:fused_tail", 1.05, won=True),
                               outcome("a", 0.9, "template:matmul_epilogue", 0.97)])
@@ -365,3 +380,35 @@ def test_tuning_starts_where_the_plan_drafted() -> None:
     assert order is not None
     assert order([{"block_rows": b} for b in (512, 64, 256, 128)]) == [
         {"block_rows": 256}, {"block_rows": 64}, {"block_rows": 128}, {"block_rows": 512}]
+
+
+def test_on_tpu_a_rewrite_that_won_on_a_similar_task_is_worked_before_the_pallas_kernels(tmp_path: Path) -> None:
+    """The plan's prior travels to the work order: on ``tpu-*`` the Pallas-first rule no longer undoes it."""
+    from actors.policy import work_order
+
+    target, task_id = "tpu-v6e", "27k_Matmul_Mish_Mish"
+    services = Services(ActorConfig(data_dir=str(tmp_path / "data")))
+    try:
+        async def unused(*_: object) -> None:
+            raise AssertionError("planning evaluates nothing")
+
+        def plan() -> list[StrategyRef]:
+            tools = Tools(task=services.task(task_id), target=target, size="cpu", evaluate=unused, recall=unused)  # type: ignore[arg-type]
+            request = OptimizeRequest(session_id="s", task_id=task_id, target=target)
+            outcome = asyncio.run(RulesBrain("planner", services, tools).plan(request, Recall(session_id="s", task_id=task_id)))
+            return work_order(outcome.strategies, lambda ref: ref.kind, target, lambda ref: ref.prior)
+
+        cold = plan()
+        assert cold[0].kind != "rewrite" and cold[0].prior is None  # no memory: Pallas first
+        # On a similar matmul task the activation rewrite won clearly and the Pallas GEMM lost to it.
+        rewrite = StrategyRef(name="rewrite:idle_subgraphs+cheaper_activations", kind="rewrite", target=target)
+        gemm = StrategyRef(name="template:tpu_gemm", kind="template", target=target)
+        record_session(services.store, "47k_Matmul_Add_Swish_Tanh_GELU_Hardtanh", [rewrite, gemm, REF],
+                       {rewrite.name: ("ok", 3.0), gemm.name: ("ok", 1.2)}, target=target)
+        warm = plan()
+    finally:
+        asyncio.run(services.aclose())
+    names = [s.name for s in warm]
+    assert names[0] == rewrite.name and warm[0].prior is not None and warm[0].prior > 0
+    assert names.index("template:tpu_gemm") > names.index("template:matmul_epilogue")  # lost there: behind the unknown
+    assert warm[names.index("template:tpu_gemm")].prior < 0

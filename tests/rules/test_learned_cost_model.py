@@ -111,3 +111,23 @@ def test_tune_space_measures_in_the_given_order() -> None:
     tune_space("s", space, lambda p: str(p["b"]), lambda s: (hand.append(int(s)), evaluate(s))[1], "t", "cpu", 60,
                extents={"b": 4}, patience=10)
     assert hand[0] == 1 and hand[1] == 4  # without an order: the default first, then the fewest grid steps
+
+
+def test_it_drafts_only_strategies_it_has_seen_measured() -> None:
+    """A configuration picked for a strategy it never saw is a guess from other strategies' blocks: the
+    strategy's own defaults stay its draft (ordering trials still uses the model)."""
+    from actors.priors import draft_params, predictor
+    from maxkernel.messages import StrategyRef
+
+    model = LearnedCostModel.fit(samples_where_mid_blocks_win())
+    assert model is not None and model.knows("template:rowblock") and not model.knows("template:tpu_xent")
+    rows = 4096
+    space = {"block_rows": [rows // f for f in (1, 2, 4, 8, 16)]}
+    seen = StrategyRef(name="template:rowblock", kind="template", params={"block_rows": rows}, space=space,
+                       extents={"block_rows": rows})
+    unseen = seen.model_copy(update={"name": "template:tpu_xent"})
+    for_strategy = predictor((model, gemm(rows, 128)))
+    assert for_strategy(unseen) is None and for_strategy(seen) is not None
+    drafted, notes = draft_params([seen, unseen], [], [], for_strategy)
+    assert drafted[0].params == {"block_rows": rows // 4} and drafted[0].defaults == {"block_rows": rows}
+    assert drafted[1] == unseen and len(notes) == 1  # left at its own defaults
