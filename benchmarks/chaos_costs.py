@@ -83,7 +83,8 @@ def worker_costs(host_log: list[tuple[float, dict[str, Any]]], kills: list[dict[
     """Per worker kill: the evaluations the host took back from it and how long each waited for another tester."""
     rows = []
     for kill in kills:
-        lost = [(t, e) for t, e in host_log if e["event"] == "host.worker_lost" and kill["unix"] - 0.5 <= t <= kill["unix"] + 5]
+        lost = [(t, e) for t, e in host_log
+                if e["event"] == "host.worker_lost" and kill["unix"] - 0.5 <= t <= kill["unix"] + 5]
         waits: list[float] = []
         if lost:
             lost_at = lost[0][0]
