@@ -33,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.chaos_costs import kill_costs  # noqa: E402
 from orchestrators import fleet  # noqa: E402
 
 TASKS = ("41k_Gemm_Add_ReLU", "12p_RMSNorm", "21k_Gemm_Divide_Sum_Scaling")
@@ -132,7 +133,7 @@ class Killer:
         self.began = time.monotonic()
         self.next_at = self.began + every_s
         self.done: Counter[str] = Counter()
-        self.log: list[dict[str, Any]] = []  # each kill: seconds into the phase, kind, pid
+        self.log: list[dict[str, Any]] = []  # each kill: seconds into the phase, unix time, kind, pid
 
     def _serving(self, name: str) -> list[int]:
         """Pids serving a slot of supervisor ``name``: an idle spare on standby would be a kill that costs nothing."""
@@ -147,7 +148,7 @@ class Killer:
         daemons, workers = self._serving("daemons"), self._serving("testers")
         kinds = ["daemon"] * bool(daemons) + ["worker"] * bool(workers) + ["chroma"]
         kind = self.rng.choice(kinds)
-        at = round(time.monotonic() - self.began, 1)
+        at, unix = round(time.monotonic() - self.began, 1), time.time()
         if kind == "daemon":
             pid = self.rng.choice(daemons)
             os.killpg(pid, signal.SIGKILL)
@@ -164,7 +165,7 @@ class Killer:
             procs[procs.index(chroma)] = fleet.start_chroma(Path(self.state.root), chroma.port)
         self.left -= 1
         self.done[kind] += 1
-        self.log.append({"at": at, "kind": kind, "pid": pid})
+        self.log.append({"at": at, "unix": round(unix, 3), "kind": kind, "pid": pid})
         fleet.write(self.state)
 
 
@@ -201,6 +202,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         utc.append(utc[2] + calm_end - start)
         calm, chaos = _audit(state.store_url, calm_ids), _audit(state.store_url, chaos_ids)
         warm = _audit(state.store_url, warm_ids)
+        costs = {"with_kills": kill_costs(state.store_url, chaos_ids, killer.log, root / "logs", utc[1]),
+                 "without_kills": kill_costs(state.store_url, calm_ids, [], root / "logs", utc[3])}
         memory = fleet.memory_audit(state.store_url, state.chroma_url)
     finally:
         try:
@@ -220,7 +223,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "jobs_per_min_without_kills": round(calm_rate, 3), "jobs_per_min_with_kills": round(chaos_rate, 3),
             "throughput_ratio": round(chaos_rate / calm_rate, 3) if calm_rate else None,
             "done_in_phase": {"with_kills": chaos_done, "without_kills": calm_done},
-            "seconds": round(time.monotonic() - began, 1), "kill_log": killer.log,
+            "seconds": round(time.monotonic() - began, 1), "kill_log": killer.log, "kill_costs": costs,
             "phases_unix": {"with_kills": utc[0:2], "without_kills": utc[2:4]},
             "without_kills": calm, "with_kills": chaos, "warmup": warm, "folder": str(root)}
 

@@ -124,6 +124,7 @@ class AutoResult(BaseModel):
     remembered_note: str | None = None
     seconds: float = 0.0
     resumed_evaluations: int = Field(0, description="evaluations carried over from an interrupted run of the job")
+    resumed_seconds: float = Field(0.0, description="seconds of the time budget the interrupted runs had spent")
 
 
 def brain_label(config: ActorConfig) -> str:
@@ -167,6 +168,7 @@ class AutoRun:
         self.sessions = [session_id]  # with the sessions of an interrupted run it carries on (a daemon job's)
         self.emit: OnEvent = on_event or (lambda _k, _d: None)
         self.started = time.monotonic()
+        self.carried_s = 0.0  # of the time budget, what an interrupted run of the same job had spent
         self.history: dict[str, Attempt] = {}
         self.iterations: list[Iteration] = []
         self.scored: list[CandidateScored] = []
@@ -197,7 +199,7 @@ class AutoRun:
     def time_left(self) -> float | None:
         if self.budget.time_s is None:
             return None
-        return self.budget.time_s - (time.monotonic() - self.started)
+        return self.budget.time_s - self.carried_s - (time.monotonic() - self.started)
 
     def grace(self) -> float | None:
         """How long a step already started may take: the time left, plus the overrun a step in flight is let
@@ -398,12 +400,14 @@ class AutoRun:
     def restore(self, messages: list[BusMessage]) -> int:
         """Carry an interrupted run's work into this one (a daemon job run again after its daemon died).
 
-        Its evaluations count against the budget, the strategies it evaluated are not worked on
-        again, its baseline stands, its candidates are confirmed with this run's, and its plan is
-        reused. Returns how many evaluations were carried.
+        Its evaluations and the time it ran count against the budget, the strategies it evaluated are
+        not worked on again, its baseline stands, its candidates are confirmed with this run's, and its
+        plan is reused: the job does what it would have done without the interruption, not a second
+        budget's worth. Returns how many evaluations were carried.
         """
         record = self.bus.log(self.session_id)
         record.messages[:0] = messages
+        self.carried_s = time_spent(messages)
         for attempt in attempts(messages):
             if attempt.status != "untried":  # a draft cut off before its evaluation is worked on again
                 self.history[attempt.strategy] = attempt
@@ -485,6 +489,18 @@ class AutoRun:
 
             return reference_source(self.task), baseline, REFERENCE, {}
         return None
+
+
+def time_spent(messages: list[BusMessage]) -> float:
+    """Seconds the sessions of ``messages`` ran: per session, from its first message to its last recorded one.
+
+    What an interrupted session did after its last recorded message (an evaluation cut off) and the wait
+    until the job was taken over are not counted: that time bought nothing the job can carry on from."""
+    spans: dict[str, tuple[datetime, datetime]] = {}
+    for message in messages:
+        first, last = spans.get(message.session_id, (message.sent_at, message.sent_at))
+        spans[message.session_id] = (min(first, message.sent_at), max(last, message.sent_at))
+    return sum((last - first).total_seconds() for first, last in spans.values())
 
 
 def messages_of(store: Any, session_ids: list[str]) -> list[BusMessage]:
@@ -614,7 +630,8 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
         evaluations=run.evaluations, first_correct_at=run.first_correct_at,
         best_at=evaluation_index(messages, _first_report(run, report)), tokens=ledger.tokens,
         cost_usd=round(ledger.cost_usd, 6), recalled=run.recalled, remembered_kernel=kernel_id,
-        remembered_note=note_id, seconds=round(time.monotonic() - run.started, 3), resumed_evaluations=carried)
+        remembered_note=note_id, seconds=round(time.monotonic() - run.started, 3), resumed_evaluations=carried,
+        resumed_seconds=round(run.carried_s, 3))
     log.info("auto.finished", session=session_id, task=task.id, status=status, reason=reason,
              evaluations=result.evaluations, speedup=result.speedup, confirmed=result.confirmed_speedup)
     return result

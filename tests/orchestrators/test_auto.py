@@ -11,7 +11,7 @@ from pathlib import Path
 from actors.config import ActorConfig
 from actors.services import Services
 from maxkernel.llm.transcript import Exchange, append_exchange
-from orchestrators.auto import AutoBudget, messages_of, run_auto
+from orchestrators.auto import AutoBudget, messages_of, run_auto, time_spent
 from transcripts import PROFILER_REPLY, fenced, kernel_source, text
 
 GEMM = "41k_Gemm_Add_ReLU"
@@ -130,6 +130,41 @@ def test_a_job_run_again_carries_on_from_its_interrupted_run(orch_evaluator: obj
     assert not any(e.message_type == "OptimizeRequest" for e in events[:events.index(next(
         e for e in events if e.message_type == "KernelDraft"))])
     assert not any(e.payload.get("produced_by") == "auto:baseline" for e in events if e.message_type == "KernelDraft")
+
+
+def test_a_job_run_again_has_only_the_time_its_interrupted_run_left(orch_evaluator: object) -> None:
+    """The time budget is the job's: a run carried on after an interruption that had spent all of it works on
+    no new strategy (it only concludes), as the uninterrupted job would have ended there."""
+    config = ActorConfig(brain="rules", remember=False)
+    first, _ = _auto(config, orch_evaluator, SCALED, AutoBudget(max_evaluations=3, tune_max_trials=1, time_s=300,
+                                                                confirm=False))
+    assert first.iterations
+    services = Services(config, evaluator=orch_evaluator)  # type: ignore[arg-type]
+    try:
+        prior = messages_of(services.store, [first.session_id])
+        spent = time_spent(prior)
+        assert 0 < spent <= first.seconds
+        budget = AutoBudget(max_evaluations=first.evaluations + 4, tune_max_trials=1, time_s=spent, confirm=False)
+        again = asyncio.run(run_auto(SCALED, services=services, budget=budget, prior=prior))
+    finally:
+        services.store.close()
+        services.memory.close()
+    assert again.resumed_seconds == round(spent, 3) and again.resumed_evaluations == first.evaluations
+    assert not again.iterations and again.stop_reason == f"time budget of {spent} s spent"
+    assert again.evaluations == first.evaluations
+
+
+def test_time_spent_counts_each_session_from_its_first_message_to_its_last() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from maxkernel.messages import SessionFinished
+
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    rows = [("a", 0.0), ("a", 4.0), ("b", 100.0), ("a", 2.5), ("b", 101.5)]
+    messages = [SessionFinished(session_id=s, task_id="t", status="scored", sent_at=at + timedelta(seconds=t))
+                for s, t in rows]
+    assert time_spent(messages) == 5.5  # 4 s of a, 1.5 s of b; the 96 s between them are not the job's
+    assert time_spent([]) == 0.0
 
 
 def _transcript(path: Path) -> Path:
