@@ -19,6 +19,41 @@ from jaxbench import wire
 
 STARTUP_TIMEOUT_S = 120.0
 
+# glibc's allocator, fixed alike in every worker. By default glibc raises its mmap threshold each time a
+# large mmapped block is freed (up to 32 MiB) and trims the heap top above twice that, so whether a call's
+# buffers fault in fresh pages depends on everything the process freed before: the same reference timed in
+# two workers of different histories read up to 2.6x apart. Fixed values (which also switch the dynamic
+# threshold off) put every worker at once in the state a long-lived process reaches: blocks under 32 MiB
+# come from a heap that is never trimmed back, blocks of 32 MiB or more are mapped afresh on every call.
+ALLOCATOR_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+    "MALLOC_TOP_PAD_": str(16 << 20),
+}
+
+
+CPUS_ENV = "JAXBENCH_WORKER_CPUS"  # the cores a worker pins itself to before JAX starts its threads
+
+
+def worker_env(alike: bool = True, cpus: tuple[int, ...] | None = None) -> dict[str, str]:
+    """The environment of a worker process: the judge's, with ``ALLOCATOR_ENV`` when ``alike`` (the
+    default; ``alike=False`` keeps whatever allocator settings the judge's environment has), and the cores
+    to pin itself to when ``cpus`` names some."""
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.pop(CPUS_ENV, None)
+    if alike:
+        env.update(ALLOCATOR_ENV)
+    if cpus:
+        env[CPUS_ENV] = ",".join(str(c) for c in sorted(cpus))
+    return env
+
+
+def one_core() -> tuple[int, ...]:
+    """The last core this process may run on (read, never assumed): both timing workers pinned to it."""
+    return (max(os.sched_getaffinity(0)),)
+
 
 class WorkerFailure(Exception):
     """The worker could not answer; ``status`` is the report status this earns the candidate."""
@@ -32,13 +67,13 @@ class WorkerFailure(Exception):
 class WorkerHandle:
     """One worker process and its pipes."""
 
-    def __init__(self, memory_bytes: int) -> None:
+    def __init__(self, memory_bytes: int, alike: bool = True, cpus: tuple[int, ...] | None = None) -> None:
         self.memory_bytes = memory_bytes
+        self.alike = alike
+        self.cpus = cpus
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
-        env = dict(os.environ)
-        env.setdefault("JAX_PLATFORMS", "cpu")
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env = worker_env(alike, cpus)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jaxbench.worker", str(to_child_r), str(from_child_w), str(memory_bytes)],
             pass_fds=(to_child_r, from_child_w),
@@ -138,9 +173,12 @@ class WorkerHandle:
 class WorkerPool:
     """``size`` persistent workers; ``acquire`` hands one out, replacing dead ones transparently."""
 
-    def __init__(self, size: int = 1, memory_bytes: int = 8 << 30) -> None:
+    def __init__(self, size: int = 1, memory_bytes: int = 8 << 30, alike: bool = True,
+                 cpus: tuple[int, ...] | None = None) -> None:
         self.size = max(1, size)
         self.memory_bytes = memory_bytes
+        self.alike = alike  # every worker started with ALLOCATOR_ENV (see worker_env)
+        self.cpus = cpus  # every worker pinned to these cores (None: wherever the judge may run)
         self._idle: list[WorkerHandle] = []
         self._lock = threading.Condition()
         self._started = 0
@@ -158,7 +196,7 @@ class WorkerPool:
                 self.replaced += 1
             self._started += 1
         try:
-            return WorkerHandle(self.memory_bytes)
+            return WorkerHandle(self.memory_bytes, self.alike, self.cpus)
         except BaseException:
             with self._lock:
                 self._started -= 1

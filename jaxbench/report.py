@@ -63,6 +63,9 @@ class EvalReport(SpeedupInterval, BaseModel):
     ref_bytes: float | None = None
     kernel_bytes: float | None = None
     model: dict[str, Any] | None = Field(default=None, description="cost-model figures for a modelled target")
+    timing_calls: int | None = Field(default=None, description="timed calls per round on each side (alike for both)")
+    judge_cpu_ms: float | None = Field(default=None, description="CPU time the judge's own process spent while the "
+                                       "timing rounds ran: work that competed with the timed calls")
     candidate_sha: str = ""
     duration_s: float = 0.0
 

@@ -213,18 +213,22 @@ class Worker:
         return {"ok": True, "outputs": outputs, "mutated": mutated, "executable": self.state["executable"]}
 
     def op_time(self, request: dict[str, Any]) -> dict[str, Any]:
-        """One timed call on fresh device arrays (scaled by the round's factor so values are new)."""
+        """``calls`` timed calls (one unless asked) on fresh device arrays, scaled by the round's factor so
+        the values are new every round; the calls of one round share them. ``ms`` is the first call's time,
+        ``calls_ms`` every call's."""
         from jaxbench.timing import scaled
 
         jax = self.jax
         compiled = self.state["compiled"]  # the very executable whose outputs op_run returned
         args = jax.block_until_ready([jax.device_put(a) for a in scaled(request["inputs"], float(request["scale"]))])
-        t0 = _perf_counter()
-        out = compiled(*args)
-        jax.block_until_ready(out)
-        ms = (_perf_counter() - t0) * 1e3
-        del out
-        return {"ok": True, "ms": ms, "executable": self.state["executable"]}
+        calls_ms = []
+        for _ in range(max(1, int(request.get("calls", 1)))):
+            t0 = _perf_counter()
+            out = compiled(*args)
+            jax.block_until_ready(out)
+            calls_ms.append((_perf_counter() - t0) * 1e3)
+            del out
+        return {"ok": True, "ms": calls_ms[0], "calls_ms": calls_ms, "executable": self.state["executable"]}
 
     def op_unload(self, request: dict[str, Any]) -> dict[str, Any]:
         self._drop_candidate()
@@ -259,9 +263,19 @@ def _to_numpy(out: Any, jax: Any, np: Any) -> Any:
     raise TypeError(f"kernel returned {type(out).__name__}, not arrays")
 
 
+def pin_to(cpus: str) -> None:
+    """Pin this process to the comma-separated cores in ``cpus`` (those it may run on), before JAX sizes its
+    thread pools from the cores it sees; nothing when none of them is allowed."""
+    wanted = {int(c) for c in cpus.split(",") if c.strip()}
+    allowed = wanted & os.sched_getaffinity(0)
+    if allowed:
+        os.sched_setaffinity(0, allowed)
+
+
 def main() -> None:
     read_fd, write_fd, memory_bytes = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    pin_to(os.environ.get("JAXBENCH_WORKER_CPUS", ""))
     from jaxbench.wire import Duplex
 
     conn = Duplex(Connection(read_fd, writable=False), Connection(write_fd, readable=False))
