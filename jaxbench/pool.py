@@ -19,16 +19,19 @@ from jaxbench import wire
 
 STARTUP_TIMEOUT_S = 120.0
 
-# glibc's allocator, fixed alike in every worker. By default glibc raises its mmap threshold each time a
-# large mmapped block is freed (up to 32 MiB) and trims the heap top above twice that, so whether a call's
-# buffers fault in fresh pages depends on everything the process freed before: the same reference timed in
-# two workers of different histories read up to 2.6x apart. Fixed values (which also switch the dynamic
-# threshold off) put every worker at once in the state a long-lived process reaches: blocks under 32 MiB
-# come from a heap that is never trimmed back, blocks of 32 MiB or more are mapped afresh on every call.
+# glibc's allocator, fixed alike in every worker. By default glibc maps a block of 32 MiB or more afresh and
+# unmaps it when freed, and whether a call's buffers come from the heap instead (no fresh page to fault in)
+# depends on everything the process ran before: the reference run as a candidate read 2.5x on 12p and 1.8x
+# on 2p in a suite run, after other tasks' candidates had grown the candidate worker's heap. With mmap off,
+# one arena for every thread and a heap that is never trimmed back, every buffer comes from the heap, a
+# freed one is reused by the next call, and both workers settle within the warm-up at the same state: no
+# fresh pages per call, which is also how an accelerator's pooled allocator serves a kernel's buffers.
 ALLOCATOR_ENV = {
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
     "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
     "MALLOC_TOP_PAD_": str(16 << 20),
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_ARENA_MAX": "1",
 }
 
 

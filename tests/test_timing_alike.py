@@ -107,3 +107,37 @@ def test_the_worker_times_as_many_calls_as_asked():
             assert all(t > 0 for t in reply["calls_ms"])
         finally:
             handle.close()
+
+
+FAULTS_OF_REPEATED_CALLS = """
+import resource
+import jax, jax.numpy as jnp
+x = jnp.ones((4, 1024, 2048), jnp.float32)  # 32 MiB, like 12p's output: at glibc's largest mmap threshold
+f = jax.jit(lambda a: a * 2.0)
+faults = []
+for _ in range(12):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    jax.block_until_ready(f(x))
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(min(faults[2:]))
+"""
+
+
+def _faults_per_call(env: dict[str, str]) -> int:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FAULTS_OF_REPEATED_CALLS], env=env, capture_output=True, text=True,
+                         timeout=120, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_repeated_call_reuses_its_buffers_in_a_timing_worker_and_faults_afresh_without_the_setting(monkeypatch):
+    """The fixed allocator serves every buffer from one never-trimmed heap, so once it has settled a call
+    faults in no fresh pages, whatever the worker ran before (a round counts its fastest call); glibc's
+    default maps a 32 MiB buffer afresh on every call (8192 page faults), or not, by the process's history."""
+    for name in ALLOCATOR_ENV:
+        monkeypatch.delenv(name, raising=False)
+    alike = _faults_per_call(worker_env(alike=True))
+    default = _faults_per_call(worker_env(alike=False))
+    assert alike < 100 < 4000 < default, (alike, default)
