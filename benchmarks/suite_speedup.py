@@ -127,7 +127,7 @@ def _engine(services: Any, args: argparse.Namespace) -> Callable[[Any], dict[str
                 "correct_nonref": bool(tried), "best_nonref": best.speedup if best else None,
                 "best_nonref_by": best.strategy if best else None,
                 "correct_nonref_by": sorted({t.strategy for t in tried}), "baseline": result.baseline_speedup,
-                "trials": result.evaluations, "session_id": result.session_id,
+                "bar": result.bar, "trials": result.evaluations, "session_id": result.session_id,
                 "unseen_passed": unseen.passed if unseen else None, "unseen_size": unseen.detail if unseen else ""}
 
     return run
@@ -153,6 +153,10 @@ def _print(console: Console, rows: list[dict[str, Any]], budget: float) -> None:
     console.print(f"tasks: {n}   correct non-reference candidate: {nonref}/{n}   "
                   f"fast_1.1: {fast11}/{n} ({fast11 / max(n, 1):.0%})   fast_1.5: {fast15}/{n} ({fast15 / max(n, 1):.0%})   "
                   f"geomean speedup: {geo:.2f}x", markup=False)
+    bars = sorted(float(r["bar"]) for r in rows if r.get("bar"))
+    if bars:
+        console.print(f"the reference run as a candidate: median bar {bars[len(bars) // 2]:.3f}x, "
+                      f"bar above 1.10x on {sum(1 for b in bars if b > 1.1)}/{len(bars)} tasks", markup=False)
     returned = [r for r in rows if r.get("beat_reference")]
     unseen_ok = sum(1 for r in returned if r.get("unseen_passed"))
     console.print(f"returned non-reference kernels passing the unseen size: {unseen_ok}/{len(returned)}   "
