@@ -5,10 +5,13 @@ Auto, search, chat and daemon jobs all ask these functions; none of them keeps a
 
 - **The bar.** The judge times the reference in its own process and a candidate in a worker; the
   reference itself run as a candidate shows how far that alone moves the ratio. Every measured speedup
-  carries a bootstrap interval over its timing rounds. A winner's interval must lie wholly above 1.0 and
-  above the upper end of that reading's interval; otherwise it is "at par". One noisy high reading would
-  hide real wins behind an inflated bar, so a reading above ``SUSPECT_BIAS`` is measured twice more and
-  the median of the three counts.
+  carries a bootstrap interval over its timing rounds. A winner's interval must lie wholly above 1.0, and
+  so must the interval of its speedup over that reading of the reference (:func:`cleared`): the two are
+  independent measurements, so their widths add in quadrature on a log scale. (Asking the candidate's
+  lower end to clear the upper end of the reference's interval counts both noises in full, a far stricter
+  test than 95%, which hid real 10–20% wins.) One noisy high reading would hide real wins behind an
+  inflated bar, so a reading above ``SUSPECT_BIAS`` is measured twice more and the median of the three
+  counts.
 - **Ranking.** Candidates are ranked by the lower end of their interval, so a noisy lucky reading never
   wins over a steady one.
 - **Shares.** Each strategy still to be worked on gets an equal share of the time (and evaluations)
@@ -20,7 +23,7 @@ Auto, search, chat and daemon jobs all ask these functions; none of them keeps a
   ``tpu-*`` targets the Pallas strategies go before the plain-JAX ones (building and checking a plain-JAX
   trial there can take a minute, and it must never starve the Pallas kernels), and strategies that failed
   or lost clearly on similar tasks go after those memory knows nothing of.
-- **Confirmation.** The top candidates above the bar are measured again before one is named the winner:
+- **Confirmation.** The top candidates that clear it are measured again before one is named the winner:
   of the runs' lower ends, the lower of two runs, or the median of three when the two disagree about clearing the bar. A modelled
   speedup (a TPU target without a TPU) is deterministic and needs no second run.
 """
@@ -56,24 +59,44 @@ def lower(report: JudgeReport) -> float:
     return report.low
 
 
-def claim(interval: Sequence[float] | None, bar: float = 1.0) -> str:
-    """``faster`` only when the whole interval clears ``bar`` (at least 1.0); ``slower`` when it lies wholly
+def cleared(report: JudgeReport, baseline: JudgeReport | None = None) -> float:
+    """What must lie above 1.0 for a candidate to be called faster: the lower end of its speedup's interval,
+    and, where the reference itself was measured as a candidate (``baseline``), the lower end of the
+    candidate's speedup over that reading, whichever is lower (0.0 when the candidate failed).
+
+    The second is the 95% interval of ``speedup / baseline``: on a log scale the candidate's lower half-width
+    and the baseline's upper half-width combine as independent errors do (in quadrature). It never asks
+    more than the candidate's lower end clearing the baseline's upper end, nor less than it clearing 1.0."""
+    low = report.low
+    base = reading(baseline) if baseline is not None else None
+    if (low <= 0.0 or base is None or not baseline or baseline.basis != "measured" or report.basis != "measured"
+            or not report.speedup):
+        return low
+    high = (baseline.interval or (base, base))[1]
+    centre = math.log(float(report.speedup))
+    spread = math.hypot(centre - math.log(low), math.log(max(high, base)) - math.log(base))
+    return min(low, math.exp(centre - math.log(base) - spread))
+
+
+def claim(interval: Sequence[float] | None, over: float | None = None) -> str:
+    """``faster`` only when the whole interval clears 1.0 and so does ``over`` (the speedup over the
+    reference's own reading, :func:`cleared`) where it is given; ``slower`` when the interval lies wholly
     below 1.0; else ``at par``."""
     if not interval:
         return "at par"
     low, high = interval
-    if low > max(1.0, bar):
+    if low > 1.0 and (over is None or over > 1.0):
         return "faster"
     return "slower" if high < 1.0 else "at par"
 
 
-def describe(speedup: float | None, interval: Sequence[float] | None, bar: float = 1.0) -> str:
+def describe(speedup: float | None, interval: Sequence[float] | None, over: float | None = None) -> str:
     """One honest phrase for a speedup: ``1.21x (1.15–1.30x), faster than the reference`` or
-    ``at par with the reference (0.98–1.04x)``."""
+    ``at par with the reference (0.98–1.04x)``; ``over`` as for :func:`claim`."""
     if speedup is None:
         return "no speedup measured"
     span = (float(interval[0]), float(interval[1])) if interval else (speedup, speedup)
-    verdict = claim(span, bar)
+    verdict = claim(span, over)
     if verdict == "faster":
         return f"{format_speedup(speedup, span)}, faster than the reference"
     if verdict == "slower":
@@ -88,8 +111,9 @@ def baseline_needs_more(first: JudgeReport) -> bool:
 
 
 def baseline_bar(runs: Sequence[JudgeReport]) -> tuple[float, int]:
-    """The bar (at least 1.0) from the reference's runs as a candidate, and which run it comes from: the
-    upper end of the interval of the run whose reading is the median (the only run, when one was enough)."""
+    """The bar shown (at least 1.0) from the reference's runs as a candidate, and which run counts: the upper
+    end of the interval of the run whose reading is the median (the only run, when one was enough). A
+    winner's own reading always lies above it (:func:`cleared`)."""
     first = reading(runs[0])
     if first is None or runs[0].basis != "measured":
         return 1.0, 0
@@ -104,7 +128,7 @@ def needs_confirmation(report: JudgeReport) -> bool:
     return report.basis == "measured"
 
 
-def confirm_more(runs: Sequence[float], bar: float) -> bool:
+def confirm_more(runs: Sequence[float], bar: float = 1.0) -> bool:
     """After the first re-run: a third run is due only when the two disagree about clearing ``bar``."""
     if len(runs) < 2:
         return True
@@ -122,9 +146,9 @@ def confirmation_label(runs: Sequence[float]) -> str:
     return {1: "modelled, deterministic", 2: "lower of two runs"}.get(len(runs), "median of three runs")
 
 
-def to_confirm(candidates: Sequence[S], speedup_of: Callable[[S], float], bar: float) -> list[S]:
+def to_confirm(candidates: Sequence[S], speedup_of: Callable[[S], float], bar: float = 1.0) -> list[S]:
     """The best ``CONFIRM_TOP`` candidates whose first reading clears ``bar``, best first; callers rank by
-    the lower end of the interval (:func:`lower`)."""
+    the lower end of the interval (:func:`lower`), or by :func:`cleared` where a baseline was measured."""
     ranked = sorted(candidates, key=speedup_of, reverse=True)
     return [c for c in ranked if speedup_of(c) > bar][:CONFIRM_TOP]
 

@@ -107,6 +107,38 @@ def _timed(run: Callable[[Any], dict[str, Any]], task: Any, console: Console) ->
     return row
 
 
+def stricter_bar(result: Any) -> tuple[float, bool]:
+    """What the rule before 4 December 2026 would have returned from this run's own readings: a winner's
+    lower end (first reading and re-runs alike) had to clear the upper end of the reference's interval as a
+    candidate (``result.bar``). Replayed on the readings the run made; a third run that rule would have
+    asked for and this run did not make leaves the lower of the two. Also says whether that rule would have
+    looked at a candidate this run never re-measured (it stops at its winner): such a one counts as not
+    named, so the replay may undercount that rule."""
+    from actors import policy
+
+    firsts = [t for t in result.trials if t.role in ("draft", "fix", "tune") and t.status == "ok" and t.speedup_ci
+              and t.label != "reference-equivalent"]
+    again: dict[str, list[Any]] = {}
+    for t in result.trials:
+        if t.role == "confirm":
+            again.setdefault(t.candidate_sha, []).append(t)
+    ranked = sorted(firsts, key=lambda t: t.speedup_ci[0], reverse=True)
+    unmeasured = False
+    for first in [t for t in ranked if t.speedup_ci[0] > result.bar][:policy.CONFIRM_TOP]:
+        runs = [(first.speedup_ci[0], first.speedup)]
+        for t in again.get(first.candidate_sha, []) if first.candidate_sha else []:
+            if not policy.confirm_more([r[0] for r in runs], result.bar):
+                break
+            runs.append((t.speedup_ci[0] if t.status == "ok" and t.speedup_ci else 0.0, t.speedup))
+        if len(runs) == 1:
+            unmeasured = True
+            continue
+        value = policy.confirmed([r[0] for r in runs])
+        if value > result.bar:
+            return float(next(r[1] for r in runs if r[0] == value)), unmeasured
+    return 1.0, unmeasured
+
+
 def _engine(services: Any, args: argparse.Namespace) -> Callable[[Any], dict[str, Any]]:
     from orchestrators.auto import AutoBudget, run_auto
 
@@ -119,6 +151,7 @@ def _engine(services: Any, args: argparse.Namespace) -> Callable[[Any], dict[str
         best = max(tried, key=lambda t: t.speedup or 0.0, default=None)
         unseen = report.check("correct_unseen_size") if report else None
         params = {k: v for k, v in result.best_params.items() if k not in ("rewrites", "source")}
+        old, unmeasured = stricter_bar(result)
         return {"task": result.task_id, "ref_ms": report.ref_ms if report else None,
                 "best_ms": report.kernel_ms if report else None,
                 "speedup": float(result.confirmed_speedup) if result.beat_reference and result.confirmed_speedup else 1.0,
@@ -127,7 +160,8 @@ def _engine(services: Any, args: argparse.Namespace) -> Callable[[Any], dict[str
                 "correct_nonref": bool(tried), "best_nonref": best.speedup if best else None,
                 "best_nonref_by": best.strategy if best else None,
                 "correct_nonref_by": sorted({t.strategy for t in tried}), "baseline": result.baseline_speedup,
-                "bar": result.bar, "trials": result.evaluations, "session_id": result.session_id,
+                "bar": result.bar, "speedup_stricter_bar": old, "stricter_bar_unmeasured": unmeasured,
+                "trials": result.evaluations, "session_id": result.session_id,
                 "unseen_passed": unseen.passed if unseen else None, "unseen_size": unseen.detail if unseen else ""}
 
     return run
@@ -153,6 +187,13 @@ def _print(console: Console, rows: list[dict[str, Any]], budget: float) -> None:
     console.print(f"tasks: {n}   correct non-reference candidate: {nonref}/{n}   "
                   f"fast_1.1: {fast11}/{n} ({fast11 / max(n, 1):.0%})   fast_1.5: {fast15}/{n} ({fast15 / max(n, 1):.0%})   "
                   f"geomean speedup: {geo:.2f}x", markup=False)
+    stricter = [float(r["speedup_stricter_bar"]) for r in rows if "speedup_stricter_bar" in r]
+    if stricter:
+        geo_old = math.exp(sum(math.log(max(v, 1e-9)) for v in stricter) / len(stricter))
+        console.print(f"the same readings judged by the stricter bar before 4 Dec 2026 (lower end above the reference's "
+                      f"upper end): geomean {geo_old:.2f}x, fast_1.1 {sum(1 for v in stricter if v >= 1.1)}/"
+                      f"{len(stricter)} (a candidate it would have looked at was never re-measured on "
+                      f"{sum(1 for r in rows if r.get('stricter_bar_unmeasured'))} tasks)", markup=False)
     bars = sorted(float(r["bar"]) for r in rows if r.get("bar"))
     if bars:
         console.print(f"the reference run as a candidate: median bar {bars[len(bars) // 2]:.3f}x, "

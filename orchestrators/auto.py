@@ -109,7 +109,8 @@ class AutoResult(BaseModel):
     verdict: str = Field("", description="the claim in words, with the speedup and its interval")
     confirmation: str = Field("", description="how the confirmed speedup was reached")
     baseline_speedup: float | None = Field(None, description="the reference itself judged as a candidate")
-    bar: float = Field(1.0, description="what a winner had to clear: 1.0 and the baseline reading")
+    bar: float = Field(1.0, description="the upper end of the reference's own reading as a candidate (at least 1.0); a "
+                       "winner's speedup over that reading must clear 1.0 (actors.policy.cleared)")
     note: str = ""
     iterations: list[Iteration] = Field(default_factory=list)
     attempts: list[Attempt] = Field(default_factory=list)
@@ -290,42 +291,51 @@ class AutoRun:
         """Re-measure the top candidates; the best whose confirmed lower end clears the bar wins. ``reason``:
         why the run stopped, said when nothing was tried."""
         kernels = [c for c in self.scored if c.report.passed and c.report.label != "reference-equivalent"]
-        for candidate in policy.to_confirm(kernels, lambda c: policy.lower(c.report), self.bar):
-            first = policy.lower(candidate.report)
+        baseline = self.baseline
+        for candidate in policy.to_confirm(kernels, lambda c: self.cleared(c.report)):
+            first = self.cleared(candidate.report)
             runs, reports = [first], [candidate.report]
             if self.budget.confirm and policy.needs_confirmation(candidate.report):
                 ref = self._ref(candidate.strategy)
-                while policy.confirm_more(runs, self.bar):
+                while policy.confirm_more(runs):
                     again = await self.judge(candidate.source, policy.CONFIRM, ref, candidate.candidate_id)
-                    runs.append(policy.lower(again))
+                    runs.append(self.cleared(again))
                     reports.append(again)
                     self.emit("confirm", {"strategy": candidate.strategy, "first": first, "again": runs[-1]})
                     if not again.passed:
                         break
             value = policy.confirmed(runs)
             log.info("auto.confirm", session=self.session_id, strategy=candidate.strategy, runs=runs, bar=self.bar)
-            if value > self.bar:
+            if value > 1.0:
                 chosen = reports[runs.index(value)]
                 self.winner = candidate.model_copy(update={"report": chosen})
                 self.confirmed_speedup = chosen.speedup
                 self.confirmation = policy.confirmation_label(runs)
                 if not policy.needs_confirmation(candidate.report):
                     self.confirmation = f"{candidate.report.basis}, deterministic"
-                base = self.baseline.speedup if self.baseline is not None else None
-                span = self.baseline.interval if self.baseline is not None else None
-                self.note = (f"{candidate.strategy} is {policy.describe(chosen.speedup, chosen.interval, self.bar)} "
+                base = baseline.speedup if baseline is not None else None
+                span = baseline.interval if baseline is not None else None
+                self.note = (f"{candidate.strategy} is {policy.describe(chosen.speedup, chosen.interval, value)} "
                              f"({self.confirmation})" + (f"; the reference itself run as a candidate scored "
                                                          f"{format_speedup(base, span)}" if base else ""))
                 return
-        best = max(kernels, key=lambda c: policy.lower(c.report), default=None)
+        best = max(kernels, key=lambda c: self.cleared(c.report), default=None)
         if not kernels:
             self.note = self.nothing_passed(reason)
             return
         self.note = "nothing beat the reference: the best candidate is the reference itself"
         if best is not None:
             self.note += (f" (best tried: {best.strategy}, "
-                          f"{policy.describe(best.report.speedup, best.report.interval, self.bar)}")
-            self.note += f"; the bar was {self.bar:.2f}x)"
+                          f"{policy.describe(best.report.speedup, best.report.interval, self.cleared(best.report))}")
+            if baseline is not None and baseline.speedup:
+                self.note += (f"; the reference itself run as a candidate scored "
+                              f"{format_speedup(baseline.speedup, baseline.interval)}")
+            self.note += ")"
+
+    def cleared(self, report: JudgeReport) -> float:
+        """What must clear 1.0 for ``report`` to win: its lower end, and its speedup over the reference's own
+        reading as a candidate (``actors.policy.cleared``)."""
+        return policy.cleared(report, self.baseline)
 
     def tried_nothing(self) -> bool:
         """No strategy was worked on: only the reference (if that) was judged."""
@@ -624,7 +634,8 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
         speedup=_first_reading(run, report), confirmed_speedup=run.confirmed_speedup, confirmation=run.confirmation,
         baseline_speedup=baseline.speedup if baseline is not None else None, bar=run.bar, note=run.note,
         speedup_ci=report.interval if report is not None else None,
-        claim=policy.claim(report.interval, run.bar) if run.winner is not None and report is not None else "at par",
+        claim=policy.claim(report.interval, run.cleared(report)) if run.winner is not None and report is not None
+        else "at par",
         verdict=_verdict(run, report),
         iterations=run.iterations, attempts=list(run.history.values()), trials=trial_rows(messages),
         evaluations=run.evaluations, first_correct_at=run.first_correct_at,
@@ -638,10 +649,11 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
 
 
 def _verdict(run: AutoRun, report: JudgeReport | None) -> str:
-    """What may be said of the returned kernel: faster only for a confirmed winner whose interval clears the
-    bar; otherwise the run's note (what was best and what the bar was, or that nothing was tried)."""
+    """What may be said of the returned kernel: faster only for a confirmed winner that clears the bar
+    (``actors.policy.cleared``); otherwise the run's note (what was best and how the reference itself read, or
+    that nothing was tried)."""
     if run.winner is not None and report is not None:
-        return policy.describe(report.speedup, report.interval, run.bar)
+        return policy.describe(report.speedup, report.interval, run.cleared(report))
     return run.note or "nothing beat the reference"
 
 

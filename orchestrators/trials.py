@@ -28,6 +28,7 @@ class TrialRow(BaseModel):
     basis: str | None = None
     reason: str = ""
     seconds: float = 0.0
+    candidate_sha: str = Field("", description="the judged code's hash: a re-measurement has its candidate's")
 
 
 def role_of(produced_by: str) -> Role:
@@ -53,7 +54,8 @@ def trial_row(message: BusMessage) -> TrialRow | None:
     params = {k: v for k, v in draft.plan.current.params.items() if k not in ("source", "rewrites")}
     return TrialRow(strategy=draft.plan.current.name, role=role, params=params if role in ("draft", "fix") else {},
                     status=report.status, speedup=report.speedup, speedup_ci=report.interval, kernel_ms=report.kernel_ms, label=report.label,
-                    basis=report.basis, reason=report.reason[:200], seconds=report.duration_s)
+                    basis=report.basis, reason=report.reason[:200], seconds=report.duration_s,
+                    candidate_sha=report.candidate_sha)
 
 
 def trial_rows(messages: list[BusMessage]) -> list[TrialRow]:

@@ -34,19 +34,48 @@ def test_the_interval_covers_one_for_equal_sides_and_clears_it_for_a_real_gain()
 
 def test_faster_only_when_the_whole_interval_clears_one_and_the_reference_run_as_a_candidate() -> None:
     # What issue 17 saw: 1.37x while the reference as a candidate scored 1.33x, and 1.03x / 1.01x.
-    bar = policy.baseline_bar([_report(1.33, (1.21, 1.45))])[0]
-    assert bar == 1.45  # the upper end of the reference's own interval
-    assert policy.claim((1.28, 1.46), bar) == "at par"
+    baseline = _report(1.33, (1.21, 1.45))
+    assert policy.baseline_bar([baseline])[0] == 1.45  # the upper end of the reference's own interval
+    seen = _report(1.37, (1.28, 1.46))
+    over = policy.cleared(seen, baseline)
+    assert over < 1.0 and policy.claim(seen.interval, over) == "at par"
     assert policy.claim((0.98, 1.08)) == "at par" and policy.claim((1.001, 1.05)) == "faster"
-    assert policy.claim((1.5, 1.7), bar) == "faster"
+    clear = _report(1.6, (1.5, 1.7))
+    assert policy.claim(clear.interval, policy.cleared(clear, baseline)) == "faster"
     assert policy.claim((0.7, 0.9)) == "slower"
     assert policy.describe(1.03, (0.98, 1.08)) == "at par with the reference (0.98–1.08x)"
-    assert policy.describe(1.6, (1.5, 1.7), bar) == "1.60x (1.50–1.70x), faster than the reference"
+    assert policy.describe(1.6, (1.5, 1.7), policy.cleared(clear, baseline)) == \
+        "1.60x (1.50–1.70x), faster than the reference"
     assert "faster" not in policy.describe(1.0024, (0.97, 1.04))  # chat's profile case
     # A modelled figure is deterministic: its interval is the point.
     modelled = _report(1.2, None, basis="modelled")
     assert modelled.interval == (1.2, 1.2) and policy.claim(modelled.interval) == "faster"
     assert format_interval((1.2, 1.2)) == "1.20x" and format_speedup(1.2, (1.2, 1.2)) == "1.20x"
+
+
+def test_the_bar_combines_both_readings_noise_instead_of_adding_it() -> None:
+    """A 10% win read as 1.10x (1.04–1.16x) beside a centred baseline of 1.00x (0.95–1.06x): its lower end
+    does not clear the baseline's upper end, yet the interval of its speedup over the baseline (the two
+    independent errors combined in quadrature) lies wholly above 1.0."""
+    baseline = _report(1.0, (0.95, 1.06))
+    win = _report(1.10, (1.04, 1.16))
+    assert win.low < 1.06 and policy.cleared(win, baseline) > 1.0
+    # Never stricter than lower end above the baseline's upper end, never laxer than lower end above 1.0.
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        b = float(np.exp(rng.normal(0.0, 0.1)))
+        base = _report(b, (b * float(np.exp(-rng.uniform(0, 0.2))), b * float(np.exp(rng.uniform(0, 0.2)))))
+        s = float(np.exp(rng.normal(0.1, 0.2)))
+        cand = _report(s, (s * float(np.exp(-rng.uniform(0, 0.2))), s * float(np.exp(rng.uniform(0, 0.2)))))
+        over = policy.cleared(cand, base)
+        assert over <= cand.low
+        if cand.low > max(1.0, base.interval[1]):
+            assert over > 1.0
+    # A slower worker's reading of the reference (0.93x) never lifts a candidate above its own interval.
+    assert policy.cleared(_report(1.03, (0.99, 1.07)), _report(0.93, (0.9, 0.96))) == 0.99
+    # Without a measured baseline (a modelled target, a failed reference run) only the lower end counts.
+    assert policy.cleared(win, None) == win.low == policy.cleared(win, _report(3.0, None, basis="modelled"))
+    assert policy.cleared(EvalReport(task="t", status="incorrect", speedup=2.0, speedup_ci=(1.9, 2.1)), baseline) == 0.0
 
 
 def test_ranking_and_confirmation_go_by_the_lower_end() -> None:
