@@ -24,14 +24,16 @@ Auto, search, chat and daemon jobs all ask these functions; none of them keeps a
   trial there can take a minute, and it must never starve the Pallas kernels), and strategies that failed
   or lost clearly on similar tasks go after those memory knows nothing of.
 - **Confirmation.** The top candidates that clear it are measured again before one is named the winner:
-  of the runs' lower ends, the lower of two runs, or the median of three when the two disagree about clearing the bar. A modelled
-  speedup (a TPU target without a TPU) is deterministic and needs no second run.
+  of the runs' lower ends, the lower of two runs, or the median of three when the two disagree about
+  clearing the bar. A candidate whose first reading was too noisy to clear, though its centre did, is
+  measured twice more and the lower of those two fresh runs decides. A modelled speedup (a TPU target
+  without a TPU) is deterministic and needs no second run.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Protocol, Sequence, TypeVar
 
 from jaxbench.report import EvalReport as JudgeReport, format_interval, format_speedup
 
@@ -47,7 +49,23 @@ CONFIRM = "auto:confirm"
 S = TypeVar("S")
 
 
-def reading(report: JudgeReport) -> float | None:
+class Reading(Protocol):
+    """A judged speedup with its interval: a judge's report, or a search node read back from the store."""
+
+    speedup: float | None
+    basis: str | None
+
+    @property
+    def passed(self) -> bool: ...
+
+    @property
+    def interval(self) -> tuple[float, float] | None: ...
+
+    @property
+    def low(self) -> float: ...
+
+
+def reading(report: Reading) -> float | None:
     """The speedup a passing report stands for, or None when it failed or has none."""
     if not report.passed or not report.speedup:
         return None
@@ -59,7 +77,7 @@ def lower(report: JudgeReport) -> float:
     return report.low
 
 
-def cleared(report: JudgeReport, baseline: JudgeReport | None = None) -> float:
+def cleared(report: Reading, baseline: Reading | None = None) -> float:
     """What must lie above 1.0 for a candidate to be called faster: the lower end of its speedup's interval,
     and, where the reference itself was measured as a candidate (``baseline``), the lower end of the
     candidate's speedup over that reading, whichever is lower (0.0 when the candidate failed).
@@ -110,7 +128,12 @@ def baseline_needs_more(first: JudgeReport) -> bool:
     return first.basis == "measured" and value is not None and value > SUSPECT_BIAS
 
 
-def baseline_bar(runs: Sequence[JudgeReport]) -> tuple[float, int]:
+def baseline_more(runs: Sequence[JudgeReport]) -> bool:
+    """Whether the baseline wants another run: its first, or two more after a suspect first reading."""
+    return not runs or (baseline_needs_more(runs[0]) and len(runs) < 3)
+
+
+def baseline_bar(runs: Sequence[Reading]) -> tuple[float, int]:
     """The bar shown (at least 1.0) from the reference's runs as a candidate, and which run counts: the upper
     end of the interval of the run whose reading is the median (the only run, when one was enough). A
     winner's own reading always lies above it (:func:`cleared`)."""
@@ -129,28 +152,51 @@ def needs_confirmation(report: JudgeReport) -> bool:
 
 
 def confirm_more(runs: Sequence[float], bar: float = 1.0) -> bool:
-    """After the first re-run: a third run is due only when the two disagree about clearing ``bar``."""
+    """After the first reading: one re-run; a third run only when the two disagree about clearing ``bar``.
+    A first reading that did not clear ``bar`` itself (a noisy one whose centre did) gets two re-runs,
+    unless the first of them fails to clear."""
     if len(runs) < 2:
         return True
+    if runs[0] <= bar:
+        return len(runs) == 2 and runs[1] > bar
     return len(runs) == 2 and runs[0] > bar >= runs[1] > 0.0
 
 
-def confirmed(runs: Sequence[float]) -> float:
-    """The lower of two runs, or the median of three."""
+def confirmed(runs: Sequence[float], bar: float = 1.0) -> float:
+    """The lower of two runs, or the median of three; after a first reading that did not clear ``bar``,
+    the lower of the two re-runs (fresh readings alone decide)."""
     if len(runs) <= 2:
         return min(runs)
+    if runs[0] <= bar:
+        return min(runs[1:3])
     return sorted(runs)[1]
 
 
-def confirmation_label(runs: Sequence[float]) -> str:
+def confirmation_label(runs: Sequence[float], bar: float = 1.0) -> str:
+    if len(runs) == 3 and runs[0] <= bar:
+        return "lower of two re-runs"
     return {1: "modelled, deterministic", 2: "lower of two runs"}.get(len(runs), "median of three runs")
 
 
-def to_confirm(candidates: Sequence[S], speedup_of: Callable[[S], float], bar: float = 1.0) -> list[S]:
+def worth(report: Reading, baseline: Reading | None = None) -> float:
+    """The centre of a reading as :func:`cleared` takes its lower end: the speedup, and its ratio to the
+    baseline where one was measured, whichever is lower (0.0 when it failed)."""
+    if not report.passed or not report.speedup:
+        return 0.0
+    base = reading(baseline) if baseline is not None else None
+    if base is None or not baseline or baseline.basis != "measured" or report.basis != "measured":
+        return float(report.speedup)
+    return min(float(report.speedup), float(report.speedup) / base)
+
+
+def to_confirm(candidates: Sequence[S], speedup_of: Callable[[S], float], bar: float = 1.0,
+               centre_of: Callable[[S], float] | None = None) -> list[S]:
     """The best ``CONFIRM_TOP`` candidates whose first reading clears ``bar``, best first; callers rank by
-    the lower end of the interval (:func:`lower`), or by :func:`cleared` where a baseline was measured."""
+    the lower end of the interval (:func:`lower`), or by :func:`cleared` where a baseline was measured.
+    With ``centre_of`` (:func:`worth`), a candidate whose reading's centre clears ``bar`` though its
+    lower end does not is re-measured too, after those that clear: fresh readings decide it."""
     ranked = sorted(candidates, key=speedup_of, reverse=True)
-    return [c for c in ranked if speedup_of(c) > bar][:CONFIRM_TOP]
+    return [c for c in ranked if speedup_of(c) > bar or (centre_of is not None and centre_of(c) > bar)][:CONFIRM_TOP]
 
 
 def share(left: float | None, strategies_left: int) -> float | None:

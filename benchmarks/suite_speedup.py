@@ -110,11 +110,11 @@ def _timed(run: Callable[[Any], dict[str, Any]], task: Any, console: Console) ->
 def stricter_bar(result: Any) -> tuple[float, bool]:
     """What the rule before 4 December 2026 would have returned from this run's own readings: a winner's
     lower end (first reading and re-runs alike) had to clear the upper end of the reference's interval as a
-    candidate (``result.bar``). Replayed on the readings the run made; a third run that rule would have
+    candidate (``result.bar``), and only a candidate whose first reading did so was re-measured. Replayed on the readings the run made; a third run that rule would have
     asked for and this run did not make leaves the lower of the two. Also says whether that rule would have
     looked at a candidate this run never re-measured (it stops at its winner): such a one counts as not
     named, so the replay may undercount that rule."""
-    from actors import policy
+    from actors.policy import CONFIRM_TOP
 
     firsts = [t for t in result.trials if t.role in ("draft", "fix", "tune") and t.status == "ok" and t.speedup_ci
               and t.label != "reference-equivalent"]
@@ -124,16 +124,18 @@ def stricter_bar(result: Any) -> tuple[float, bool]:
             again.setdefault(t.candidate_sha, []).append(t)
     ranked = sorted(firsts, key=lambda t: t.speedup_ci[0], reverse=True)
     unmeasured = False
-    for first in [t for t in ranked if t.speedup_ci[0] > result.bar][:policy.CONFIRM_TOP]:
+    for first in [t for t in ranked if t.speedup_ci[0] > result.bar][:CONFIRM_TOP]:
         runs = [(first.speedup_ci[0], first.speedup)]
         for t in again.get(first.candidate_sha, []) if first.candidate_sha else []:
-            if not policy.confirm_more([r[0] for r in runs], result.bar):
+            lows = [r[0] for r in runs]
+            if not (len(lows) < 2 or (len(lows) == 2 and lows[0] > result.bar >= lows[1] > 0.0)):
                 break
             runs.append((t.speedup_ci[0] if t.status == "ok" and t.speedup_ci else 0.0, t.speedup))
         if len(runs) == 1:
             unmeasured = True
             continue
-        value = policy.confirmed([r[0] for r in runs])
+        lows = [r[0] for r in runs]
+        value = min(lows) if len(lows) <= 2 else sorted(lows)[1]  # the lower of two runs, or the median of three
         if value > result.bar:
             return float(next(r[1] for r in runs if r[0] == value)), unmeasured
     return 1.0, unmeasured

@@ -49,6 +49,12 @@ log = structlog.get_logger("orchestrators.auto")
 
 OnEvent = Callable[[str, dict[str, Any]], None]
 REFERENCE = "reference"
+
+
+def reference_ref(target: str) -> StrategyRef:
+    """The strategy the reference is judged under when it is run as a candidate (the baseline)."""
+    return StrategyRef(name=REFERENCE, kind="reference", target=target,
+                       rationale="the reference itself, judged as a candidate: the bar")
 UNCAPPED_TUNE_S = 3600.0
 OVERRUN_S = 180.0  # an iteration past the time budget is let finish the evaluation it has in flight
 
@@ -264,13 +270,10 @@ class AutoRun:
         """The reference run as a candidate, re-measured when its reading is suspect; it sets the bar."""
         from maxkernel.rules.strategy import reference_source
 
-        ref = StrategyRef(name=REFERENCE, kind="reference", target=self.target,
-                          rationale="the reference itself, judged as a candidate: the bar")
-        source = reference_source(self.task)
-        self.baseline_runs = [await self.judge(source, policy.BASELINE, ref)]
-        if policy.baseline_needs_more(self.baseline_runs[0]):
-            for _ in range(2):
-                self.baseline_runs.append(await self.judge(source, policy.BASELINE, ref))
+        ref, source = reference_ref(self.target), reference_source(self.task)
+        self.baseline_runs = []
+        while policy.baseline_more(self.baseline_runs):
+            self.baseline_runs.append(await self.judge(source, policy.BASELINE, ref))
         self._set_bar()
         baseline = self.baseline
         assert baseline is not None
@@ -292,7 +295,8 @@ class AutoRun:
         why the run stopped, said when nothing was tried."""
         kernels = [c for c in self.scored if c.report.passed and c.report.label != "reference-equivalent"]
         baseline = self.baseline
-        for candidate in policy.to_confirm(kernels, lambda c: self.cleared(c.report)):
+        for candidate in policy.to_confirm(kernels, lambda c: self.cleared(c.report),
+                                           centre_of=lambda c: policy.worth(c.report, baseline)):
             first = self.cleared(candidate.report)
             runs, reports = [first], [candidate.report]
             if self.budget.confirm and policy.needs_confirmation(candidate.report):

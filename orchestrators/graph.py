@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, Field
 
 from actors import policy
-from jaxbench.report import SpeedupInterval
+from jaxbench.report import EvalReport as JudgeReport, SpeedupInterval
 from memory import Store
 from orchestrators.tables import ensure, expansions, searches
 
@@ -47,18 +47,25 @@ class Node(SpeedupInterval, BaseModel):
     seq: int = 0
     produced_by: str = ""
     basis: str | None = None
-    confirm_runs: list[float] = Field(default_factory=list, description="lower ends of the re-measurements")
+    cleared: float | None = Field(None, description="what must clear 1.0 for the node to be called faster: its lower "
+                                                    "end against the search's baseline (actors.policy.cleared)")
+    confirm_runs: list[float] = Field(default_factory=list, description="the re-measurements, each as cleared is")
+
+    @property
+    def over(self) -> float:
+        """``cleared``, or the lower end where no baseline was measured."""
+        return self.low if self.cleared is None else self.cleared
 
     @property
     def confirmed(self) -> float | None:
-        """The lower end after re-measurement (``actors.policy``); a modelled one stands as it is."""
+        """What clears the bar after re-measurement (``actors.policy``); a modelled one stands as it is."""
         if self.speedup is None or not self.passed:
             return None
         if self.basis is not None and self.basis != "measured":
             return self.low
         if not self.confirm_runs:
             return None
-        return policy.confirmed([self.low, *self.confirm_runs])
+        return policy.confirmed([self.over, *self.confirm_runs])
 
 
 class Expansion(BaseModel):
@@ -81,6 +88,12 @@ class SearchGraph(BaseModel):
     status: str
     expansions: list[Expansion]
     nodes: list[Node]
+    baseline_runs: list[JudgeReport] = Field(default_factory=list, description="the reference run as a candidate")
+
+    @property
+    def baseline(self) -> JudgeReport | None:
+        """The baseline run that counts (``actors.policy.baseline_bar``), or None before one was measured."""
+        return self.baseline_runs[policy.baseline_bar(self.baseline_runs)[1]] if self.baseline_runs else None
 
     def node(self, candidate_id: str) -> Node:
         return next(n for n in self.nodes if n.candidate_id == candidate_id)
@@ -143,13 +156,19 @@ def load_graph(store: Store, search_id: str) -> SearchGraph:
         rows = conn.execute(sa.select(expansions).where(expansions.c.search_id == search_id)
                             .order_by(expansions.c.n)).all()
     exps = [Expansion.model_validate(dict(r._mapping)) for r in rows]
-    confirm_runs: dict[str, list[float]] = {}
+    again: list[tuple[str, JudgeReport]] = []
+    baseline_runs: list[JudgeReport] = []
     for event in store.events(session_id=confirm_session(search_id)):
         if event.message_type == "EvalReport" and event.candidate_id:
-            report = event.payload["report"]
-            passed = report["status"] == "ok" and bool(report["correct"])
-            low = (report.get("speedup_ci") or [report.get("speedup") or 0.0])[0]
-            confirm_runs.setdefault(event.candidate_id, []).append(float(low) if passed else 0.0)
+            report = JudgeReport.model_validate(event.payload["report"])
+            if (event.payload.get("draft") or {}).get("produced_by") == policy.BASELINE:
+                baseline_runs.append(report)
+            else:
+                again.append((event.candidate_id, report))
+    baseline = baseline_runs[policy.baseline_bar(baseline_runs)[1]] if baseline_runs else None
+    confirm_runs: dict[str, list[float]] = {}
+    for candidate_id, report in again:
+        confirm_runs.setdefault(candidate_id, []).append(policy.cleared(report, baseline))
     nodes: list[Node] = []
     for exp in exps:
         for event in store.events(session_id=exp.session_id):
@@ -167,5 +186,6 @@ def load_graph(store: Store, search_id: str) -> SearchGraph:
                 niche=niche(exp.strategy, exp.params), lane=exp.lane, seq=event.seq,
                 produced_by=draft.get("produced_by", ""), basis=report.get("basis"),
                 confirm_runs=confirm_runs.get(event.candidate_id or draft["candidate_id"], [])))
+            nodes[-1].cleared = policy.cleared(nodes[-1], baseline) if baseline is not None else None
     return SearchGraph(search_id=search_id, task_id=row.task_id, algorithm=row.algorithm, config=row.config,
-                       status=row.status, expansions=exps, nodes=nodes)
+                       status=row.status, expansions=exps, nodes=nodes, baseline_runs=baseline_runs)

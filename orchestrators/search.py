@@ -30,7 +30,7 @@ from jaxbench.report import format_speedup
 from maxkernel.messages import Budget, OptimizeRequest, Plan, SessionFinished, StrategyRef
 from memory import Store
 from memory.errors import RecordNotFoundError
-from orchestrators.auto import brain_label
+from orchestrators.auto import brain_label, reference_ref
 from orchestrators.bus import Bus
 from orchestrators.graph import (
     Expansion,
@@ -306,6 +306,8 @@ class SearchResult(BaseModel):
     best_speedup_ci: tuple[float, float] | None = Field(None, description="its interval over the timing rounds")
     confirmed: bool = Field(False, description="the best node was re-measured (or is modelled, deterministic)")
     claim: str = Field("at par", description="faster | at par | slower: what the confirmed interval allows")
+    baseline_speedup: float | None = Field(None, description="the reference itself judged as a candidate (measured "
+                                                             "only when a node was to be confirmed)")
     first_correct_at: int | None = None
     resumed: int = Field(0, description="expansions found interrupted and closed from their recorded evaluations")
 
@@ -449,36 +451,58 @@ class Search:
         return result_of(graph, reason or "", self.resumed)
 
     async def confirm(self, graph: SearchGraph, plan: Plan) -> SearchGraph:
-        """Re-measure the top nodes (``actors.policy``), so that the search names its best by confirmed
-        speedup; runs a killed search recorded already are not repeated."""
-        kernels = [n for n in graph.valid if n.label != "reference-equivalent" and n.basis == "measured"]
-        todo = policy.to_confirm(kernels, lambda n: n.low, 1.0)
-        if not todo:
+        """Judge the reference as a candidate (the baseline), then re-measure the top nodes against it
+        (``actors.policy``), so that the search names its best by confirmed speedup; runs a killed search
+        recorded already are not repeated."""
+        measured = [n for n in graph.valid if n.label != "reference-equivalent" and n.basis == "measured"]
+        if not policy.to_confirm(measured, lambda n: n.low, centre_of=policy.worth):
             return graph
         session_id = confirm_session(self.search_id)
         await asyncio.to_thread(self.ensure_session, session_id)
-        for node in todo:
-            runs = [node.low, *node.confirm_runs]
-            if not policy.confirm_more(runs, 1.0):
+        graph = await self.measure_baseline(graph, session_id)
+        kernels = [n for n in graph.valid if n.label != "reference-equivalent" and n.basis == "measured"]
+        baseline = graph.baseline
+        for node in policy.to_confirm(kernels, lambda n: n.over, centre_of=lambda n: policy.worth(n, baseline)):
+            runs = [node.over, *node.confirm_runs]
+            if not policy.confirm_more(runs):
                 continue
             ref = next((s for s in plan.strategies if s.name == node.strategy), StrategyRef(name=node.strategy))
             ref = ref.model_copy(update={"params": dict(ref.params) | node.params, "space": {}})
             source = (await asyncio.to_thread(self.store.get_candidate, node.candidate_id)).code
-            while policy.confirm_more(runs, 1.0):
+            while policy.confirm_more(runs):
                 reply = await self.bus.judge(session_id, self.task_id, source, ref, policy.CONFIRM,
                                              target=self.config.target, size=self.config.size,
                                              candidate_id=node.candidate_id)
-                runs.append(policy.lower(reply.report))
+                runs.append(policy.cleared(reply.report, baseline))
                 self.emit("confirm", {"strategy": node.strategy, "params": shown(node.params), "runs": runs})
         await asyncio.to_thread(self.store.set_session_status, session_id, "done")
         return await asyncio.to_thread(load_graph, self.store, self.search_id)
 
+    async def measure_baseline(self, graph: SearchGraph, session_id: str) -> SearchGraph:
+        """The reference run as a candidate, as an Auto session judges it (once, three times when the first
+        reading is suspect); what a killed search recorded of it counts."""
+        from maxkernel.rules.strategy import reference_source
+
+        runs = list(graph.baseline_runs)
+        if not policy.baseline_more(runs):
+            return graph
+        source = reference_source(self.bus.services.task(self.task_id))
+        ref = reference_ref(self.config.target)
+        while policy.baseline_more(runs):
+            reply = await self.bus.judge(session_id, self.task_id, source, ref, policy.BASELINE,
+                                         target=self.config.target, size=self.config.size)
+            runs.append(reply.report)
+        self.emit("baseline", {"speedup": runs[0].speedup, "runs": len(runs),
+                               "bar": policy.baseline_bar(runs)[0]})
+        return await asyncio.to_thread(load_graph, self.store, self.search_id)
+
 
 def claim_of(best: Node | None) -> str:
-    """``faster`` only for a node whose confirmed lower end (re-measured, or modelled) clears 1.0."""
+    """``faster`` only for a node whose confirmed value (re-measured against the baseline, or modelled)
+    clears 1.0."""
     if best is None or best.confirmed is None or best.interval is None:
         return "at par"
-    return policy.claim((best.confirmed, best.interval[1]))
+    return policy.claim(best.interval, best.confirmed)
 
 
 def result_of(graph: SearchGraph, reason: str, resumed: int = 0) -> SearchResult:
@@ -493,6 +517,7 @@ def result_of(graph: SearchGraph, reason: str, resumed: int = 0) -> SearchResult
                         best_speedup=best.speedup if best else None,
                         best_speedup_ci=best.interval if best else None,
                         confirmed=best is not None and best.confirmed is not None, claim=claim_of(best),
+                        baseline_speedup=graph.baseline.speedup if graph.baseline is not None else None,
                         first_correct_at=first,
                         resumed=resumed)
 
@@ -562,7 +587,7 @@ def remember_best(services: Services, store: Store, search_id: str) -> str | Non
             per[node.strategy] = node
     failed = sorted({n.strategy for n in graph.nodes if not n.passed} - set(per))
     text = (f"{graph.algorithm} search on {graph.task_id}: best {best.strategy} {best.params}, "
-            f"{policy.describe(best.speedup, best.interval)}. "
+            f"{policy.describe(best.speedup, best.interval, best.confirmed)}. "
             + "; ".join(f"{s}: best {format_speedup(n.speedup, n.interval)}" for s, n in sorted(per.items()))
             + (f". Never correct: {', '.join(failed)}" if failed else ""))
     services.memory.remember_note(text[:2000], task=task, outcome="worked" if claim_of(best) == "faster" else "info",

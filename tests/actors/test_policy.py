@@ -39,6 +39,12 @@ def test_confirmation_is_the_lower_of_two_runs_or_the_median_of_three() -> None:
     assert not policy.confirm_more([2.0, 0.0], bar)  # a failed re-run ends it
     assert policy.confirmed([2.0, 0.0]) == 0.0
     assert not policy.confirm_more([2.0, 1.0, 1.3], bar)
+    # A first reading too noisy to clear (its centre did): two fresh runs decide, the lower of them counts.
+    assert policy.confirm_more([1.05], bar) and policy.confirm_more([1.05, 1.2], bar)
+    assert not policy.confirm_more([1.05, 1.2, 1.15], bar) and policy.confirmed([1.05, 1.2, 1.15], bar) == 1.15
+    assert policy.confirmation_label([1.05, 1.2, 1.15], bar) == "lower of two re-runs"
+    assert not policy.confirm_more([1.05, 1.08], bar) and policy.confirmed([1.05, 1.08], bar) == 1.05
+    assert policy.confirmed([1.05, 1.2, 1.0], bar) == 1.0  # the second fresh run did not clear
     assert not policy.needs_confirmation(_report(4.0, basis="modelled"))
 
 

@@ -52,6 +52,13 @@ def test_beam_is_seeded_and_keeps_invalid_nodes_out(orch_evaluator: object) -> N
         assert exp.strategy == parent.strategy and exp.params != parent.params
     keys = [params_key(e.strategy, e.params) for e in graph.expansions]
     assert len(keys) == len(set(keys))
+    # The reference is judged as a candidate exactly when some node was to be confirmed, and the claim is
+    # against it.
+    to_confirm = [n for n in graph.valid if n.basis == "measured" and n.label != "reference-equivalent" and n.low > 1.0]
+    assert (graph.baseline is not None) == bool(to_confirm) == (result.baseline_speedup is not None)
+    assert len(graph.baseline_runs) in ((1, 3) if to_confirm else (0,))
+    if result.claim == "faster":
+        assert graph.best() is not None and graph.best().confirmed > 1.0 and graph.best().cleared is not None
 
     # The same seed and the same graph decide the same expansions again.
     tried = {params_key(e.strategy, e.params) for e in first}

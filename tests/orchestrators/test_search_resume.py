@@ -14,7 +14,7 @@ from pathlib import Path
 
 from maxkernel.config import load_settings
 from memory import Store
-from actors.policy import CONFIRM
+from actors.policy import BASELINE, CONFIRM
 from orchestrators.graph import load_graph, params_key
 
 TASK = "21k_Gemm_Divide_Sum_Scaling"  # a task with a clear winner, so the top nodes are confirmed
@@ -22,11 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 EVALUATIONS = ("EvalReport", "FixRequest")
 
 
-def _evaluated(store: Store, confirmations: bool = False) -> list[str]:
+def _evaluated(store: Store, confirmations: bool = False, produced_by: str = CONFIRM) -> list[str]:
     """Candidates judged, one entry per judgement: the search's own, or (``confirmations``) its deliberate
-    re-measurements of the top nodes at the end."""
+    re-measurements of the top nodes at the end (``produced_by=BASELINE``: its runs of the reference)."""
     return [e.candidate_id for e in store.events() if e.message_type in EVALUATIONS
-            and (e.payload["draft"]["produced_by"] == CONFIRM) == confirmations]
+            and ((e.payload["draft"]["produced_by"] == produced_by) if confirmations
+                 else e.payload["draft"]["produced_by"] not in (CONFIRM, BASELINE))]
 
 
 def _evaluated_but_open(store: Store, search_id: str) -> int:
@@ -87,6 +88,9 @@ def test_search_survives_repeated_kill_9(fast_env: dict[str, str]) -> None:
     confirmed = collections.Counter(_evaluated(again, confirmations=True))
     assert confirmed and set(confirmed) <= set(counts) and max(confirmed.values()) <= 2
     assert graph.best() is not None and graph.best().confirmed is not None
+    # They were measured against the reference run as a candidate, judged once (three times when suspect).
+    assert len(_evaluated(again, confirmations=True, produced_by=BASELINE)) in (1, 3)
+    assert graph.baseline is not None and graph.best().cleared is not None
     drafts = collections.Counter(params_key(n.strategy, n.params) for n in graph.nodes if n.edge != "fix")
     assert max(drafts.values()) == 1, drafts
     assert len(graph.nodes) >= 10 or '"no expansion left' in out
