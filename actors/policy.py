@@ -47,6 +47,7 @@ BASELINE = "auto:baseline"
 CONFIRM = "auto:confirm"
 
 S = TypeVar("S")
+R = TypeVar("R", bound="Reading")
 
 
 class Reading(Protocol):
@@ -77,6 +78,18 @@ def lower(report: JudgeReport) -> float:
     return report.low
 
 
+def _base(report: Reading, baseline: Reading | None) -> float | None:
+    """The baseline's reading where a measured report may be set against it (both measured, it passed)."""
+    if baseline is None or report.basis != "measured" or baseline.basis != "measured":
+        return None
+    return reading(baseline)
+
+
+def baseline_of(runs: Sequence[R]) -> R | None:
+    """The baseline run that counts (:func:`baseline_bar`), or None before one was measured."""
+    return runs[baseline_bar(runs)[1]] if runs else None
+
+
 def cleared(report: Reading, baseline: Reading | None = None) -> float:
     """What must lie above 1.0 for a candidate to be called faster: the lower end of its speedup's interval,
     and, where the reference itself was measured as a candidate (``baseline``), the lower end of the
@@ -86,9 +99,8 @@ def cleared(report: Reading, baseline: Reading | None = None) -> float:
     and the baseline's upper half-width combine as independent errors do (in quadrature). It never asks
     more than the candidate's lower end clearing the baseline's upper end, nor less than it clearing 1.0."""
     low = report.low
-    base = reading(baseline) if baseline is not None else None
-    if (low <= 0.0 or base is None or not baseline or baseline.basis != "measured" or report.basis != "measured"
-            or not report.speedup):
+    base = _base(report, baseline)
+    if low <= 0.0 or base is None or baseline is None or not report.speedup:
         return low
     high = (baseline.interval or (base, base))[1]
     centre = math.log(float(report.speedup))
@@ -178,22 +190,20 @@ def confirmation_label(runs: Sequence[float], bar: float = 1.0) -> str:
     return {1: "modelled, deterministic", 2: "lower of two runs"}.get(len(runs), "median of three runs")
 
 
-def worth(report: Reading, baseline: Reading | None = None) -> float:
+def centre(report: Reading, baseline: Reading | None = None) -> float:
     """The centre of a reading as :func:`cleared` takes its lower end: the speedup, and its ratio to the
     baseline where one was measured, whichever is lower (0.0 when it failed)."""
     if not report.passed or not report.speedup:
         return 0.0
-    base = reading(baseline) if baseline is not None else None
-    if base is None or not baseline or baseline.basis != "measured" or report.basis != "measured":
-        return float(report.speedup)
-    return min(float(report.speedup), float(report.speedup) / base)
+    base = _base(report, baseline)
+    return float(report.speedup) if base is None else min(float(report.speedup), float(report.speedup) / base)
 
 
 def to_confirm(candidates: Sequence[S], speedup_of: Callable[[S], float], bar: float = 1.0,
                centre_of: Callable[[S], float] | None = None) -> list[S]:
     """The best ``CONFIRM_TOP`` candidates whose first reading clears ``bar``, best first; callers rank by
     the lower end of the interval (:func:`lower`), or by :func:`cleared` where a baseline was measured.
-    With ``centre_of`` (:func:`worth`), a candidate whose reading's centre clears ``bar`` though its
+    With ``centre_of`` (:func:`centre`), a candidate whose reading's centre clears ``bar`` though its
     lower end does not is re-measured too, after those that clear: fresh readings decide it."""
     ranked = sorted(candidates, key=speedup_of, reverse=True)
     return [c for c in ranked if speedup_of(c) > bar or (centre_of is not None and centre_of(c) > bar)][:CONFIRM_TOP]

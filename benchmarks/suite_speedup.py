@@ -110,10 +110,11 @@ def _timed(run: Callable[[Any], dict[str, Any]], task: Any, console: Console) ->
 def stricter_bar(result: Any) -> tuple[float, bool]:
     """What the rule before 4 December 2026 would have returned from this run's own readings: a winner's
     lower end (first reading and re-runs alike) had to clear the upper end of the reference's interval as a
-    candidate (``result.bar``), and only a candidate whose first reading did so was re-measured. Replayed on the readings the run made; a third run that rule would have
-    asked for and this run did not make leaves the lower of the two. Also says whether that rule would have
-    looked at a candidate this run never re-measured (it stops at its winner): such a one counts as not
-    named, so the replay may undercount that rule."""
+    candidate (``result.bar``), and only a candidate whose first reading did so was re-measured. Replayed
+    on the readings the run made; a third run that rule would have asked for and this run did not make
+    leaves the lower of the two. Also says whether that rule would have looked at a candidate this run
+    never re-measured (it stops at its winner): such a one counts as not named, so the replay may
+    undercount that rule."""
     from actors.policy import CONFIRM_TOP
 
     firsts = [t for t in result.trials if t.role in ("draft", "fix", "tune") and t.status == "ok" and t.speedup_ci

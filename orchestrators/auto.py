@@ -49,14 +49,14 @@ log = structlog.get_logger("orchestrators.auto")
 
 OnEvent = Callable[[str, dict[str, Any]], None]
 REFERENCE = "reference"
+UNCAPPED_TUNE_S = 3600.0
+OVERRUN_S = 180.0  # an iteration past the time budget is let finish the evaluation it has in flight
 
 
 def reference_ref(target: str) -> StrategyRef:
     """The strategy the reference is judged under when it is run as a candidate (the baseline)."""
     return StrategyRef(name=REFERENCE, kind="reference", target=target,
                        rationale="the reference itself, judged as a candidate: the bar")
-UNCAPPED_TUNE_S = 3600.0
-OVERRUN_S = 180.0  # an iteration past the time budget is let finish the evaluation it has in flight
 
 
 class AutoBudget(BaseModel):
@@ -199,9 +199,7 @@ class AutoRun:
 
     @property
     def baseline(self) -> JudgeReport | None:
-        if not self.baseline_runs:
-            return None
-        return self.baseline_runs[policy.baseline_bar(self.baseline_runs)[1]]
+        return policy.baseline_of(self.baseline_runs)
 
     def time_left(self) -> float | None:
         if self.budget.time_s is None:
@@ -296,7 +294,7 @@ class AutoRun:
         kernels = [c for c in self.scored if c.report.passed and c.report.label != "reference-equivalent"]
         baseline = self.baseline
         for candidate in policy.to_confirm(kernels, lambda c: self.cleared(c.report),
-                                           centre_of=lambda c: policy.worth(c.report, baseline)):
+                                           centre_of=lambda c: policy.centre(c.report, baseline)):
             first = self.cleared(candidate.report)
             runs, reports = [first], [candidate.report]
             if self.budget.confirm and policy.needs_confirmation(candidate.report):

@@ -93,7 +93,7 @@ class SearchGraph(BaseModel):
     @property
     def baseline(self) -> JudgeReport | None:
         """The baseline run that counts (``actors.policy.baseline_bar``), or None before one was measured."""
-        return self.baseline_runs[policy.baseline_bar(self.baseline_runs)[1]] if self.baseline_runs else None
+        return policy.baseline_of(self.baseline_runs)
 
     def node(self, candidate_id: str) -> Node:
         return next(n for n in self.nodes if n.candidate_id == candidate_id)
@@ -165,7 +165,7 @@ def load_graph(store: Store, search_id: str) -> SearchGraph:
                 baseline_runs.append(report)
             else:
                 again.append((event.candidate_id, report))
-    baseline = baseline_runs[policy.baseline_bar(baseline_runs)[1]] if baseline_runs else None
+    baseline = policy.baseline_of(baseline_runs)
     confirm_runs: dict[str, list[float]] = {}
     for candidate_id, report in again:
         confirm_runs.setdefault(candidate_id, []).append(policy.cleared(report, baseline))

@@ -455,14 +455,14 @@ class Search:
         (``actors.policy``), so that the search names its best by confirmed speedup; runs a killed search
         recorded already are not repeated."""
         measured = [n for n in graph.valid if n.label != "reference-equivalent" and n.basis == "measured"]
-        if not policy.to_confirm(measured, lambda n: n.low, centre_of=policy.worth):
+        if not policy.to_confirm(measured, lambda n: n.low, centre_of=policy.centre):
             return graph
         session_id = confirm_session(self.search_id)
         await asyncio.to_thread(self.ensure_session, session_id)
         graph = await self.measure_baseline(graph, session_id)
         kernels = [n for n in graph.valid if n.label != "reference-equivalent" and n.basis == "measured"]
         baseline = graph.baseline
-        for node in policy.to_confirm(kernels, lambda n: n.over, centre_of=lambda n: policy.worth(n, baseline)):
+        for node in policy.to_confirm(kernels, lambda n: n.over, centre_of=lambda n: policy.centre(n, baseline)):
             runs = [node.over, *node.confirm_runs]
             if not policy.confirm_more(runs):
                 continue

@@ -85,10 +85,10 @@ def test_ranking_and_confirmation_go_by_the_lower_end() -> None:
     assert ranked == [steady]  # the lucky one's interval does not clear the bar: it is not even confirmed
     assert policy.to_confirm([lucky, steady], policy.lower, 1.0) == [steady]
     # Asked to, the engine re-measures the lucky one too, after the steady one: fresh readings decide it.
-    assert policy.to_confirm([lucky, steady], policy.lower, 1.0, centre_of=policy.worth) == [steady, lucky]
+    assert policy.to_confirm([lucky, steady], policy.lower, 1.0, centre_of=policy.centre) == [steady, lucky]
     baseline = _report(1.0, (0.95, 1.06))
-    assert policy.worth(lucky, baseline) == 1.9 and policy.worth(lucky, _report(1.25, (1.2, 1.3))) == 1.9 / 1.25
-    assert policy.to_confirm([_report(0.98, (0.8, 1.1))], policy.lower, 1.0, centre_of=policy.worth) == []
+    assert policy.centre(lucky, baseline) == 1.9 and policy.centre(lucky, _report(1.25, (1.2, 1.3))) == 1.9 / 1.25
+    assert policy.to_confirm([_report(0.98, (0.8, 1.1))], policy.lower, 1.0, centre_of=policy.centre) == []
     failed = EvalReport(task="t", status="incorrect", speedup=3.0, speedup_ci=(2.9, 3.1))
     assert policy.lower(failed) == 0.0  # a failed candidate never ranks
 
