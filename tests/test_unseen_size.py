@@ -274,3 +274,16 @@ def test_the_tpu_gemm_serves_an_unseen_batch_in_partial_blocks(quick_evaluator, 
     check = report.check("correct_unseen_size")
     batch = int(check.detail.split("batch=")[1].split()[0])
     assert check.passed and batch % 16 and "drawn again" not in check.detail, check.detail
+
+
+def test_the_fused_tail_of_a_chunked_scan_serves_other_sequence_lengths(quick_evaluator, tmp_path):
+    # 16p's head splits seq into seq // 128 chunks of 128 and its heads into groups that equal the batch:
+    # traced beside the probe size, the chunk count and the groups are read as what they follow.
+    from maxkernel.templates.epilogue import FUSED_TAIL
+
+    task = _small_copy(tmp_path, "16p_Mamba2_SSD", "batch: 2, seq: 256, heads: 4, head_dim: 32, groups: 2, state_dim: 16")
+    source = FUSED_TAIL.render(task, {}, ("cpu",))
+    assert "// 128" in source and source.count("def _head") == 1
+    report = quick_evaluator.evaluate(task, source)
+    assert report.status == "ok", report.reason
+    assert report.check("correct_unseen_size").passed

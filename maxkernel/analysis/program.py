@@ -269,6 +269,29 @@ def trace_program(task: "Task", size: str = "cpu", shapes: list[Any] | None = No
     return program
 
 
+def probe_sizes(task: "Task", size: str = "cpu") -> list[tuple["Task", str]]:
+    """A size that emitters trace beside ``size`` to tell an extent that follows a free parameter (a batch
+    of one) from a literal or another extent of the same value: each free parameter moved up by its own
+    number of grid steps (one for the first, two for the second...), so that no two move alike (a batch and
+    a chunk count both 2 become 3 and 4), or down where the task's maximum leaves no room. Empty when the
+    task has no free parameter."""
+    import random
+
+    if not task.spec.free:
+        return []
+    values = task.size(size)
+    below = task.draw_unseen(size, random.Random(0))
+    for steps, (name, free) in enumerate(task.spec.free.items(), start=1):
+        value = int(values[name]) + steps * free.multiple_of
+        values[name] = value if free.max is None or value <= free.max else below[name]
+    return [(task.with_size(f"{size}_probe", values), f"{size}_probe")]
+
+
+def trace_probes(task: "Task", size: str = "cpu") -> list[Program]:
+    """The reference traced at each of :func:`probe_sizes`."""
+    return [trace_program(*probe) for probe in probe_sizes(task, size)]
+
+
 def size_names(values: dict[str, Any], taken: list[str]) -> dict[int, str]:
     """Each integer size parameter above 1 by its value, where no other parameter shares the value (a
     shared value could be either, so it is named by the axis it is read from instead)."""

@@ -15,7 +15,7 @@ from jaxbench.task import Task, load_task
 from maxkernel.analysis.program import Program, static_args, trace_program
 from maxkernel.extract.constants import fold_constant_scalars
 from maxkernel.extract.regions import Span, find_regions, merge_routed
-from maxkernel.extract.sized import integer_statics
+from maxkernel.rewrites.sized import integer_statics
 from maxkernel.extract.subprogram import prefix_program, region_program
 from maxkernel.extract.tasks import float_first, region_source, write_region_task
 from maxkernel.logging import get_logger

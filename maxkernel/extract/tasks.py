@@ -19,7 +19,7 @@ import yaml
 
 from maxkernel.analysis.program import Program
 from maxkernel.extract.names import namespaced
-from maxkernel.extract.sized import choose, emit_sized, record
+from maxkernel.rewrites.sized import choose, emit_sized, record
 from maxkernel.rewrites.emit import emit_function
 
 CATEGORY = {"attention": "attention", "matmul": "matmul", "experts": "moe", "norm": "normalization",

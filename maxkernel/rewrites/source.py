@@ -1,15 +1,18 @@
 """Whole candidate files from emitted programs: imports, the computation, and ``kernel``.
 
-Emitted functions read their shapes from their inputs, so when every size it was rendered for (``cpu``
-for measuring here, ``full`` for TPU lowering) gives the same code the candidate holds it once; when a
-size decided differently, ``kernel`` picks a specialization by the argument shapes and serves any other
-shape with the first one.
+Emitted functions read their shapes from their inputs. Each extent is read from the input axes that
+give it at every size the candidate was rendered for (``cpu`` for measuring here, ``full`` for TPU
+lowering) and at the probe size (``cpu`` with the task's free parameters redrawn), so a batch of one is
+read as the batch it is; then the candidate holds that one function. Where no such function exists, it
+holds one per rendered size whose code reads the sizes that tell them apart, and ``kernel`` picks a
+specialization by the argument shapes and serves any other shape with the first one.
 """
 
 from __future__ import annotations
 
 from maxkernel.analysis.program import Program
 from maxkernel.rewrites.emit import EmitError, emit_function
+from maxkernel.rewrites.sized import emit_every_size
 
 HEADER = "import jax\nimport jax.numpy as jnp\n"
 
@@ -37,11 +40,17 @@ def size_dispatch(functions: dict[str, tuple[str, tuple[tuple[int, ...], ...]]],
     return "\n".join(lines)
 
 
-def jax_candidate(programs: dict[str, Program], doc: str) -> str:
-    """A plain-JAX candidate file: one emitted function per size."""
+def jax_candidate(programs: dict[str, Program], doc: str, probes: list[Program] | None = None) -> str:
+    """A plain-JAX candidate file: one function for every size where one serves them all (``probes``: the
+    same computation traced at sizes that only tell coincidences apart), else one emitted function per size."""
     if not programs:
         raise EmitError("no program to emit")
     parts = [f'"""{doc}"""\n', HEADER]
+    shared = emit_every_size([*programs.values(), *(probes or [])], "_computation")
+    if shared is not None:
+        parts.append("\n" + shared + "\n")
+        parts.append("\n" + size_dispatch({"any": ("_computation", ())}, [v.name for v in next(iter(programs.values())).inputs]) + "\n")
+        return "\n".join(parts)
     functions: dict[str, tuple[str, tuple[tuple[int, ...], ...]]] = {}
     bodies: dict[str, str] = {}
     params: list[str] = []
@@ -56,6 +65,8 @@ def jax_candidate(programs: dict[str, Program], doc: str) -> str:
         parts.append("\n" + next(iter(bodies.values())) + "\n")
         parts.append("\n" + size_dispatch({"any": ("_computation", ())}, params) + "\n")
         return "\n".join(parts)
+    first = next(iter(programs))  # it serves every shape no size matches: its extents read as the probes tell
+    bodies[first] = emit_every_size([programs[first], *(probes or [])], "_computation") or bodies[first]
     for size, body in bodies.items():
         parts.append("\n" + body.replace("def _computation(", f"def _computation_{size}(", 1) + "\n")
     parts.append("\n" + size_dispatch(functions, params, otherwise=next(iter(functions.values()))[0]) + "\n")

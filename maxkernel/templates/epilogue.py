@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from maxkernel.analysis.program import Program, Var, arg_names, trace_program
+from maxkernel.analysis.program import Program, Var, arg_names, trace_probes, trace_program
 from maxkernel.rewrites.emit import EmitError, emit_function, emittable
+from maxkernel.rewrites.sized import emit_every_size
 from maxkernel.rewrites.source import size_dispatch
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, tpu_target
 
@@ -100,6 +101,14 @@ class FusedTailTemplate:
                 raise EmitError(found)
             splits[size] = found
             shapes[size] = tuple(v.shape for v in program.inputs)
+        probes = [split_tail(probe.dce()) for probe in trace_probes(task, sizes[0])]
+        every = [*splits.values(), *(p for p in probes if isinstance(p, Split))]
+        head = emit_every_size([s.head for s in every], "_head", HEAD_DOC)
+        tail = emit_every_size([s.tail for s in every], "_tail", TAIL_DOC)
+        if head is not None and tail is not None:  # one head and one tail, their extents read from the inputs
+            parts.append(TWO_D + _render_size(splits[sizes[0]], "", head, tail))
+            parts.append("\n" + size_dispatch({"any": ("_fused", ())}, names) + "\n")
+            return "\n".join(parts)
         generic = {size: _render_size(split, "") for size, split in splits.items()}
         if len(set(generic.values())) == 1:  # every size emits the same code: one function serves them all
             parts.append(TWO_D + next(iter(generic.values())))
@@ -124,10 +133,15 @@ def _two_d(x):
 """
 
 
-def _render_size(split: Split, suffix: str) -> str:
+HEAD_DOC = "Matmuls and convolutions (and what they read), left to XLA."
+TAIL_DOC = "The reference after its last matmul or convolution."
+
+
+def _render_size(split: Split, suffix: str, head_text: str | None = None, tail_text: str | None = None) -> str:
+    """The head, the tail and the kernel around them (the head's and tail's text when already emitted)."""
     head, tail = split.head, split.tail
-    lines = [emit_function(head, f"_head{suffix}", "Matmuls and convolutions (and what they read), left to XLA."), ""]
-    lines.append(emit_function(tail, f"_tail{suffix}", "The reference after its last matmul or convolution.") + "\n")
+    lines = [head_text or emit_function(head, f"_head{suffix}", HEAD_DOC), ""]
+    lines.append((tail_text or emit_function(tail, f"_tail{suffix}", TAIL_DOC)) + "\n")
     ins = [f"{v.name}_ref" for v in tail.inputs]
     outs = [f"out{i}_ref" for i in range(len(tail.outputs))]
     loads = ", ".join(f"{r}[...].reshape(shapes[{i}])" for i, r in enumerate(ins))

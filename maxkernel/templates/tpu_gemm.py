@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from maxkernel.analysis.graph import ELEMENTWISE
-from maxkernel.analysis.program import Node, Program, Var, arg_names, static_args, trace_program
+from maxkernel.analysis.program import Node, Program, Var, arg_names, probe_sizes, static_args, trace_program
 from maxkernel.rewrites.activations import cheaper_activations
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
 from maxkernel.templates.gemm_prologue import Prologue, split_draws
@@ -334,13 +334,11 @@ def _rows_keyed(task: "Task", size: str) -> bool:
     """Whether an XLA tail's text follows the row count: it is emitted at ``size`` and at ``size`` with the
     task's free sizes redrawn (the batch a model calls it with), and compared. Different text (a mean over
     the batch divides by it) keys the tail by its rows too; the same text serves any row count."""
-    import random
-
-    if not task.spec.free:
+    probes = probe_sizes(task, size)
+    if not probes:
         return True
-    probe = task.with_size("rows_probe", task.draw_unseen(size, random.Random(0)))
     texts = []
-    for task_at, at in ((task, size), (probe, "rows_probe")):
+    for task_at, at in ((task, size), probes[0]):
         p = match(trace_program(task_at, at).dce())
         if isinstance(p, str) or emittable(p.tail) is not None:
             return True

@@ -56,10 +56,14 @@ def test_unsupported_primitive_is_refused_not_mistranslated() -> None:
 @pytest.mark.parametrize("task_id", ["12p_RMSNorm", "21k_Gemm_Divide_Sum_Scaling", "13p_Cross_Entropy"])
 def test_emitted_code_reads_its_shapes_from_its_inputs(task_id: str) -> None:
     # Traced at the cpu size, run at a size drawn from the task's free sizes: no traced shape is baked in.
+    task = load_task(task_id)
+    _assert_serves_an_unseen_size(task, jax_candidate({"cpu": trace_program(task, "cpu").dce()}, "shape-generic"))
+
+
+def _assert_serves_an_unseen_size(task, source: str) -> None:
+    """The candidate computes what the reference does at a size drawn from the task's free sizes."""
     import random
 
-    task = load_task(task_id)
-    source = jax_candidate({"cpu": trace_program(task, "cpu").dce()}, "shape-generic")
     unseen = task.with_size("unseen", task.draw_unseen("cpu", random.Random(1)))
     args, static = unseen.get_inputs(jax.random.key(5), "unseen")
     expected = jax.jit(functools.partial(task.reference, **static))(*args)
@@ -79,3 +83,23 @@ def test_specializations_that_differ_refuse_or_fall_back_by_shape() -> None:
         module.kernel(np.zeros((5, 3)))
     falling_back = size_dispatch({"cpu": ("_a", ((2, 3),)), "full": ("_b", ((4, 3),))}, ["x"], otherwise="_a")
     assert _load("def _a(x):\n    return 'a'\n\ndef _b(x):\n    return 'b'\n\n" + falling_back).kernel(np.zeros((5, 3))) == "a"
+
+
+@pytest.mark.parametrize("task_id", ["3p_MLA_Attention", "16p_Mamba2_SSD"])
+def test_extents_are_read_as_what_they_follow_at_the_probe_size(task_id: str) -> None:
+    # 3p: a batch of one, and heads * v_dim == seq; 16p: batch == groups, and the chunk count seq // 128.
+    # At one size each reads as something else; beside the probe size each is read as what it follows.
+    from maxkernel.analysis.program import trace_probes
+
+    task = load_task(task_id)
+    probes = [probe.dce() for probe in trace_probes(task, "cpu")]
+    source = jax_candidate({"cpu": trace_program(task, "cpu").dce()}, "probed", probes)
+    assert source.count("def _computation(") == 1
+    _assert_serves_an_unseen_size(task, source)
+
+
+def test_without_a_probe_a_batch_of_one_is_a_literal() -> None:
+    # The single-size emitter cannot tell 3p's batch of one from a literal one: what the probe is for.
+    task = load_task("3p_MLA_Attention")
+    source = jax_candidate({"cpu": trace_program(task, "cpu").dce()}, "one size")
+    assert ".reshape((1, seq," in source

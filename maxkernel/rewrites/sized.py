@@ -1,12 +1,13 @@
-"""Region code that runs at every size of the layer: each extent the emitted code writes (a shape's
-dimension, a slice bound, ``top_k``'s k, a scalar such as RoPE's ``/ head_dim``, the softmax scale
-``sqrt(head_dim)`` or a window) is written from what it really follows, an input's axis (``wo.shape[0]``, half of
-``q_norm.shape[0]``) or the layer's integer size parameters (``heads``, ``heads // kv_heads``), chosen as the
-one expression that gives its value at every size the layer was traced at. Sizes only traced to tell
-coincidences apart (the ``cpu`` size with one parameter doubled: at ``cpu`` ``seq`` = ``hidden`` and
-``heads * head_dim`` = ``hidden``; at ``full`` ``top_k`` = ``heads // kv_heads``) take part in the choice
-too, so an extent that merely equals another at the sizes that matter is not written from the wrong one.
-The function emitted at ``full`` is then also the layer's code at widths never traced."""
+"""Code that runs at every size: each extent the emitted code writes (a shape's dimension, a slice
+bound, ``top_k``'s k, a scalar such as RoPE's ``/ head_dim``, the softmax scale ``sqrt(head_dim)`` or a
+window) is written from what it really follows, an input's axis (``wo.shape[0]``, half of
+``q_norm.shape[0]``) or integer size parameters (``heads``, ``heads // kv_heads``), chosen as the one
+expression that gives its value at every size the computation was traced at. Sizes only traced to tell
+coincidences apart (a task's ``cpu`` size with its free parameters redrawn, where a batch of one is two and
+a chunk length equals ``groups * state``; a layer's ``cpu`` size with one parameter doubled) take part in the
+choice too, so an extent that merely equals another at the sizes that matter is not written from the wrong
+one. Layer regions (:mod:`maxkernel.extract`) and rewritten references (:mod:`maxkernel.rewrites.source`)
+are emitted this way."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from maxkernel.rewrites.emit import EmitError, Emitter, dtype_expr, input_dims
 
 Key = tuple[Any, ...]
 """A candidate expression: ``("axes", ((input, axis), ...))`` (their product), ``("half", (input, axis))``,
-``("static", text)``; a float scalar's key is ``(transform, candidate key)``, transform one of
-:data:`SCALES`."""
+``("part", (input, axis, divisor))`` (an axis cut into chunks of a power of two: ``seq // 128``),
+``("static", text)``, or ``("literal", value)`` (an extent the same at every size that no axis gives); a
+float scalar's key is ``(transform, candidate key)``, transform one of :data:`SCALES`."""
 
 SCALES = {"same": lambda v: v, "sqrt": lambda v: v ** 0.5, "rsqrt": lambda v: 1 / v ** 0.5}
 SCALE_TEXT = {"same": "{}", "sqrt": "{} ** 0.5", "rsqrt": "1 / {} ** 0.5"}
@@ -38,8 +40,8 @@ class _EverySize(dict):
 class SizedEmitter(Emitter):
     """Records every extent it writes (a site), and writes the chosen expression for each."""
 
-    def __init__(self, program: Program, choices: list[Key | None] | None = None) -> None:
-        super().__init__(program, size_names=True, rename_inputs=True)
+    def __init__(self, program: Program, choices: list[Key | None] | None = None, size_names: bool = True) -> None:
+        super().__init__(program, size_names=size_names, rename_inputs=True)
         for var in program.inputs:  # an axis of one here may be two at another size: read it the same way
             for axis, size in enumerate(var.shape):
                 if int(size) == 1 and (var.name, axis) not in self.hoisted:
@@ -70,11 +72,13 @@ class SizedEmitter(Emitter):
         if kind == "static":
             self.used_statics.update(part for part in what.split() if part.isidentifier())
             return what
+        if kind == "literal":
+            return str(what)
         names = [v.name for v in self.program.inputs]
-        if kind == "half":
-            pos, axis = what
+        if kind in ("half", "part"):
+            pos, axis, divisor = (*what, 2) if kind == "half" else what
             self.used.add((names[pos], axis))
-            return f"{self.hoisted[(names[pos], axis)]} // 2"
+            return f"{self.hoisted[(names[pos], axis)]} // {divisor}"
         axes = [(names[pos], axis) for pos, axis in what]
         self.used.update(axes)
         return " * ".join(self.hoisted[a] for a in axes)
@@ -100,6 +104,8 @@ class SizedEmitter(Emitter):
             return self._slice(node)
         if node.prim == "reshape":
             return self._reshape(node)
+        if node.prim == "broadcast_in_dim":
+            return self._broadcast(node)
         if node.prim == "top_k":
             text = super().line(node)
             k = int(node.params["k"])
@@ -121,6 +127,27 @@ class SizedEmitter(Emitter):
         if len(open_) == 1:
             chosen[open_[0]] = "-1"
         return f"{self.operand(n.ins[0])}.reshape({_tuple(chosen)})"
+
+    def _broadcast(self, n: Node) -> str:
+        """A broadcast whose axis taken from the operand is the operand's own (``x.shape[0]``) where it is as
+        long as the result's at every size, and an extent like any other where it is widened (a length-one
+        axis widened to a batch that is one at some size)."""
+        operand, shape = n.ins[0], [int(d) for d in n.params["shape"]]
+        dims = tuple(int(d) for d in n.params["broadcast_dimensions"])
+        source = {target: axis for axis, target in enumerate(dims)} if isinstance(operand, Var) else {}
+        parts = []
+        for i, d in enumerate(shape):
+            if i not in source:
+                parts.append(self.dim(d))
+                continue
+            axis = source[i]
+            same = int(operand.shape[axis]) == d
+            call = len(self.sites)
+            self.sites.append(("kept", 1.0 if same else 0.0, None))
+            widened = self.dim(d)
+            kept = same if self.choices is None or call >= len(self.choices) else self.choices[call] == ("kept", True)
+            parts.append(f"{self.name(operand)}.shape[{axis}]" if kept else widened)
+        return f"jax.lax.broadcast_in_dim({self.operand(operand)}, {_tuple(parts)}, {dims})"
 
     def _slice(self, n: Node) -> str:
         """A static slice whose bounds are sites (RoPE's half-width); a bound at an axis' end reads that end."""
@@ -179,6 +206,11 @@ def candidates(program: Program, statics: dict[str, int]) -> dict[Key, int]:
     for n in names:
         if statics[n] > 2 and statics[n] % 2 == 0:
             found[("static", f"{n} // 2")] = statics[n] // 2
+    for pos, shape in enumerate(shapes):  # a sequence in chunks: the chunk count
+        for axis, size in enumerate(shape):
+            for divisor in (2 ** k for k in range(2, 13)):
+                if size >= divisor and size % divisor == 0:
+                    found[("part", (pos, axis, divisor))] = size // divisor
     return found
 
 
@@ -194,15 +226,21 @@ def record(program: Program, statics: dict[str, int]) -> Record:
     return em.sites, candidates(program, statics)
 
 
-def _fits(kind: str, dtype: Any, values: list[float], cands: list[dict[Key, int]]) -> Key | None:
-    """The first candidate (of the first size's order) that gives the site's value at every size."""
+def _fits(kind: str, dtype: Any, values: list[float], cands: list[dict[Key, int]], axes_for_constants: bool = False) -> Key | None:
+    """The first candidate (of the first size's order) that gives the site's value at every size
+    (``axes_for_constants``: an extent that is the same at every size is read only from an input's axis, as
+    that tensor's own dimension; a product or a part of axes would be a coincidence, and its literal reads
+    better)."""
     if kind in ("dim", "index"):
         if not all(float(v).is_integer() and v >= 1 for v in values) or max(values) == 1:
             return None
+        constant = axes_for_constants and len(set(values)) == 1
         for key in cands[0]:
+            if constant and (key[0] != "axes" or len(key[1]) > 1):
+                continue
             if all(c.get(key) == v for c, v in zip(cands, values)):
                 return key
-        return None
+        return ("literal", int(values[0])) if constant else None
     if len(set(values)) == 1:  # a scalar that is the same at every size is a literal of the layer's
         return None
     integer = np.issubdtype(dtype, np.integer)
@@ -213,7 +251,8 @@ def _fits(kind: str, dtype: Any, values: list[float], cands: list[dict[Key, int]
     return None
 
 
-def choose(records: dict[str, Record], probes: dict[str, Record] | None = None) -> list[Key | None] | None:
+def choose(records: dict[str, Record], probes: dict[str, Record] | None = None,
+           axes_for_constants: bool = False) -> list[Key | None] | None:
     """For each site, the expression that gives its value at every size of ``records`` and of the probes
     that write the same site there; None where none does, or where the sizes write the site as different
     things. None overall when the sizes of ``records`` write different numbers of sites."""
@@ -231,18 +270,41 @@ def choose(records: dict[str, Record], probes: dict[str, Record] | None = None) 
             choices.append(None)
             continue
         evidence = [records[s] for s in sizes] + [r for r in extra if r[0][call][0::2] == (kind, dtype)]
-        choices.append(_fits(kind, dtype, [sites[call][1] for sites, _ in evidence], [c for _, c in evidence]))
+        if kind == "kept":  # an axis the broadcast keeps at every size, not one it widens at some
+            choices.append(("kept", all(sites[call][1] == 1.0 for sites, _ in evidence)))
+            continue
+        choices.append(_fits(kind, dtype, [sites[call][1] for sites, _ in evidence], [c for _, c in evidence],
+                             axes_for_constants))
     return choices
 
 
-def emit_sized(program: Program, name: str, doc: str, choices: list[Key | None] | None) -> tuple[str, set[str]]:
+def emit_sized(program: Program, name: str, doc: str | None, choices: list[Key | None] | None,
+               size_names: bool = True) -> tuple[str, set[str]]:
     """``def name(inputs..., *, statics):`` with the chosen expressions; the statics it reads."""
-    em = SizedEmitter(program, choices)
+    em = SizedEmitter(program, choices, size_names)
     body = em.body()
     returns = em.returns()
     params = ", ".join(em.name(v) for v in program.inputs)
     used = sorted(em.used_statics)
     head = f"def {name}({params}{', *, ' + ', '.join(used) if used else ''}):"
-    return "\n".join([head, f'    """{doc}"""', *body, f"    return {returns}"]), set(used)
+    return "\n".join([head, *([f'    """{doc}"""'] if doc else []), *body, f"    return {returns}"]), set(used)
 
 
+def emit_every_size(programs: list[Program], name: str, doc: str | None = None) -> str | None:
+    """One function that is the code of every program (one computation traced at several sizes; the first
+    names the dimensions), each extent read from the input axes that give it at all of them; None where
+    the programs differ in structure or an extent that changes between them follows no input axis (a
+    literal would be right at one size only)."""
+    if len(programs) < 2:
+        return None
+    records = {str(i): record(program, {}) for i, program in enumerate(programs)}
+    choices = choose(records, axes_for_constants=True)
+    if choices is None:
+        return None
+    try:  # written with the axis names alone, the code is the same text at every size or it is not shared
+        plain = {emit_sized(program, name, doc, choices, size_names=False)[0] for program in programs}
+    except EmitError:
+        return None
+    if len(plain) != 1:
+        return None
+    return emit_sized(programs[0], name, doc, choices)[0]
