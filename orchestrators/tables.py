@@ -7,6 +7,7 @@ and candidates; the event log stays the record of what happened.
 
 from __future__ import annotations
 
+import weakref
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,17 +24,17 @@ jobs: sa.Table = JobRow.__table__  # type: ignore[assignment]
 searches: sa.Table = SearchRow.__table__  # type: ignore[assignment]
 expansions: sa.Table = ExpansionRow.__table__  # type: ignore[assignment]
 
-_ready: set[int] = set()
+_ready: "weakref.WeakSet[sa.Engine]" = weakref.WeakSet()  # by the engine itself: a freed engine's id() is reused
 
 
 def ensure(engine: sa.Engine) -> None:
     """Bring the store to the schema these tables need (idempotent; one migration however many callers)."""
-    if id(engine) in _ready:
+    if engine in _ready:
         return
     from memory.migrate import upgrade
 
     upgrade(engine, engine.url.render_as_string(hide_password=True))
-    _ready.add(id(engine))
+    _ready.add(engine)
 
 
 def writing(engine: sa.Engine) -> sa.Engine:
