@@ -2,10 +2,10 @@
 
 Emitted functions read their shapes from their inputs. Each extent is read from the input axes that
 give it at every size the candidate was rendered for (``cpu`` for measuring here, ``full`` for TPU
-lowering) and at the probe size (``cpu`` with the task's free parameters redrawn), so a batch of one is
-read as the batch it is; then the candidate holds that one function. Where no such function exists, it
-holds one per rendered size whose code reads the sizes that tell them apart, and ``kernel`` picks a
-specialization by the argument shapes and serves any other shape with the first one.
+lowering) and at the probe size (``cpu`` with each free parameter moved by its own number of steps,
+:func:`maxkernel.analysis.program.probe_sizes`), so a batch of one is read as the batch it is; then the
+candidate holds that one function. Where no such function exists, it holds one per rendered size, and
+``kernel`` picks a specialization by the argument shapes and serves any other shape with the first one.
 """
 
 from __future__ import annotations
