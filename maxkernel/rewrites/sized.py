@@ -3,9 +3,9 @@ bound, ``top_k``'s k, a scalar such as RoPE's ``/ head_dim``, the softmax scale 
 window) is written from what it really follows, an input's axis (``wo.shape[0]``, half of
 ``q_norm.shape[0]``) or integer size parameters (``heads``, ``heads // kv_heads``), chosen as the one
 expression that gives its value at every size the computation was traced at. Sizes only traced to tell
-coincidences apart (a task's ``cpu`` size with its free parameters redrawn, where a batch of one is two and
-a chunk length equals ``groups * state``; a layer's ``cpu`` size with one parameter doubled) take part in the
-choice too, so an extent that merely equals another at the sizes that matter is not written from the wrong
+coincidences apart (a task's ``cpu`` size with each free parameter moved by its own number of steps, where a
+batch of one is two and a chunk count no longer equals the groups; a layer's ``cpu`` size with one parameter
+doubled) take part in the choice too, so an extent that merely equals another at the sizes that matter is not written from the wrong
 one. Layer regions (:mod:`maxkernel.extract`) and rewritten references (:mod:`maxkernel.rewrites.source`)
 are emitted this way."""
 
