@@ -289,14 +289,14 @@ def samples_from(rows: Sequence[Measurement], task_features: dict[str, dict[str,
 
 
 def prioritize(memory: "Memory", task: "Task", target: str, strategies: list[StrategyRef],
-               data_dir: Path | None = None) -> tuple[list[StrategyRef], str]:
+               cache_dir: Path | None = None) -> tuple[list[StrategyRef], str]:
     """The plan's strategies reordered by how they fared on the nearest measured tasks (same op family
-    first), each tunable one set to be drafted at its recalled (or, with ``data_dir``, model-picked)
+    first), each tunable one set to be drafted at its recalled (or, with ``cache_dir``, model-picked)
     parameters, with the notes that say so; unchanged (and logged) when memory has nothing or cannot be read."""
     try:
         matches, rows = memory.nearest_measured(task, target, NEIGHBOURS)
         priors = strategy_priors(strategy_outcomes(rows, matches))
-        model = learned_model(memory, data_dir, task, target) if data_dir is not None else None
+        model = learned_model(memory, cache_dir, task, target) if cache_dir is not None else None
     except Exception as exc:  # memory is advice: a session goes on without it
         log.warning("priors.strategies_unavailable", task=task.id, error=f"{type(exc).__name__}: {exc}")
         return strategies, ""
@@ -309,7 +309,7 @@ def prioritize(memory: "Memory", task: "Task", target: str, strategies: list[Str
     return drafted, "\n".join(n for n in [notes, *param_notes] if n)
 
 
-def learned_model(memory: "Memory", data_dir: Path, task: "Task",
+def learned_model(memory: "Memory", cache_dir: Path, task: "Task",
                   target: str) -> tuple["LearnedCostModel", dict[str, float]] | None:
     """The learned cost model of ``target`` and ``task``'s features; None when switched off or too little is
     measured to learn from."""
@@ -323,7 +323,7 @@ def learned_model(memory: "Memory", data_dir: Path, task: "Task",
         signatures = memory.signatures(sorted({r.task_id for r in rows}))
         return samples_from(rows, {tid: learned.task_features(sig) for tid, sig in signatures.items()})
 
-    model = learned.cached_model(learned.model_path(data_dir, target), memory.measured_count(), samples)
+    model = learned.cached_model(learned.model_path(cache_dir, target), memory.measured_count(), samples)
     if model is None:
         return None
     return model, learned.task_features(memory.signature(task))
@@ -346,11 +346,11 @@ def predictor(found: tuple["LearnedCostModel", dict[str, float]]
     return for_strategy
 
 
-def learned_rank(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRef,
+def learned_rank(memory: "Memory", cache_dir: Path, task: "Task", ref: StrategyRef,
                  target: str) -> Callable[[list[Config]], list[Config]] | None:
     """The learned cost model's ranking of ``ref``'s configurations on ``task``, or None (switched off,
     or too little measured to learn from)."""
-    found = learned_model(memory, data_dir, task, target)
+    found = learned_model(memory, cache_dir, task, target)
     if found is None:
         return None
     model, features = found
@@ -358,7 +358,7 @@ def learned_rank(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRe
     return lambda configs: model.order(features, ref.name, ref.kind, configs, extents)
 
 
-def tuning_priors(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyRef,
+def tuning_priors(memory: "Memory", cache_dir: Path, task: "Task", ref: StrategyRef,
                   target: str) -> tuple[StrategyRef, Order | None]:
     """``ref`` with its parameters set to where tuning should start, and the order of the other trials
     (the learned cost model's, or None for the hand-written one). A strategy the planner already set to
@@ -368,7 +368,7 @@ def tuning_priors(memory: "Memory", data_dir: Path, task: "Task", ref: StrategyR
     try:
         matches, rows = memory.nearest_measured(task, target, NEIGHBOURS)
         found = param_start(rows, matches, ref)
-        rank = learned_rank(memory, data_dir, task, ref, target)
+        rank = learned_rank(memory, cache_dir, task, ref, target)
     except Exception as exc:  # memory is advice: the tuner goes on with the hand-written order
         log.warning("priors.tuning_unavailable", task=task.id, strategy=ref.name, error=f"{type(exc).__name__}: {exc}")
         return ref, None

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 # What a worker imports before it serves, imported once by its supervisor's zygote (``actors.zygote``) rather
 # than by every worker started: none of them starts a thread or opens a connection at import.
 PRELOAD = ("actors.config", "actors.registry", "actors.services", "maxkernel.logging", "maxkernel.runtime",
-           "maxkernel.evaluation", "jaxbench.evaluate", "autogen_ext.runtimes.grpc", "jax.numpy")
+           "maxkernel.evaluation", "jaxbench.evaluate", "autogen_ext.runtimes.grpc", "jax.numpy", "maxkernel.compile_cache")
 
 
 def prefork(services: Services, roles: list[str]) -> None:
@@ -88,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         worker_args = ["--host", args.host, "--roles", args.roles, *(["--config", str(args.config)] if args.config else [])]
         return Supervisor(worker_args, args.count, spares=args.spares).run()
     from actors.config import ActorConfig
+    from maxkernel.compile_cache import use_compile_cache
+    from maxkernel.config import load_settings
 
+    # The workers of a host share their compiled programs: one started in a dead one's place judges its first
+    # candidates without compiling again what the judge traces (the evaluator's sandbox never reads it).
+    use_compile_cache(load_settings().cache_path / "jax")
     config = ActorConfig.from_file(args.config) if args.config else ActorConfig()
     try:
         asyncio.run(serve(args.host, [r.strip() for r in args.roles.split(",") if r.strip()], config,

@@ -5,8 +5,8 @@ SQLAlchemy and the project before it can serve: seconds of CPU that, on a loaded
 work the live processes do. The zygote pays those imports once, when its supervisor starts; each process it
 forks starts with them done and only opens what is its own (store, memory, sandbox, connection). It imports
 nothing that opens connections or starts Python threads (JAX's backend, gRPC's core and every client are
-opened after the fork, in the child); the one native thread its imports start is OpenBLAS's pool, which
-re-forms itself after a fork. It reports how many threads it has (``threads``) for that reason.
+opened after the fork, in the child); the native threads its imports start are OpenBLAS's pools (numpy's,
+and scipy's for the daemon's learned cost model), which re-form themselves after a fork. It reports how many threads it has (``threads``) for that reason.
 
     supervisor --(socketpair, SOCK_SEQPACKET)--> python -m actors.zygote MODULE FD
 
@@ -185,7 +185,7 @@ class Zygote:
         if ready is None or "ready" not in ready:
             self.close()
             raise ZygoteGone(f"the fork server of {module} did not start (exit code {self.proc.poll()})")
-        self.threads = int(ready.get("threads", 0))  # threads its imports started: 1 is what a safe fork wants
+        self.threads = int(ready.get("threads", 0))  # threads its imports started: OpenBLAS's pools at most
         threading.Thread(target=self._listen, daemon=True, name=f"zygote-{module}").start()
 
     def _read(self, timeout_s: float) -> dict[str, Any] | None:

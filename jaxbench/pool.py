@@ -41,11 +41,12 @@ CPUS_ENV = "JAXBENCH_WORKER_CPUS"  # the cores a worker pins itself to before JA
 def worker_env(alike: bool = True, cpus: tuple[int, ...] | None = None) -> dict[str, str]:
     """The environment of a worker process: the judge's, with ``ALLOCATOR_ENV`` when ``alike`` (the
     default; ``alike=False`` keeps whatever allocator settings the judge's environment has), and the cores
-    to pin itself to when ``cpus`` names some."""
+    to pin itself to when ``cpus`` names some; never JAX's persistent compilation cache."""
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.pop(CPUS_ENV, None)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # a worker compiles afresh, never from a cache others can write
     if alike:
         env.update(ALLOCATOR_ENV)
     if cpus:

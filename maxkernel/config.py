@@ -36,6 +36,7 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     data_dir: str = ""
+    cache_dir: str = ""  # caches several processes may share (learned cost model, compiled programs)
     store_url: str = ""
     chroma_url: str = ""
     embedding: str = "structural"
@@ -56,6 +57,18 @@ class Settings(BaseModel):
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"data folder {path}: cannot be created ({exc.strerror})") from exc
+        return path
+
+    @property
+    def cache_path(self) -> Path:
+        """``cache_dir`` when set (a fleet's daemons share one), else the data folder."""
+        if not self.cache_dir:
+            return self.data_path
+        path = Path(self.cache_dir).expanduser()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cache folder {path}: cannot be created ({exc.strerror})") from exc
         return path
 
     @property

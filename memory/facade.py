@@ -2,8 +2,10 @@
 
 Vectors live in Chroma, full records in SQL, under the same ids. A write goes to SQL inside a
 transaction, then to Chroma, then the transaction commits: if Chroma fails the SQL rows roll back,
-so a kernel is never half-remembered. (A crash between the Chroma write and the commit leaves an
-orphan vector, which recall skips and ``reindex`` removes.)
+so a kernel is never half-remembered. Each vector names its writer (``host:pid``). A vector whose record never
+committed (its writer died between the two, or Chroma stored it and failed before answering) is an orphan:
+recall skips it; the writer itself forgets the second kind once Chroma answers again, a daemon that sees
+another die forgets the first (``forget_unrecorded``), and ``reindex`` removes any.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from jaxbench.task import Task, TaskError, load_task
 from maxkernel.analysis.signature import SignatureError, TaskSignature, task_signature
 from maxkernel.config import Settings, load_settings
 from memory.embedding import Embedder, alias_features, make_embedder
-from memory.errors import MemoryStoreError, RecordNotFoundError, UnverifiedKernelError
+from memory.errors import MemoryStoreError, RecordNotFoundError, UnverifiedKernelError, VectorStoreError
 from memory.insights import (
     JUDGED,
     PLANNED,
@@ -42,7 +44,7 @@ from memory.models import (
     Outcome,
 )
 from memory.store import Store, StoreTx
-from memory.vectors import KERNELS, NOTES, VectorHit, VectorMemory
+from memory.vectors import COLLECTIONS, KERNELS, NOTES, WRITER, VectorHit, VectorMemory, writer_name
 
 log = structlog.get_logger(__name__)
 
@@ -94,6 +96,7 @@ class Memory:
         self.vectors = vectors
         self.embedder = embedder
         self._signatures: dict[tuple[str, str], TaskSignature] = {}
+        self._in_doubt: dict[str, set[str]] = {}  # collection -> ids of vectors a failed write may have left
 
     @classmethod
     def open(
@@ -239,15 +242,58 @@ class Memory:
             vectors = [
                 self.embedder.embed(sig, kernel_text(e.strategy, e.code)) for e, sig in zip(entries, signatures)
             ]
-            self.vectors.upsert(
+            self._upsert(
                 KERNELS,
                 [kid for kid, _ in results],
                 vectors,
                 [kernel_metadata(e.task_id, e.report, e.strategy, s) for e, s in zip(entries, signatures)],
             )
+        self._settle_in_doubt()
         added = sum(1 for _, new in results if new)
         log.debug("memory.kernels_remembered", added=added, already_known=len(results) - added)
         return results
+
+    # -- vectors whose records never committed ----------------------------------------------------
+
+    def _upsert(self, collection: str, ids: list[str], vectors: Sequence[object],
+                metadatas: Sequence[dict[str, object]]) -> None:
+        """Store vectors inside a record's transaction, tagged with their writer. When Chroma fails, the
+        records roll back, but the server may have stored the vectors before it failed to answer: their ids
+        are kept in doubt, and forgotten once Chroma answers again (``_settle_in_doubt``)."""
+        tagged = [{**m, WRITER: writer_name()} for m in metadatas]
+        try:
+            self.vectors.upsert(collection, ids, vectors, tagged)  # type: ignore[arg-type]
+        except VectorStoreError:
+            self._in_doubt.setdefault(collection, set()).update(ids)
+            raise
+
+    def _settle_in_doubt(self) -> None:
+        """Forget the vectors of failed writes whose records never committed (after a write that went
+        through, when Chroma answers); those it cannot reach yet stay in doubt for the next write."""
+        for collection, ids in list(self._in_doubt.items()):
+            try:
+                self._forget_if_unrecorded(collection, sorted(ids))
+            except (VectorStoreError, MemoryStoreError) as exc:
+                log.warning("memory.in_doubt_kept", collection=collection, ids=len(ids), error=str(exc)[:200])
+                continue
+            del self._in_doubt[collection]
+
+    def _forget_if_unrecorded(self, collection: str, ids: list[str]) -> int:
+        """Delete those of ``ids`` that have a vector in ``collection`` but no record in SQL."""
+        if not ids:
+            return 0
+        recorded = self.store.kernels(ids) if collection == KERNELS else self.store.notes(ids)
+        unrecorded = [i for i in ids if i not in recorded]
+        self.vectors.delete(collection, unrecorded)
+        if unrecorded:
+            log.info("memory.unrecorded_vectors_forgotten", collection=collection, ids=unrecorded)
+        return len(unrecorded)
+
+    def forget_unrecorded(self, writer: str) -> int:
+        """Forget the vectors that ``writer`` (a process's ``host:pid``, see ``writer_name``) stored and whose
+        records never committed: call it only for a writer known to be dead (a live one may be between its
+        vector and its commit). How many were forgotten."""
+        return sum(self._forget_if_unrecorded(c, self.vectors.ids_where(c, {WRITER: writer})) for c in COLLECTIONS)
 
     def recall_kernels(self, task: TaskLike, k: int = 5, target: str | None = None) -> list[KernelHit]:
         """The ``k`` remembered kernels most similar to ``task`` (on ``target`` if given), best first."""
@@ -306,7 +352,8 @@ class Memory:
                 self._save_signature(tx, signature)
             note = tx.add_note(**fields)  # type: ignore[arg-type]
             vector = self.embedder.embed(signature, note.text, alias_features(note.pattern))
-            self.vectors.upsert(NOTES, [note.id], [vector], [note_metadata(note)])
+            self._upsert(NOTES, [note.id], [vector], [note_metadata(note)])
+        self._settle_in_doubt()
         return note
 
     def recall_notes(self, task: TaskLike, k: int = 5, target: str | None = None) -> list[NoteHit]:

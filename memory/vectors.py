@@ -8,6 +8,8 @@ same ids. Embedded (``PersistentClient`` in the data dir) by default; a Chroma s
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +28,15 @@ KERNELS = "kernels"
 NOTES = "notes"
 COLLECTIONS = (KERNELS, NOTES)
 Scalar = str | int | float | bool
+
+
+WRITER = "writer"  # metadata key: the process that stored the vector (see ``writer_name``)
+
+
+def writer_name() -> str:
+    """This process as a vector's writer, ``host:pid``: a vector whose writer died before its record
+    committed can then be found and forgotten (``Memory.forget_unrecorded``)."""
+    return f"{socket.gethostname()[:30]}:{os.getpid()}"
 
 
 class VectorHit(BaseModel):
@@ -186,6 +197,11 @@ class VectorMemory:
             VectorHit(id=i, score=float(1.0 - d), metadata=dict(m or {}))
             for i, d, m in zip(ids, distances, metadatas)
         ]
+
+    def ids_where(self, collection: str, where: Mapping[str, Scalar]) -> list[str]:
+        """Ids of the vectors whose metadata match ``where``."""
+        with self._guard(f"listing {collection!r}"):
+            return list(self._collections[collection].get(where=dict(where), include=[])["ids"])
 
     def count(self, collection: str) -> int:
         with self._guard(f"counting {collection!r}"):

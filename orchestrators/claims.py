@@ -21,6 +21,7 @@ import sqlalchemy as sa
 import structlog
 
 from maxkernel.messages import new_id
+from memory.vectors import writer_name
 from orchestrators.jobs import JobInfo, JobQueue, JobStatus
 from orchestrators.tables import jobs, utcnow
 
@@ -30,8 +31,14 @@ DEFAULT_LEASE_S = 30.0
 
 
 def owner_name() -> str:
-    """A name unique to this process and telling where it runs (host, pid, a random tag)."""
-    return f"{socket.gethostname()[:30]}:{os.getpid()}:{new_id()[:8]}"
+    """A name unique to this process and telling where it runs (host, pid, a random tag): its memory's
+    ``writer_name`` and a tag."""
+    return f"{writer_name()}:{new_id()[:8]}"
+
+
+def owner_writer(owner: str) -> str:
+    """The memory writer (``host:pid``) of the process that ``owner`` names."""
+    return owner.rpartition(":")[0]
 
 
 def _dead_here(owner: str | None) -> bool:
@@ -101,17 +108,17 @@ class Claimer:
                 log.info("claims.takeover", job=row.id, previous_owner=row.owner, owner=self.owner)
             return self.queue.get(row.id)
 
-    def expire_dead_here(self) -> list[str]:
+    def expire_dead_here(self) -> dict[str, str]:
         """End at once the leases of jobs held by dead daemons of this host (no need to wait them out);
-        the jobs whose leases it ended (those ended already are left as they are)."""
+        the jobs whose leases it ended, each with its dead owner (those ended already are left as they are)."""
         with self.queue.writer.begin() as conn:
             rows = conn.execute(sa.select(jobs.c.id, jobs.c.owner)
                                 .where(jobs.c.status.in_(("running", "cancelling")), jobs.c.lease_until.is_not(None))).all()
-            dead = [r.id for r in rows if _dead_here(r.owner)]
+            dead = {r.id: r.owner for r in rows if _dead_here(r.owner)}
             if dead:
-                conn.execute(jobs.update().where(jobs.c.id.in_(dead)).values(lease_until=None))
+                conn.execute(jobs.update().where(jobs.c.id.in_(list(dead))).values(lease_until=None))
         if dead:
-            log.info("claims.expired_dead_local", jobs=dead)
+            log.info("claims.expired_dead_local", jobs=list(dead))
         return dead
 
     def renew(self, job_ids: set[str] | list[str]) -> set[str]:

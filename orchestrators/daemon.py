@@ -44,7 +44,7 @@ from maxkernel.messages import new_id
 from maxkernel.runtime import TESTER
 from orchestrators.auto import AutoBudget, AutoResult, messages_of, run_auto
 from orchestrators.httpapi import ApiServer, BindRefused, auth_headers
-from orchestrators.claims import DEFAULT_LEASE_S, Claimer
+from orchestrators.claims import DEFAULT_LEASE_S, Claimer, owner_writer
 from orchestrators.daemon_memory import DaemonServices
 from orchestrators.fleet_tester import FleetLink, FleetUnreachable, fleet_tester
 from orchestrators.jobs import JobInfo, JobQueue
@@ -55,7 +55,11 @@ STATE_FILE = "daemon.json"
 # What a daemon imports before it serves, imported once by its supervisor's zygote (``actors.zygote``) rather
 # than by every daemon started: none of them starts a thread or opens a connection at import.
 PRELOAD = ("actors.session", "actors.registry", "actors.brains.rules", "orchestrators.dashboard", "maxkernel.logging",
-           "maxkernel.runtime", "autogen_ext.runtimes.grpc", "memory", "chromadb", "psycopg", "jax.numpy")
+           "maxkernel.runtime", "autogen_ext.runtimes.grpc", "memory", "chromadb", "psycopg", "jax.numpy",
+           # what the rules brain's planner and coder import on first use (the learned cost model's library
+           # alone is 1.5 s of CPU, paid by every fresh daemon's first plan otherwise)
+           "maxkernel.analysis", "maxkernel.rules", "maxkernel.compile_cache", "actors.priors", "maxkernel.tuning.learned",
+           "sklearn.ensemble", "threadpoolctl")
 DEAD_CHECK_S = 1.0  # how often a daemon looks for jobs held by dead daemons of its host
 
 
@@ -104,6 +108,8 @@ class Daemon:
         self.started_at = datetime.now(UTC)
         self._stop = asyncio.Event()
         self._services: dict[str, Services] = {}
+        self._unswept: set[str] = set()  # memory writers (dead daemons) whose unrecorded vectors are still to forget
+        self._sweeping: asyncio.Task[None] | None = None
 
     # -- the shared services, one per brain --------------------------------------------------------
 
@@ -208,7 +214,26 @@ class Daemon:
         if now - self._looked_for_dead_at < DEAD_CHECK_S:
             return
         self._looked_for_dead_at = now
-        await asyncio.to_thread(self.claims.expire_dead_here)
+        await self._take_over_dead()
+
+    async def _take_over_dead(self) -> None:
+        """End the leases of dead daemons of this host, then forget, beside the main loop, the vectors each of
+        them stored whose records never committed (it died between the two): the memory stays the same in SQL
+        and Chroma. A sweep that finds Chroma down is made again at the next look."""
+        dead = await asyncio.to_thread(self.claims.expire_dead_here)
+        self._unswept |= {owner_writer(owner) for owner in dead.values()}
+        if self._unswept and (self._sweeping is None or self._sweeping.done()):
+            self._sweeping = asyncio.create_task(self._sweep(sorted(self._unswept)), name="sweep")
+
+    async def _sweep(self, writers: list[str]) -> None:
+        for writer in writers:
+            try:
+                forgotten = await asyncio.to_thread(self.services("rules").memory.forget_unrecorded, writer)
+            except Exception as exc:  # noqa: BLE001 - memory is advice: the next look tries again
+                log.warning("daemon.sweep_waiting", writer=writer, error=f"{type(exc).__name__}: {exc}"[:300])
+                continue
+            self._unswept.discard(writer)
+            log.info("daemon.swept", writer=writer, forgotten=forgotten)
 
     async def _cancel_wanted(self) -> None:
         wanted = await asyncio.to_thread(self.queue.wanted_cancelled)
@@ -265,7 +290,7 @@ class Daemon:
         self.queue = JobQueue(services.store.engine)
         self.claims = Claimer(self.queue, lease_s=self.lease_s)
         if not self.standby:
-            await asyncio.to_thread(self.claims.expire_dead_here)
+            await self._take_over_dead()
         from orchestrators.dashboard import Dashboard
 
         api = ApiServer(self.queue, self.status, self.port, pages=Dashboard(self.queue, services.store),
@@ -290,7 +315,7 @@ class Daemon:
                 if not await promoted_or_stopped(stop=self._stop):
                     return
                 self.standby = False
-                await asyncio.to_thread(self.claims.expire_dead_here)  # the dead daemon's jobs, before queued ones
+                await self._take_over_dead()  # the dead daemon's jobs, before queued ones
             self._write_state(path, api.port)
             print("ready daemon", flush=True)
             log.info("daemon.started", pid=os.getpid(), port=api.port, concurrency=self.concurrency)
@@ -359,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     if read_state(settings) is not None:
         print(f"error: a daemon is already running for {settings.data_path}", file=sys.stderr)
         return 2
+    from maxkernel.compile_cache import use_compile_cache
+
+    use_compile_cache(settings.cache_path / "jax")
     try:
         asyncio.run(Daemon(settings, concurrency=args.concurrency, port=args.port, poll_s=args.poll,
                            lease_s=args.lease, testers=args.testers, bind=args.bind, standby=args.standby).serve())
@@ -370,16 +398,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def supervise(settings: Settings, args: argparse.Namespace) -> int:
     """Keep ``args.count`` daemons and ``args.spares`` standby daemons alive, each process in a fresh data folder
-    ``<data dir>/daemons/<n>`` (a daemon's state file and layer outputs are its own; the store is shared)."""
+    ``<data dir>/daemons/<n>`` (a daemon's state file and layer outputs are its own; the store is shared, and so
+    are the caches of the supervisor's ``cache_dir``: a daemon started in a dead one's place starts warm)."""
     from actors.supervisor import Supervisor
 
-    base = settings.data_path / "daemons"
+    base, cache = settings.data_path / "daemons", settings.cache_path
 
     def data_dir(n: int) -> dict[str, str]:
         folder = base / str(n)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / STATE_FILE).unlink(missing_ok=True)
-        return {"MAXKERNEL_DATA_DIR": str(folder)}
+        return {"MAXKERNEL_DATA_DIR": str(folder), "MAXKERNEL_CACHE_DIR": str(cache)}
 
     daemon_args = ["--concurrency", str(args.concurrency), "--poll", str(args.poll), "--lease", str(args.lease),
                    "--bind", args.bind, *(["--testers", args.testers] if args.testers else [])]

@@ -47,7 +47,7 @@ class RulesBrain(Brain):
         # family first) go first, those that failed or lost there last, and each tunable one is drafted at
         # the parameters it reached there (or the learned cost model's pick).
         strategies, remembered = await asyncio.to_thread(prioritize, self.services.memory, task, request.target,
-                                                         strategies, self.services.settings.data_path)
+                                                         strategies, self.services.settings.cache_path)
         notes = "\n".join([n.text for n in recall.notes] + ([remembered] if remembered else [])
                           + ([request.feedback] if request.feedback else []))
         return PlanOutcome(analysis=analysis.summary(), strategies=strategies, notes=notes)
@@ -102,7 +102,7 @@ class RulesBrain(Brain):
             return asyncio.run_coroutine_threadsafe(self.tools.evaluate(source, True), loop).result()
 
         # Recalled parameters (scaled to this task) are tried first, the learned cost model orders the rest.
-        start, order = await asyncio.to_thread(tuning_priors, self.services.memory, self.services.settings.data_path,
+        start, order = await asyncio.to_thread(tuning_priors, self.services.memory, self.services.settings.cache_path,
                                                self.tools.task, ref, self.tools.target)
         # When tuning starts where the draft was written, the first trial is the draft (both orders measure
         # the start first): judged already, it costs no evaluation and takes none of the strategy's trials.

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import pickle
+import secrets
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -200,8 +201,18 @@ class LearnedCostModel:
         return [configs[i] for i in ranked]
 
 
-def model_path(data_dir: Path, target: str) -> Path:
-    return data_dir / "cost_model" / f"learned-{target}.pkl"
+def model_path(cache_dir: Path, target: str) -> Path:
+    return cache_dir / "cost_model" / f"learned-{target}.pkl"
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all: processes that share the cache read either the old file or the new."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def cached_model(path: Path, store_size: int, samples: Callable[[], Sequence[Sample]],
@@ -225,12 +236,9 @@ def cached_model(path: Path, store_size: int, samples: Callable[[], Sequence[Sam
     model = LearnedCostModel.fit(samples())
     path.parent.mkdir(parents=True, exist_ok=True)
     if model is not None:
-        tmp = path.with_suffix(".tmp")
-        with tmp.open("wb") as fh:
-            pickle.dump(model, fh)
-        tmp.replace(path)
-    meta_path.write_text(json.dumps({"store_size": store_size, "trained": model is not None,
-                                     "samples": model.samples if model else 0, "groups": model.groups if model else 0}))
+        _write_atomically(path, pickle.dumps(model))
+    _write_atomically(meta_path, json.dumps({"store_size": store_size, "trained": model is not None, "samples":
+                                             model.samples if model else 0, "groups": model.groups if model else 0}).encode())
     log.info("learned.trained", path=str(path), store_size=store_size, trained=model is not None,
              samples=model.samples if model else 0)
     return model

@@ -104,9 +104,9 @@ def test_a_dead_local_daemons_jobs_are_claimable_at_once(store_url: str) -> None
         dead = Claimer(queue, owner=f"{host}:{gone.stdout.strip()}:abc", lease_s=600)
         alive = Claimer(queue, owner=f"{host}:{os.getpid()}:def", lease_s=600)
         assert dead.claim().id == job.id
-        assert alive.expire_dead_here() == [job.id]
+        assert list(alive.expire_dead_here()) == [job.id]
         assert alive.claim().id == job.id and queue.get(job.id).owner == alive.owner
-        assert alive.expire_dead_here() == []  # a live owner keeps its lease
+        assert list(alive.expire_dead_here()) == []  # a live owner keeps its lease
     finally:
         store.close()
 
@@ -125,7 +125,7 @@ def test_a_daemon_that_died_unreaped_counts_as_dead(store_url: str) -> None:
         dead = Claimer(queue, owner=f"{host}:{child.pid}:abc", lease_s=600)
         alive = Claimer(queue, owner=f"{host}:{os.getpid()}:def", lease_s=600)
         assert dead.claim().id == job.id
-        assert alive.expire_dead_here() == [job.id]
+        assert list(alive.expire_dead_here()) == [job.id]
     finally:
         child.wait()
         store.close()
@@ -141,8 +141,8 @@ def test_a_job_to_take_over_goes_before_an_older_queued_one(store_url: str) -> N
         alive = Claimer(queue, owner=f"{host}:{os.getpid()}:def", lease_s=600)
         assert dead.claim().id == older.id and dead.claim().id == orphan.id
         dead.release(older.id)  # queued again; the orphan stays with the dead daemon
-        assert alive.expire_dead_here() == [orphan.id]
-        assert alive.expire_dead_here() == []  # its lease is ended once
+        assert list(alive.expire_dead_here()) == [orphan.id]
+        assert list(alive.expire_dead_here()) == []  # its lease is ended once
         assert alive.claim().id == orphan.id  # work done waits in it: before the older queued job
         assert alive.claim().id == older.id
     finally:

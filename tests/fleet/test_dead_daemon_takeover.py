@@ -60,3 +60,54 @@ def test_a_dead_daemons_job_is_taken_over_by_the_next_free_slot(tmp_path: Path) 
         assert queue.get(waiting.id).status == "queued"
     finally:
         store.close()
+
+
+# A daemon's memory write cut by SIGKILL between Chroma taking the note's vector and SQL committing the note.
+DIES_WRITING = """
+import os, signal, sys
+from maxkernel.config import Settings
+from memory import Memory
+from memory.vectors import VectorMemory
+
+real = VectorMemory.upsert
+def upsert_then_die(self, *args, **kwargs):
+    real(self, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+VectorMemory.upsert = upsert_then_die
+print(os.getpid(), flush=True)
+with Memory.open(Settings(data_dir=sys.argv[1])) as memory:
+    memory.remember_note("the dead daemon's last note", outcome="info")
+"""
+
+
+def test_the_vectors_a_dead_daemon_left_without_records_are_forgotten_when_its_job_is_taken_over(tmp_path: Path) -> None:
+    from memory import Memory
+    from memory.vectors import NOTES
+
+    settings = load_settings(data_dir=str(tmp_path))
+    with Memory.open(settings) as memory:
+        kept = memory.remember_note("a note that committed", outcome="info")
+    child = subprocess.run([sys.executable, "-c", DIES_WRITING, str(tmp_path)], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert child.returncode == -9, child.stderr[-2000:]
+    host = socket.gethostname()[:30]
+    daemon = Daemon(settings, concurrency=1, lease_s=600)
+    try:
+        daemon.queue = JobQueue(daemon.services("rules").store.engine)
+        daemon.claims = Claimer(daemon.queue, owner=f"{host}:{os.getpid()}:def", lease_s=600)
+        job = daemon.queue.submit(JobSpec(task="t_orphan"))
+        assert Claimer(daemon.queue, owner=f"{host}:{child.stdout.split()[0]}:abc", lease_s=600).claim().id == job.id
+        notes = daemon.services("rules").memory.vectors
+        assert notes.count(NOTES) == 2  # the committed note's vector and the dead daemon's orphan
+        async def look() -> None:
+            await daemon._look_for_dead()
+            assert daemon._sweeping is not None
+            await daemon._sweeping
+
+        asyncio.run(look())
+        assert daemon.queue.get(job.id).lease_until is None
+        assert notes._collections[NOTES].get(include=[])["ids"] == [kept.id]
+        assert daemon.services("rules").memory.store.list_notes()[0].id == kept.id
+    finally:
+        for services in daemon._services.values():
+            asyncio.run(services.aclose())
