@@ -107,5 +107,8 @@ def test_the_supervisor_puts_its_standby_daemon_in_a_dead_daemons_place(tmp_path
         homes = {json.loads(p.read_text())["pid"]: p.parent.name
                  for p in (tmp_path / "fleet" / "daemons").glob("*/daemon.json")}
         assert len({homes[serving], homes[spare], homes[behind]}) == 3  # a data folder each
+        # and one cache for all: what one daemon compiled, the next started reads back
+        assert any((tmp_path / "fleet" / "jax").iterdir())
+        assert not list((tmp_path / "fleet" / "daemons").glob("*/jax"))
     finally:
         stop_all(procs)
