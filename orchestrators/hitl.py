@@ -408,19 +408,63 @@ class Chat:
         await self.log_decision("approve", f"accepted kernel {kernel.id} candidate {draft.candidate_id}",
                                 what=self.state.last_step)
         await asyncio.to_thread(self.services.store.set_session_status, self.session_id, "accepted")
-        self.write(f"accepted: {policy.describe(report.speedup, report.interval)} ({how}), remembered as {kernel.id}")
+        measured = policy.needs_confirmation(report)  # then the reference was measured too: say it over that
+        over = policy.cleared(report, policy.baseline_of(self.baseline_runs())) if measured else None
+        self.write(f"accepted: {policy.describe(report.speedup, report.interval, over)} ({how}), "
+                   f"remembered as {kernel.id}")
+
+    def baseline_runs(self) -> list[JudgeReport]:
+        """This session's runs of the reference as a candidate, read from its record (so a resumed chat has
+        them too)."""
+        from orchestrators.auto import messages_of
+
+        return [m.report for m in messages_of(self.services.store, [self.session_id])
+                if isinstance(m, EvalReport) and m.draft.produced_by == policy.BASELINE]
+
+    async def measure_baseline(self, draft: KernelDraft) -> bool:
+        """The reference run as a candidate, as Auto runs it (re-measured while its reading is suspect), once
+        per session: the bar a kernel's confirmed reading must clear, and what "faster" is said over. False
+        when the budget refuses a run or a run fails (the kernel is then not accepted)."""
+        from maxkernel.rules.strategy import reference_source
+        from orchestrators.auto import reference_ref
+
+        runs = self.baseline_runs()
+        while policy.baseline_more(runs):
+            refused = await asyncio.to_thread(self.spent, 1)
+            if refused:
+                self.write(f"not accepted: the reference must be measured as a candidate first, and the {refused}")
+                return False
+            plan = draft.plan.model_copy(update={"strategies": [reference_ref(self.target)], "message_id": new_id()})
+            baseline = draft.model_copy(update={"source": reference_source(self.task), "produced_by": policy.BASELINE,
+                                                "candidate_id": new_id(), "parent_id": None, "plan": plan,
+                                                "message_id": new_id(), "sender": "human"})
+            await record(self.services, baseline)  # a candidate of the session, as Auto's baseline is
+            out = await ask_tester(self.services, baseline, True)
+            assert isinstance(out, EvalReport)
+            if not out.report.passed:
+                self.write(f"not accepted: the reference failed as a candidate: {out.report.status}: "
+                           f"{out.report.reason[:300]}")
+                return False
+            runs.append(out.report)
+        return True
 
     async def confirm(self, draft: KernelDraft, report: JudgeReport) -> tuple[JudgeReport | None, str]:
-        """Measure the kernel again before it is accepted (``actors.policy``): the confirmed report, or None
-        when a re-run fails."""
+        """Measure the kernel again before it is accepted, against the bar of the reference's own reading as
+        Auto does (``actors.policy``): the confirmed report, or None when a run fails or the budget refuses one."""
         if not policy.needs_confirmation(report):
             return report, f"{report.basis}, deterministic"
-        refused = await asyncio.to_thread(self.spent, 1)
+        wanted = 1 + (not self.baseline_runs())  # a re-run, and the reference's first run unless it has one
+        refused = await asyncio.to_thread(self.spent, wanted)
+        if not refused and await self.measure_baseline(draft):
+            refused = await asyncio.to_thread(self.spent, 1)  # a suspect reference may have taken more runs
+        elif not refused:
+            return None, ""
         if refused:  # a measured kernel is never accepted on its first reading alone
             self.write(f"not accepted: it must be measured again first, and the {refused}")
             return None, ""
+        bar, _ = policy.baseline_bar(self.baseline_runs())
         runs, reports = [policy.lower(report)], [report]
-        while policy.confirm_more(runs, 1.0) and not (len(runs) > 1 and await asyncio.to_thread(self.spent, 1)):
+        while policy.confirm_more(runs, bar) and not (len(runs) > 1 and await asyncio.to_thread(self.spent, 1)):
             out = await ask_tester(self.services, draft.model_copy(update={"produced_by": policy.CONFIRM}), True)
             assert isinstance(out, EvalReport)
             if not out.report.passed:

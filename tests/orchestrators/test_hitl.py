@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pexpect
 
+from actors import policy
 from maxkernel.config import load_settings
 from memory import Memory, Store
 
@@ -82,6 +83,7 @@ def test_chat_in_a_terminal(tmp_path: Path, fast_env: dict[str, str]) -> None:
     _say(child, "test")
     accepted = _say(child, "accept")
     kernel_id = re.search(r"remembered as ([0-9a-f]+)", accepted).group(1)
+    assert "the reference" in accepted  # said over the reference's own reading, measured before accepting
     history = _say(child, "history")
     for entry in ("edit: plan", "approve: kernel", *(["redirect: tune rejected"] if asked else []), "edit: kernel as",
                   "redirect: undo — took back kernel", f"approve: accepted kernel {kernel_id}"):
@@ -106,6 +108,10 @@ def test_chat_in_a_terminal(tmp_path: Path, fast_env: dict[str, str]) -> None:
         types = [e.message_type for e in store.events(session_id=session_id)]
         assert types.count("HumanDecision") >= 9 and "HumanPrompt" in types and "EvalReport" in types
         assert store.get_session(session_id).status == "accepted"
+        # as Auto does: the reference run as a candidate (again while suspect) is the bar of the confirmation runs
+        judged = [(e.payload.get("draft") or {}).get("produced_by") for e in store.events(session_id=session_id)
+                  if e.message_type == "EvalReport"]
+        assert 1 <= judged.count(policy.BASELINE) <= 3 and policy.CONFIRM in judged
     with Memory.open(settings) as memory:
         assert memory.get(kernel_id).session_id == session_id
 
