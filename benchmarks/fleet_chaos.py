@@ -14,7 +14,9 @@ although an earlier attempt had recorded its verdict: an evaluation cut off by a
 counts once; the confirmation runs that a resumed job makes again are counted apart, as
 ``reconfirmed``), whether the memory is consistent (every kernel and note in SQL has its vector on the
 Chroma server and every vector its record) and ``throughput_ratio`` (jobs per minute with kills over
-without, each phase's jobs done within it over its length).
+without, each phase's jobs done within it over its length), with where each phase's time went:
+``kill_costs`` (what each kill cut, from the store and the logs) and ``cpu_seconds`` (the CPU each kind of
+process used in each phase, ``benchmarks/chaos_cpu.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.chaos_costs import kill_costs  # noqa: E402
+from benchmarks.chaos_cpu import CpuSampler  # noqa: E402
 from orchestrators import fleet  # noqa: E402
 
 TASKS = ("41k_Gemm_Add_ReLU", "12p_RMSNorm", "21k_Gemm_Divide_Sum_Scaling")
@@ -175,6 +178,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     os.environ["MAXKERNEL_EVAL_TIMING_ROUNDS"] = str(args.timing_rounds)
     os.environ["MAXKERNEL_EVAL_CORRECTNESS_SEEDS"] = str(args.seeds)
     began = time.monotonic()
+    sampler = CpuSampler().start()  # the fleet's processes are this one's descendants
     state = fleet.up(root, daemons=args.daemons, testers=args.testers, concurrency=args.concurrency,
                      spares=args.spares, daemon_spares=args.daemon_spares)
     try:
@@ -205,7 +209,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         costs = {"with_kills": kill_costs(state.store_url, chaos_ids, killer.log, root / "logs", utc[1]),
                  "without_kills": kill_costs(state.store_url, calm_ids, [], root / "logs", utc[3])}
         memory = fleet.memory_audit(state.store_url, state.chroma_url)
+        sampler.stop()
+        cpu = {"with_kills": sampler.seconds(utc[0], utc[1]), "without_kills": sampler.seconds(utc[2], utc[3])}
     finally:
+        sampler.stop()
         try:
             fleet.down(root)
         except fleet.FleetError:  # every process already gone
@@ -224,6 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "throughput_ratio": round(chaos_rate / calm_rate, 3) if calm_rate else None,
             "done_in_phase": {"with_kills": chaos_done, "without_kills": calm_done},
             "seconds": round(time.monotonic() - began, 1), "kill_log": killer.log, "kill_costs": costs,
+            "cpu_seconds": cpu,
             "phases_unix": {"with_kills": utc[0:2], "without_kills": utc[2:4]},
             "without_kills": calm, "with_kills": chaos, "warmup": warm, "folder": str(root)}
 

@@ -38,3 +38,29 @@ def test_a_chroma_kill_counts_the_memory_waits_until_the_next_kill() -> None:
            (107.0, _event("daemon.job_finished"))]
     rows = chroma_costs(log, kills, phase_end=120.0)
     assert rows == [{"at": 4.0, "memory_waits": 2, "waited_s": 0.75}, {"at": 8.0, "memory_waits": 0, "waited_s": 0.0}]
+
+
+def test_the_cpu_account_gives_a_descendants_seconds_to_its_kind_and_phase(tmp_path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.chaos_cpu import CpuSampler, kind_of
+
+    assert kind_of("python -m actors.zygote orchestrators.daemon 5") == "daemon"
+    assert kind_of("python -m jaxbench.worker 3 4 8589934592") == "evaluator sandbox"
+    assert kind_of("/usr/lib/postgresql/15/bin/postgres -D /tmp/x") == "postgres"
+    # A stand-in evaluator sandbox: its command line carries the mark, and it spins for about a second.
+    spin = tmp_path / "jaxbench.worker.py"
+    spin.write_text("import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end:\n    pass\n")
+    sampler = CpuSampler(every_s=0.1).start()
+    time.sleep(0.3)
+    start = time.time()
+    subprocess.run([sys.executable, str(spin)], check=True, timeout=60)
+    time.sleep(0.3)
+    end = time.time()
+    time.sleep(0.3)
+    sampler.stop()
+    during = sampler.seconds(start, end)
+    assert 0.5 <= during.get("evaluator sandbox", 0.0) <= 1.6, during
+    assert sampler.seconds(end + 0.05, time.time()).get("evaluator sandbox", 0.0) == 0.0
