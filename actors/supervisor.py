@@ -14,7 +14,7 @@ another by the host (``actors.balancer``). The same supervisor keeps a fleet's d
 standby daemons (``module="orchestrators.daemon"``, each process in a data folder of its own).
 
 Every process, the first ones and every replacement, is forked by the supervisor's zygote
-(``actors.zygote``), which imported the program once: a replacement pays no imports, so the work of the
+(``jaxbench.zygote``), which imported the program once: a replacement pays no imports, so the work of the
 live processes is not slowed by the CPU a fresh interpreter would take (its own set-up, the store, the
 sandbox, the connection, it still makes).
 """
@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import structlog
 
-from actors.zygote import Forked, Zygote
+from jaxbench.zygote import Forked, Zygote
 
 log = structlog.get_logger("actors.supervisor")
 

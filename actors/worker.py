@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from actors.config import ActorConfig
     from actors.services import Services
 
-# What a worker imports before it serves, imported once by its supervisor's zygote (``actors.zygote``) rather
+# What a worker imports before it serves, imported once by its supervisor's zygote (``jaxbench.zygote``) rather
 # than by every worker started: none of them starts a thread or opens a connection at import.
 PRELOAD = ("actors.config", "actors.registry", "actors.services", "maxkernel.logging", "maxkernel.runtime",
            "maxkernel.evaluation", "jaxbench.evaluate", "autogen_ext.runtimes.grpc", "jax.numpy", "maxkernel.compile_cache")

@@ -204,7 +204,7 @@ class Evaluator:
         """The reference worker, loaded with this task's reference (reloaded only when the task changes)."""
         key = (str(ref.task.path), ref.task.source_digest, ref.size)
         if self._ref_worker is None or not self._ref_worker.alive:
-            self._ref_worker = WorkerHandle(self.pool.memory_bytes, self.pool.alike, self.pool.cpus)
+            self._ref_worker = self.pool.start_worker()
             self._ref_worker_holds = None
         if self._ref_worker_holds != key:
             source = ref.task.reference_path.read_text() + "\n\nkernel = reference\n"

@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from jaxbench import wire
+from jaxbench.zygote import Forked, Zygote, ZygoteGone
 
 STARTUP_TIMEOUT_S = 120.0
 
@@ -35,6 +36,7 @@ ALLOCATOR_ENV = {
 }
 
 
+FORK_SERVER_ENV = "JAXBENCH_FORK_SERVER"  # 0: every worker started afresh (see WorkerPool)
 CPUS_ENV = "JAXBENCH_WORKER_CPUS"  # the cores a worker pins itself to before JAX starts its threads
 
 
@@ -69,37 +71,55 @@ class WorkerFailure(Exception):
 
 
 class WorkerHandle:
-    """One worker process and its pipes."""
+    """One worker process and its pipes: forked by ``zygote`` when one is given (its imports done there),
+    else started afresh; either way in a session of its own, its sandbox set up by itself."""
 
-    def __init__(self, memory_bytes: int, alike: bool = True, cpus: tuple[int, ...] | None = None) -> None:
+    def __init__(self, memory_bytes: int, alike: bool = True, cpus: tuple[int, ...] | None = None,
+                 zygote: Zygote | None = None) -> None:
         self.memory_bytes = memory_bytes
         self.alike = alike
         self.cpus = cpus
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         env = worker_env(alike, cpus)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jaxbench.worker", str(to_child_r), str(from_child_w), str(memory_bytes)],
-            pass_fds=(to_child_r, from_child_w),
-            start_new_session=True,  # its own process group: a kill takes every child with it
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd="/",
-        )
+        self.proc: subprocess.Popen[bytes] | Forked
+        if zygote is not None:
+            stderr_r, stderr_w = os.pipe()
+            try:
+                self.proc = zygote.start(["{fd0}", "{fd1}", str(memory_bytes)], env, cwd="/",
+                                         fds=[(to_child_r, None), (from_child_w, None), (stderr_w, 2)])
+            except BaseException:
+                for fd in (to_child_r, to_child_w, from_child_r, from_child_w, stderr_r):
+                    os.close(fd)
+                raise
+            finally:
+                os.close(stderr_w)
+            stderr = os.fdopen(stderr_r, "rb")
+        else:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "jaxbench.worker", str(to_child_r), str(from_child_w), str(memory_bytes)],
+                pass_fds=(to_child_r, from_child_w),
+                start_new_session=True,  # its own process group: a kill takes every child with it
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd="/",
+            )
+            assert self.proc.stderr is not None
+            stderr = self.proc.stderr
         os.close(to_child_r)
         os.close(from_child_w)
         self.pipes = wire.Duplex(Connection(from_child_r, writable=False), Connection(to_child_w, readable=False))
         self._stderr_tail: list[str] = []
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        threading.Thread(target=self._drain_stderr, args=(stderr,), daemon=True).start()
         hello = self._receive(STARTUP_TIMEOUT_S)
         self.layers: dict[str, str] = hello.get("layers", {})
 
-    def _drain_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        for line in iter(self.proc.stderr.readline, b""):
-            self._stderr_tail = (self._stderr_tail + [line.decode(errors="replace").rstrip()])[-20:]
+    def _drain_stderr(self, stderr: Any) -> None:
+        with stderr:
+            for line in iter(stderr.readline, b""):
+                self._stderr_tail = (self._stderr_tail + [line.decode(errors="replace").rstrip()])[-20:]
 
     @property
     def alive(self) -> bool:
@@ -175,18 +195,49 @@ class WorkerHandle:
 
 
 class WorkerPool:
-    """``size`` persistent workers; ``acquire`` hands one out, replacing dead ones transparently."""
+    """``size`` persistent workers; ``acquire`` hands one out, replacing dead ones transparently.
+
+    Workers are forked by the pool's fork server (``jaxbench.zygote``, started with the workers' environment
+    on the first worker and again if it dies), so a worker replaced after a candidate killed it, or started
+    by a fresh judge, does not import JAX again; ``fork_server=False`` (or ``JAXBENCH_FORK_SERVER=0``)
+    starts each afresh, as does a pool whose fork server cannot start."""
 
     def __init__(self, size: int = 1, memory_bytes: int = 8 << 30, alike: bool = True,
-                 cpus: tuple[int, ...] | None = None) -> None:
+                 cpus: tuple[int, ...] | None = None, fork_server: bool | None = None) -> None:
         self.size = max(1, size)
         self.memory_bytes = memory_bytes
         self.alike = alike  # every worker started with ALLOCATOR_ENV (see worker_env)
         self.cpus = cpus  # every worker pinned to these cores (None: wherever the judge may run)
+        self.fork_server = os.environ.get(FORK_SERVER_ENV, "1") != "0" if fork_server is None else fork_server
+        self._zygote: Zygote | None = None
+        self._zygote_lock = threading.Lock()
         self._idle: list[WorkerHandle] = []
         self._lock = threading.Condition()
         self._started = 0
         self.replaced = 0
+
+    def _server(self) -> Zygote | None:
+        """The fork server, started (again) when needed; None when the pool starts workers afresh."""
+        if not self.fork_server:
+            return None
+        with self._zygote_lock:
+            if self._zygote is None or not self._zygote.alive:
+                if self._zygote is not None:
+                    self._zygote.close()
+                try:
+                    self._zygote = Zygote("jaxbench.worker", env=worker_env(self.alike),
+                                          start_timeout_s=STARTUP_TIMEOUT_S)
+                except (ZygoteGone, OSError):
+                    self._zygote, self.fork_server = None, False  # this host cannot: start workers afresh
+            return self._zygote
+
+    def start_worker(self) -> WorkerHandle:
+        """A new worker with the pool's settings (outside the pool's count: the judge's reference worker)."""
+        zygote = self._server()
+        try:
+            return WorkerHandle(self.memory_bytes, self.alike, self.cpus, zygote=zygote)
+        except ZygoteGone:  # it died between the check and the fork: once more, with a new one
+            return WorkerHandle(self.memory_bytes, self.alike, self.cpus, zygote=self._server())
 
     def acquire(self) -> WorkerHandle:
         with self._lock:
@@ -200,7 +251,7 @@ class WorkerPool:
                 self.replaced += 1
             self._started += 1
         try:
-            return WorkerHandle(self.memory_bytes, self.alike, self.cpus)
+            return self.start_worker()
         except BaseException:
             with self._lock:
                 self._started -= 1
@@ -222,6 +273,10 @@ class WorkerPool:
             self._started -= len(idle)
         for handle in idle:
             handle.close()
+        with self._zygote_lock:
+            if self._zygote is not None:
+                self._zygote.close()
+                self._zygote = None
 
     def __enter__(self) -> "WorkerPool":
         return self

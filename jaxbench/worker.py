@@ -272,15 +272,24 @@ def pin_to(cpus: str) -> None:
         os.sched_setaffinity(0, allowed)
 
 
-def main() -> None:
-    read_fd, write_fd, memory_bytes = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+# What a worker imports before it serves, imported once by the pool's fork server (``jaxbench.zygote``) rather
+# than by every worker started: none of them starts a thread, opens a file a candidate could reach, or JAX's
+# backend (each worker starts its own, then enters its sandbox).
+PRELOAD = ("numpy", "jax", "jax.numpy", "jax.experimental.pallas", "jaxbench.sandbox", "jaxbench.wire",
+           "jaxbench.candidate", "jaxbench.interpret", "jaxbench.timing", "jaxbench.tpu_numerics")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    read_fd, write_fd, memory_bytes = int(args[0]), int(args[1]), int(args[2])
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     pin_to(os.environ.get("JAXBENCH_WORKER_CPUS", ""))
     from jaxbench.wire import Duplex
 
     conn = Duplex(Connection(read_fd, writable=False), Connection(write_fd, readable=False))
     Worker(conn, memory_bytes).serve()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -52,7 +52,7 @@ from orchestrators.jobs import JobInfo, JobQueue
 log = structlog.get_logger("orchestrators.daemon")
 
 STATE_FILE = "daemon.json"
-# What a daemon imports before it serves, imported once by its supervisor's zygote (``actors.zygote``) rather
+# What a daemon imports before it serves, imported once by its supervisor's zygote (``jaxbench.zygote``) rather
 # than by every daemon started: none of them starts a thread or opens a connection at import.
 PRELOAD = ("actors.session", "actors.registry", "actors.brains.rules", "orchestrators.dashboard", "maxkernel.logging",
            "maxkernel.runtime", "autogen_ext.runtimes.grpc", "memory", "chromadb", "psycopg", "jax.numpy",

@@ -47,7 +47,7 @@ def test_the_cpu_account_gives_a_descendants_seconds_to_its_kind_and_phase(tmp_p
 
     from benchmarks.chaos_cpu import CpuSampler, kind_of
 
-    assert kind_of("python -m actors.zygote orchestrators.daemon 5") == "daemon"
+    assert kind_of("python -m jaxbench.zygote orchestrators.daemon 5") == "daemon"
     assert kind_of("python -m jaxbench.worker 3 4 8589934592") == "evaluator sandbox"
     assert kind_of("/usr/lib/postgresql/15/bin/postgres -D /tmp/x") == "postgres"
     # A stand-in evaluator sandbox: its command line carries the mark, and it spins for about a second.

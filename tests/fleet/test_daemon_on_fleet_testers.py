@@ -24,18 +24,27 @@ from test_worker_supervision import host_and_testers, spawn
 TASK = "12p_RMSNorm"
 
 
-def _evaluator_children(pid: int) -> list[int]:
-    """Children of ``pid`` (started from any of its threads) that run the sandboxed evaluator worker."""
-    found, children = [], []
+def _children(pid: int) -> list[int]:
+    """Children of ``pid``, started from any of its threads."""
+    children: list[int] = []
     for thread in Path(f"/proc/{pid}/task").glob("*"):
         try:
-            children += (thread / "children").read_text().split()
+            children += [int(c) for c in (thread / "children").read_text().split()]
         except OSError:
             pass
-    for child in children:
+    return children
+
+
+def _evaluator_children(pid: int) -> list[int]:
+    """Processes under ``pid`` that run the sandboxed evaluator worker: the workers, and the fork server
+    (``jaxbench.zygote``) the judge's pool forks them from."""
+    found, todo = [], _children(pid)
+    while todo:
+        child = todo.pop()
         try:
             if b"jaxbench.worker" in Path(f"/proc/{child}/cmdline").read_bytes():
-                found.append(int(child))
+                found.append(child)
+                todo += _children(child)
         except OSError:
             pass
     return found

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.zygote import Zygote
+from jaxbench.zygote import Zygote
 
 HERE = Path(__file__).resolve().parent
 
