@@ -26,4 +26,6 @@ def test_every_new_engine_is_migrated_even_where_a_freed_one_had_its_id(tmp_path
         gc.collect()
         with sqlite3.connect(tmp_path / f"store{i}.db") as conn:
             assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'orch_jobs'").fetchone(), f"store {i}"
+        if reused >= 3:  # the case arose (and was migrated) three times: enough
+            break
     assert reused, "no id came back: the case this test is about did not arise"
