@@ -13,11 +13,13 @@ evaluation K or later (and whose best beats the reference); the rest only fill m
 from the cold runs alone, before any warm run, and printed: a task whose cold best comes at evaluation 1
 leaves a ratio that can never drop below 1, and says nothing about whether memory finds things sooner.
 
-Per task: evaluations and seconds to the first correct kernel and to within ``--tolerance`` of the cold
-run's confirmed best, and each run's final confirmed best. ``ratio``, over the tasks whose cold confirmed
+Per task: evaluations and seconds to the first correct kernel and to the cold run's confirmed best (a
+reading within ``--tolerance`` of it, or the cold winner's own kernel measured: the cold run reaches its best
+where it first measured the kernel it returned), and each run's final confirmed best. ``ratio``, over the tasks whose cold confirmed
 best is not the reference (nor a kernel that confirms at or below 1.0x, which does not beat it): warm's total evaluations to reach the cold confirmed best (``budget + 1`` when
 it never does) over cold's. Targets: ratio at most 0.33; warm's confirmed best at least cold's within the
-tolerance on 45 of 50; the ratio with ``--no-cost-model`` higher than without. ``--compare`` runs the warm
+tolerance on 45 of 50; the ratio with ``--no-cost-model`` higher than without. ``ratio_floor`` is the least
+ratio the cold runs allow: a warm run spends at least one evaluation on each task. ``--compare`` runs the warm
 phase both ways against the same cold runs; ``--keep DIR`` keeps every run's data dir to inspect.
 
     python benchmarks/memory_reuse.py --measure 41k_Gemm_Add_ReLU,44k_Matmul_Divide_GELU --warm 35k_Gemm_Scaling_Hardtanh_GELU --budget 8
@@ -57,6 +59,7 @@ class Step(BaseModel):
     seconds: float
     passed: bool
     speedup: float | None = None
+    sha: str = ""  # the measured kernel's source hash: the same kernel is recognised in another run
 
 
 class Run(BaseModel):
@@ -66,21 +69,28 @@ class Run(BaseModel):
     seconds: float
     steps: list[Step]
     best_strategy: str = ""
+    best_sha: str = ""
     is_reference: bool = True
     confirmed: float | None = None
     confirm_runs: list[float] = []
     engine_confirmed: float | None = None
 
-    def reach_at(self, goal: float | None, miss: int) -> int:
-        """The evaluation at which the run first measured ``goal`` (``miss`` when it never did)."""
-        step = self.reach(goal) if goal else None
+    def reach_at(self, goal: float | None, miss: int, kernel: str = "") -> int:
+        """The evaluation at which the run first measured ``goal`` or the kernel ``kernel`` (``miss`` when
+        it never did)."""
+        step = self.reach(goal, kernel) if goal else None
         return step.n if step else miss
 
     def first_correct(self) -> Step | None:
         return next((s for s in self.steps if s.passed), None)
 
-    def reach(self, goal: float) -> Step | None:
-        return next((s for s in self.steps if s.passed and (s.speedup or 0.0) >= goal), None)
+    def reach(self, goal: float, kernel: str = "") -> Step | None:
+        """The first correct step that read at least ``goal``, or that measured the kernel whose source hash
+        is ``kernel`` (the cold run's winner): a run that measured the very kernel the cold run returned has
+        reached the cold best, whatever that one reading said. One reading moves by a few percent on a quiet
+        machine, more than the tolerance, so readings alone let a run miss the kernel it returned."""
+        return next((s for s in self.steps if s.passed and ((s.speedup or 0.0) >= goal or (kernel and s.sha == kernel))),
+                    None)
 
 
 async def optimize(task: str, services: Any, budget: int, time_s: float, target: str) -> Any:
@@ -131,7 +141,8 @@ def steps_of(store: Any, session_id: str) -> tuple[list[Step], float]:
             continue  # the bar and the re-measurements are the engine's, not the search's steps
         report = e.payload["report"]
         steps.append(Step(n=len(steps) + 1, seconds=round((e.created_at - start).total_seconds(), 2),
-                          passed=report["status"] == "ok" and bool(report["correct"]), speedup=report.get("speedup")))
+                          passed=report["status"] == "ok" and bool(report["correct"]), speedup=report.get("speedup"),
+                          sha=report.get("candidate_sha") or ""))
     return steps, round((events[-1].created_at - start).total_seconds(), 2)
 
 
@@ -139,6 +150,7 @@ def run_in(data_dir: Path, task: str, evaluator: Any, args: argparse.Namespace, 
     """One session in ``data_dir``, its best confirmed."""
     from actors.config import ActorConfig
     from actors.services import Services
+    from jaxbench.candidate import source_sha
 
     services = Services(ActorConfig(remember=False, data_dir=str(data_dir)), evaluator=evaluator)
     try:
@@ -151,7 +163,8 @@ def run_in(data_dir: Path, task: str, evaluator: Any, args: argparse.Namespace, 
         is_reference = (result.best_source is None or result.best_strategy == "reference" or confirmed is None
                         or confirmed <= 1.0 or (report is not None and report.label == "reference-equivalent"))
         run = Run(task=task, session_id=result.session_id, evaluations=result.evaluations, seconds=seconds,
-                  steps=steps, best_strategy=result.best_strategy, is_reference=is_reference, confirmed=confirmed,
+                  steps=steps, best_strategy=result.best_strategy,
+                  best_sha=source_sha(result.best_source) if result.best_source else "", is_reference=is_reference, confirmed=confirmed,
                   confirm_runs=runs, engine_confirmed=getattr(result, "confirmed_speedup", None))
     finally:
         asyncio.run(services.aclose())
@@ -209,7 +222,8 @@ def folds_of(tasks: list[str], n: int) -> list[list[str]]:
 
 
 def goal_of(cold: Run, tolerance: float) -> float | None:
-    """What a run must measure to count as reaching the cold run's confirmed best."""
+    """What a run must measure (or the cold winner itself, ``Run.reach``) to count as reaching the cold
+    run's confirmed best."""
     return cold.confirmed * (1 - tolerance) if cold.confirmed else None
 
 
@@ -220,7 +234,8 @@ def select_late(cold: dict[str, Run], measured: list[str], args: argparse.Namesp
     keep: list[str] = []
     for task in measured:
         run = cold[task]
-        if not run.is_reference and run.reach_at(goal_of(run, args.tolerance), args.budget + 1) >= args.min_cold_evals:
+        if not run.is_reference and run.reach_at(goal_of(run, args.tolerance), args.budget + 1,
+                                                 run.best_sha) >= args.min_cold_evals:
             keep.append(task)
     return keep, [t for t in measured if t not in keep]
 
@@ -229,15 +244,16 @@ def row(cold: Run, warm: Run, args: argparse.Namespace) -> dict[str, Any]:
     goal = goal_of(cold, args.tolerance)
     miss = args.budget + 1
     c_first, w_first = cold.first_correct(), warm.first_correct()
-    c_reach = cold.reach(goal) if goal else None
-    w_reach = warm.reach(goal) if goal else None
+    c_reach = cold.reach(goal, cold.best_sha) if goal else None
+    w_reach = warm.reach(goal, cold.best_sha) if goal else None
     return {"task": cold.task, "cold_first": c_first.n if c_first else None, "cold_first_s": c_first.seconds if c_first else None,
             "warm_first": w_first.n if w_first else None, "warm_first_s": w_first.seconds if w_first else None,
             "cold_reach": c_reach.n if c_reach else None, "cold_reach_s": c_reach.seconds if c_reach else None,
             "warm_reach": w_reach.n if w_reach else None, "warm_reach_s": w_reach.seconds if w_reach else None,
             "cold_best": cold.confirmed, "warm_best": warm.confirmed, "cold_strategy": cold.best_strategy,
             "warm_strategy": warm.best_strategy, "cold_is_reference": cold.is_reference,
-            "cold_evals_counted": cold.reach_at(goal, miss), "warm_evals_counted": warm.reach_at(goal, miss),
+            "cold_evals_counted": cold.reach_at(goal, miss, cold.best_sha),
+            "warm_evals_counted": warm.reach_at(goal, miss, cold.best_sha),
             "cold_confirm_runs": cold.confirm_runs, "warm_confirm_runs": warm.confirm_runs,
             "cold_noise": spread(cold.confirm_runs), "warm_noise": spread(warm.confirm_runs),
             "cold_engine_confirmed": cold.engine_confirmed, "warm_engine_confirmed": warm.engine_confirmed,
@@ -250,7 +266,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     cold_total = sum(r["cold_evals_counted"] for r in counted)
     warm_total = sum(r["warm_evals_counted"] for r in counted)
     noise = [n for r in rows for n in (r["cold_noise"], r["warm_noise"]) if n is not None]
-    return {"ratio": round(warm_total / cold_total, 3) if cold_total else None, "tasks_counted": len(counted),
+    # No warm run reaches anything before its first evaluation: the least ratio these cold runs allow.
+    floor = round(len(counted) / cold_total, 3) if cold_total else None
+    return {"ratio": round(warm_total / cold_total, 3) if cold_total else None, "ratio_floor": floor,
+            "tasks_counted": len(counted),
             "cold_total": cold_total, "warm_total": warm_total,
             "noise_median": round(statistics.median(noise), 3) if noise else None,
             "noise_max": max(noise) if noise else None,
@@ -362,7 +381,8 @@ def main() -> int:
         print_table(rows, args, "" if model_on else " · warm without the learned cost model")
         summary = summarize(rows)
         print(f"{tag}: ratio (warm / cold evaluations to the cold confirmed best, {summary['tasks_counted']} tasks "
-              f"whose cold best is not the reference): {summary['ratio']} (target <= 0.33); warm best >= cold best "
+              f"whose cold best is not the reference): {summary['ratio']} (target <= 0.33; the least these cold runs allow, one "
+              f"evaluation a task: {summary['ratio_floor']}); warm best >= cold best "
               f"within {args.tolerance:.0%}: {summary['warm_at_least_cold']}; confirmation spread (max - min over "
               f"median of {args.confirm} runs): median {summary['noise_median']}, max {summary['noise_max']}")
         sections["learned" if model_on else "no_cost_model"] = {"rows": rows, **summary}
@@ -380,7 +400,7 @@ def cold_report(cold: dict[str, Run], measured: list[str], args: argparse.Namesp
     """The cold runs' figures (each task's confirmed best and the evaluation that reached it) and the options."""
     return {"cold": {t: {"best": r.confirmed, "confirm_runs": r.confirm_runs, "noise": spread(r.confirm_runs),
                          "strategy": r.best_strategy, "is_reference": r.is_reference, "measured_warm": t in measured,
-                         "reach": r.reach_at(goal_of(r, args.tolerance), args.budget + 1), "evaluations": r.evaluations}
+                         "reach": r.reach_at(goal_of(r, args.tolerance), args.budget + 1, r.best_sha), "evaluations": r.evaluations}
                      for t, r in cold.items()},
             "args": {k: str(v) for k, v in vars(args).items()}}
 

@@ -25,10 +25,13 @@ def bench() -> ModuleType:
 
 
 def run(bench: ModuleType, task: str, readings: list[float | None], confirmed: float | None,
-        is_reference: bool = False, confirm_runs: list[float] | None = None):
-    steps = [bench.Step(n=i + 1, seconds=float(i), passed=r is not None, speedup=r) for i, r in enumerate(readings)]
+        is_reference: bool = False, confirm_runs: list[float] | None = None, shas: list[str] | None = None,
+        best_sha: str = ""):
+    shas = shas or [f"k{i}" for i in range(len(readings))]
+    steps = [bench.Step(n=i + 1, seconds=float(i), passed=r is not None, speedup=r, sha=h)
+             for i, (r, h) in enumerate(zip(readings, shas))]
     return bench.Run(task=task, session_id="s", evaluations=len(steps), seconds=float(len(steps)), steps=steps,
-                     best_strategy="x", is_reference=is_reference, confirmed=confirmed,
+                     best_strategy="x", best_sha=best_sha, is_reference=is_reference, confirmed=confirmed,
                      confirm_runs=confirm_runs or [])
 
 
@@ -92,3 +95,18 @@ def test_a_tpu_run_is_confirmed_once_and_a_bad_target_is_one_line(bench: ModuleT
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip().startswith("error: --target: unknown target 'tpu-v9'")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_run_reaches_the_cold_best_where_it_measures_the_cold_winner(bench: ModuleType) -> None:
+    """The cold winner read 1.8 in the search and 2.0 when confirmed: the cold run still reached its best at
+    the evaluation that measured it, and a warm run that measures the same kernel reaches it there too."""
+    cold = run(bench, "t", [1.1, 1.8, 1.2], 2.0, shas=["a", "win", "b"], best_sha="win")
+    same = run(bench, "t", [1.3, 1.7], 1.9, shas=["c", "win"])
+    other = run(bench, "t", [1.3, 1.7], 1.9, shas=["c", "d"])  # another kernel must read the goal itself
+    rows = [bench.row(cold, same, ARGS), bench.row(cold, other, ARGS)]
+    assert rows[0]["cold_evals_counted"] == 2 and rows[0]["cold_reach"] == 2
+    assert [r["warm_evals_counted"] for r in rows] == [2, ARGS.budget + 1]
+    summary = bench.summarize(rows)
+    assert summary["ratio"] == pytest.approx((2 + 7) / (2 + 2), abs=1e-3)
+    assert summary["ratio_floor"] == pytest.approx(2 / 4)
+    assert bench.cold_report({"t": cold}, ["t"], ARGS)["cold"]["t"]["reach"] == 2
