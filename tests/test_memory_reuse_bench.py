@@ -70,6 +70,11 @@ def test_ratio_counts_evaluations_to_the_cold_best_and_states_the_noise(bench: M
     assert rows[0]["cold_noise"] == pytest.approx(0.15) and rows[1]["warm_noise"] == 0.0
     assert summary["noise_max"] == pytest.approx(0.15)
     assert summary["warm_at_least_cold"] == "1/2"
+    # missed's best (1.3) lies below cold's lowest reading (1.9): not within the noise either
+    assert summary["warm_at_least_cold_within_noise"] == "1/2"
+    lower = run(bench, "t", [1.8], 1.8, confirm_runs=[1.7, 1.8, 1.95])  # below 2.0 * 0.95, but reaches 1.9
+    assert not bench.row(cold, lower, ARGS)["warm_at_least_cold"]
+    assert bench.row(cold, lower, ARGS)["warm_at_least_cold_within_noise"]
     assert bench.spread([1.0]) is None  # one reading tells no spread
 
 
