@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from maxkernel.analysis.signature import TaskSignature, TensorSpec
 from memory.insights import Measurement
+from support import load_benchmark
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "cost_model_holdout.py"
 BLOCKS = [8, 16, 32, 64, 128, 256]
@@ -19,12 +19,7 @@ BLOCKS = [8, 16, 32, 64, 128, 256]
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cost_model_holdout", BENCH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cost_model_holdout"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("cost_model_holdout")
 
 
 def measured(task: str, rows: int) -> list[Measurement]:

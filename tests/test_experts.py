@@ -7,27 +7,17 @@ ours/expert only where both are priced) are tested on reports built by hand.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from support import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "tpu_vs_expert.py"
 
 
-def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tpu_vs_expert", BENCH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tpu_vs_expert"] = module  # pydantic resolves the postponed annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load_benchmark("tpu_vs_expert")
 EXPERT_IDS = [e.task for e in bench.EXPERTS]
 
 

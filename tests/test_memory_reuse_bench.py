@@ -4,24 +4,20 @@ and what the ratio counts."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from support import load_benchmark
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "memory_reuse.py"
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("memory_reuse", BENCH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["memory_reuse"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("memory_reuse")
 
 
 def run(bench: ModuleType, task: str, readings: list[float | None], confirmed: float | None,
