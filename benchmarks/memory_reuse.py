@@ -21,7 +21,9 @@ it never does) over cold's. Targets: ratio at most 0.33; warm's confirmed best a
 tolerance on 45 of 50 (also counted within noise: warm's highest confirmation reading at least cold's lowest);
 the ratio with ``--no-cost-model`` higher than without. ``ratio_floor`` is the least
 ratio the cold runs allow: a warm run spends at least one evaluation on each task. ``--compare`` runs the warm
-phase both ways against the same cold runs; ``--keep DIR`` keeps every run's data dir to inspect.
+phase both ways against the same cold runs; ``--keep DIR`` keeps every run's data dir to inspect, and
+``--resume DIR/mk-reuse-…`` goes on with such a kept run: its finished cold runs are read back, the warm
+phases run again.
 
     python benchmarks/memory_reuse.py --measure 41k_Gemm_Add_ReLU,44k_Matmul_Divide_GELU --warm 35k_Gemm_Scaling_Hardtanh_GELU --budget 8
     python benchmarks/memory_reuse.py --measure 27k_Matmul_Mish_Mish,24k_Matmul_Scale_ResidualAdd_Clamp_LogSumExp_Mish,47k_Matmul_Add_Swish_Tanh_GELU_Hardtanh --folds 3 --min-cold-evals 3 --compare
@@ -65,6 +67,7 @@ class Step(BaseModel):
 
 class Run(BaseModel):
     task: str
+    data_dir: str = ""
     session_id: str
     evaluations: int
     seconds: float
@@ -163,7 +166,7 @@ def run_in(data_dir: Path, task: str, evaluator: Any, args: argparse.Namespace, 
         # A best that does not beat the reference once confirmed is the reference returned.
         is_reference = (result.best_source is None or result.best_strategy == "reference" or confirmed is None
                         or confirmed <= 1.0 or (report is not None and report.label == "reference-equivalent"))
-        run = Run(task=task, session_id=result.session_id, evaluations=result.evaluations, seconds=seconds,
+        run = Run(task=task, data_dir=str(data_dir), session_id=result.session_id, evaluations=result.evaluations, seconds=seconds,
                   steps=steps, best_strategy=result.best_strategy,
                   best_sha=source_sha(result.best_source) if result.best_source else "", is_reference=is_reference, confirmed=confirmed,
                   confirm_runs=runs, engine_confirmed=getattr(result, "confirmed_speedup", None))
@@ -192,16 +195,64 @@ def fill(target_dir: Path, sources: list[Path]) -> None:
             into.store.append_events(events)
 
 
-def warm_phase(measured: list[str], extra: list[str], cold_dirs: dict[str, Path], root: Path, evaluator: Any,
+COLD_RUNS = "cold-runs.jsonl"  # each finished cold run, one line each: what --resume reads back
+RUN_ARGS = ("budget", "time_s", "confirm", "target")  # what a resumed run must share with the cold runs it reuses
+
+
+def cold_phase(tasks: list[str], root: Path, evaluator: Any, args: argparse.Namespace) -> dict[str, Run]:
+    """Each task's cold run, in ``root/cold-<i>``; each is appended to ``root/cold-runs.jsonl`` when it ends,
+    and a task already there (a resumed run) is read back, not run again."""
+    path = root / COLD_RUNS
+    done: dict[str, Run] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                run = Run.model_validate_json(line)
+                done[run.task] = run
+    cold: dict[str, Run] = {}
+    for i, task in enumerate(tasks):
+        if task in done:
+            cold[task] = done[task]
+            print(f"  cold {task}: read back from {done[task].data_dir}", flush=True)
+            continue
+        data_dir = root / f"cold-{i}"
+        shutil.rmtree(data_dir, ignore_errors=True)  # a run cut off half-way starts again
+        cold[task] = run_in(data_dir, task, evaluator, args, "cold")
+        with path.open("a") as fh:
+            fh.write(cold[task].model_dump_json() + "\n")
+    return cold
+
+
+def resume_root(args: argparse.Namespace) -> Path:
+    """The folder of the run to resume (``--resume``), after checking it was run with the same settings; or a
+    new one. Raises ``ValueError`` with the line to print."""
+    settings = {k: str(getattr(args, k)) for k in RUN_ARGS}
+    if args.resume is None:
+        root = Path(tempfile.mkdtemp(prefix="mk-reuse-", dir=args.keep))
+        (root / "run-args.json").write_text(json.dumps(settings))
+        return root
+    saved = args.resume / "run-args.json"
+    if not saved.exists():
+        raise ValueError(f"--resume: {args.resume} holds no run of this benchmark (no run-args.json)")
+    before = json.loads(saved.read_text())
+    differ = [f"--{k.replace('_', '-')} {before.get(k)} there, {v} here" for k, v in settings.items() if before.get(k) != v]
+    if differ:
+        raise ValueError(f"--resume: {args.resume} was run with other settings: {'; '.join(differ)}")
+    return args.resume
+
+
+def warm_phase(measured: list[str], extra: list[str], cold: dict[str, Run], root: Path, evaluator: Any,
                args: argparse.Namespace, tag: str) -> dict[str, Run]:
     """Every measured task once, each in a copy of the memory of the cold runs outside its fold."""
     warm: dict[str, Run] = {}
     for f, fold in enumerate(folds_of(measured, args.folds)):
         filled = root / f"{tag}-fold-{f}"
-        fill(filled, [cold_dirs[t] for t in measured + extra if t not in fold])
+        shutil.rmtree(filled, ignore_errors=True)  # a resumed run's warm phases start again
+        fill(filled, [Path(cold[t].data_dir) for t in measured + extra if t not in fold])
         print(f"{tag}: fold {f + 1}, memory from {len(measured) + len(extra) - len(fold)} other tasks", flush=True)
         for task in fold:
             here = root / f"{tag}-{measured.index(task)}"
+            shutil.rmtree(here, ignore_errors=True)
             shutil.copytree(filled, here)
             warm[task] = run_in(here, task, evaluator, args, tag)
     return warm
@@ -231,7 +282,11 @@ def goal_of(cold: Run, tolerance: float) -> float | None:
 def select_late(cold: dict[str, Run], measured: list[str], args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """The tasks whose cold search needed several evaluations (``--min-cold-evals``) to reach its confirmed
     best, and whose best is not the reference; chosen from the cold runs alone, before any warm run. A
-    cold best found at the first evaluation leaves a ratio that cannot drop below 1. The rest only fill memory."""
+    cold best found at the first evaluation leaves a ratio that cannot drop below 1. The rest only fill memory.
+    With ``--min-cold-evals 1`` (the default) every task is measured warm, those whose cold run returned the
+    reference too: the ratio leaves them out, the count of warm bests at least cold's does not."""
+    if args.min_cold_evals <= 1:
+        return list(measured), []
     keep: list[str] = []
     for task in measured:
         run = cold[task]
@@ -328,6 +383,8 @@ def main() -> int:
                              "(the cost model: deterministic, so one confirmation reading is the figure)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--keep", type=Path, default=None, help="keep every run's data dir under this folder")
+    parser.add_argument("--resume", type=Path, default=None,
+                        help="a kept run's folder (under --keep): its finished cold runs are read back, the rest run")
     args = parser.parse_args()
 
     from actors.config import ActorConfig
@@ -359,22 +416,26 @@ def main() -> int:
             return 2
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="mk-reuse-", dir=args.keep))
+    try:
+        root = resume_root(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     judge = Services(ActorConfig(data_dir=str(root / "judge")))
     started = time.monotonic()
     try:
         evaluator = judge.evaluator
         warm_up(evaluator, measured[0], args.target)
         print(f"cold: {len(measured) + len(extra)} tasks, each with an empty memory", flush=True)
-        cold_dirs = {t: root / f"cold-{i}" for i, t in enumerate(measured + extra)}
-        cold = {t: run_in(d, t, evaluator, args, "cold") for t, d in cold_dirs.items()}
+        cold = cold_phase(measured + extra, root, evaluator, args)
         measured, dropped = select_late(cold, measured, args)
         extra += dropped
         if args.json:  # written now, so that a run cut off (or with no task to measure warm) leaves the cold figures
             args.json.write_text(json.dumps(cold_report(cold, measured, args), indent=2))
-        print(f"measured warm: {len(measured)} tasks whose cold best is not the reference and came at evaluation "
-              f"{args.min_cold_evals} or later ({', '.join(measured) or 'none'}); memory only: {', '.join(dropped) or 'none'}",
-              flush=True)
+        chosen = ("tasks, every one" if args.min_cold_evals <= 1 else
+                  f"tasks whose cold best is not the reference and came at evaluation {args.min_cold_evals} or later")
+        print(f"measured warm: {len(measured)} {chosen} ({', '.join(measured) or 'none'}); "
+              f"memory only: {', '.join(dropped) or 'none'}", flush=True)
         if not measured:
             print("error: no measured task needed that many cold evaluations; lower --min-cold-evals", file=sys.stderr)
             return 1
@@ -382,10 +443,10 @@ def main() -> int:
         warm: dict[str, dict[str, Run]] = {}
         for tag, model_on in variants:
             os.environ[ENV_SWITCH] = "on" if model_on else "off"
-            warm[tag] = warm_phase(measured, extra, cold_dirs, root, evaluator, args, tag)
+            warm[tag] = warm_phase(measured, extra, cold, root, evaluator, args, tag)
     finally:
         asyncio.run(judge.aclose())
-        if args.keep is None:
+        if args.keep is None and args.resume is None:
             shutil.rmtree(root, ignore_errors=True)
     sections: dict[str, dict[str, Any]] = {}
     for tag, model_on in variants:

@@ -111,3 +111,40 @@ def test_a_run_reaches_the_cold_best_where_it_measures_the_cold_winner(bench: Mo
     assert summary["ratio"] == pytest.approx((2 + 7) / (2 + 2), abs=1e-3)
     assert summary["ratio_floor"] == pytest.approx(2 / 4)
     assert bench.cold_report({"t": cold}, ["t"], ARGS)["cold"]["t"]["reach"] == 2
+
+
+def test_a_resumed_run_reads_its_cold_runs_back_and_refuses_other_settings(
+        bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = argparse.Namespace(budget=6, time_s=900.0, confirm=3, target="cpu", keep=tmp_path, resume=None)
+    root = bench.resume_root(args)
+    assert root.parent == tmp_path and (root / "run-args.json").exists()
+    ran: list[str] = []
+
+    def session(data_dir: Path, task: str, *rest: object) -> object:
+        ran.append(task)
+        data_dir.mkdir()
+        return run(bench, task, [1.5], 1.5)
+
+    monkeypatch.setattr(bench, "run_in", session)
+    first = bench.cold_phase(["a", "b"], root, None, args)
+    (root / "cold-1" / "half-written").write_text("")  # b's dir as a run cut off mid-way would leave it
+    lines = (root / bench.COLD_RUNS).read_text().splitlines()
+    (root / bench.COLD_RUNS).write_text(lines[0] + "\n")  # only a finished
+    resumed = bench.cold_phase(["a", "b"], root, None, args)
+    assert ran == ["a", "b", "b"]  # a read back, b run again in a fresh dir
+    assert resumed["a"] == first["a"] and not (root / "cold-1" / "half-written").exists()
+
+    args.resume = root
+    assert bench.resume_root(args) == root
+    args.budget = 8
+    with pytest.raises(ValueError, match="--budget 6 there, 8 here"):
+        bench.resume_root(args)
+    args.resume = tmp_path
+    with pytest.raises(ValueError, match="no run-args.json"):
+        bench.resume_root(args)
+
+
+def test_with_min_cold_evals_one_every_task_is_measured_warm(bench: ModuleType) -> None:
+    cold = {"early": run(bench, "early", [2.0], 2.0), "reference": run(bench, "reference", [0.9], 0.95, is_reference=True)}
+    args = argparse.Namespace(tolerance=0.05, budget=6, min_cold_evals=1)
+    assert bench.select_late(cold, list(cold), args) == (["early", "reference"], [])
