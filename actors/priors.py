@@ -49,15 +49,20 @@ class StrategyPrior(BaseModel):
 
 
 def _outcome_value(o: StrategyOutcome, top: float | None = None) -> float:
-    """Log of the best correct speedup (bounded); for a strategy that passed without winning, no more than
-    the log of its share of the task's best (a strategy that lost to another there counts as a loss);
-    -1 for a strategy that never passed."""
-    if o.best_speedup is not None and o.best_speedup > 0:
-        value = math.log(o.best_speedup)
-        if not o.won and top is not None and top > 0:
-            value = min(value, math.log(o.best_speedup / top))
-        return max(-0.5, min(2.0, value))
-    return -1.0
+    """How a strategy fared on one task, as a bounded log speedup; -1 for a strategy that never passed.
+
+    Judged beyond the noise of its reading: faster than the reference by the lower end of its interval,
+    slower by the upper end, and at par (0) when the interval holds 1.0. A strategy that passed without
+    winning counts as a loss only as far as its upper end lies below the task's best lower end (``top``):
+    on a task where nothing cleared the reference, readings a few percent apart rank nothing."""
+    if o.best_speedup is None or o.best_speedup <= 0:
+        return -1.0
+    low = o.best_speedup
+    high = max(o.best_high or low, low)
+    value = math.log(low) if low > 1.0 else math.log(high) if high < 1.0 else 0.0
+    if not o.won and top is not None and top > high:
+        value = min(value, math.log(high / top))
+    return max(-0.5, min(2.0, value))
 
 
 def _reason(o: StrategyOutcome, top: float | None = None) -> str:
@@ -98,14 +103,20 @@ def prior_for(name: str, priors: dict[str, StrategyPrior]) -> StrategyPrior | No
     """The prior of ``name``, or for a combination of rewrites never measured as such, the mean prior
     of the measured strategies that share one of its rewrites (rewrite sets differ from task to task).
     Only those that passed lend theirs: a combination that failed does not say which of its rewrites
-    failed (nor whether the check refused the task's size), so it says nothing of one rewrite alone."""
+    failed (nor whether the check refused the task's size), so it says nothing of one rewrite alone.
+    A loss is lent only when every rewrite of the combination is among theirs: a rewrite memory knows
+    nothing of may be the one that does the work (``pool_into_weights`` beside a ``cheaper_activations``
+    that lost elsewhere), while a rewrite that won elsewhere brings its work into any combination."""
     if name in priors:
         return priors[name]
     parts = _parts(name)
     related = [p for other, p in priors.items() if parts & _parts(other) and p.passed]
     if not related:
         return None
-    return StrategyPrior(name=name, score=sum(p.score for p in related) / len(related),
+    score = sum(p.score for p in related) / len(related)
+    if score < 0 and not parts <= set().union(*(_parts(p.name) for p in related)):
+        return None
+    return StrategyPrior(name=name, score=score,
                          reasons=[f"as {p.name}: {p.reasons[0]}" for p in related[:2] if p.reasons])
 
 

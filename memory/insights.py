@@ -42,9 +42,12 @@ class Measurement(BaseModel):
     correct: bool = False
     speedup: float | None = Field(None, description="the lower end of the speedup's interval (the point when it has "
                                                       "none): memory ranks by what a reading surely reached")
+    speedup_high: float | None = Field(None, description="the upper end of that interval (the point when it has none): "
+                                                           "a reading is surely slower only when this is")
     label: str = ""
     reason: str = ""
     tuned: bool = Field(False, description="a tuning trial rather than the plan's own draft")
+    confirmation: bool = Field(False, description="the session's re-measurement of one of its top candidates")
 
     @property
     def passed(self) -> bool:
@@ -65,7 +68,9 @@ class StrategyOutcome(BaseModel):
     kind: str = ""
     evaluations: int
     passed: int
-    best_speedup: float | None = None
+    best_speedup: float | None = Field(None, description="the lower end of its best reading; for a strategy the "
+                                                           "session re-measured, the lowest of those re-measurements")
+    best_high: float | None = Field(None, description="the upper end of the reading(s) behind best_speedup")
     won: bool = Field(False, description="its best beat every other strategy's and the reference")
     reason: str = Field("", description="why it failed, when it never passed")
 
@@ -97,7 +102,8 @@ def measurements_from_events(events: Iterable[Any]) -> list[Measurement]:
             continue
         if event.message_type in JUDGED:
             draft = payload.get("draft") or {}
-            if str(draft.get("produced_by", "")).endswith(":tool"):
+            produced_by = str(draft.get("produced_by", ""))
+            if produced_by.endswith(":tool"):
                 continue
             plan = draft.get("plan") or {}
             ref = _current(plan)
@@ -109,6 +115,7 @@ def measurements_from_events(events: Iterable[Any]) -> list[Measurement]:
                                  target=report.get("target") or plan.get("target", "cpu"),
                                  params=dict(ref.get("params") or {}), status=report.get("status", ""),
                                  correct=bool(report.get("correct")), speedup=_lower_end(report),
+                                 speedup_high=_upper_end(report), confirmation=produced_by.endswith(":confirm"),
                                  label=report.get("label") or "", reason=(report.get("reason") or "")[:300]))
         elif event.message_type == TUNED:
             name = payload.get("strategy", "")
@@ -124,6 +131,11 @@ def measurements_from_events(events: Iterable[Any]) -> list[Measurement]:
 def _lower_end(report: dict[str, Any]) -> float | None:
     interval = report.get("speedup_ci")
     return float(interval[0]) if interval else report.get("speedup")
+
+
+def _upper_end(report: dict[str, Any]) -> float | None:
+    interval = report.get("speedup_ci")
+    return float(interval[1]) if interval else report.get("speedup")
 
 
 def op_family(primitives: Iterable[str]) -> frozenset[str]:
@@ -149,12 +161,27 @@ def rank_tasks(query: np.ndarray, vectors: dict[str, np.ndarray], k: int,
     return scored[:k]
 
 
+def _held(readings: Sequence[Measurement]) -> tuple[float | None, float | None]:
+    """What a strategy's correct readings on one task say it reached: the lower and upper end of its best
+    reading; where the session re-measured it, the lowest lower end and highest upper end of the
+    re-measurements (a reading that did not hold up there is not kept as the strategy's best)."""
+    confirmed = [r for r in readings if r.confirmation]
+    if confirmed:
+        lows = [r.speedup for r in confirmed if r.speedup is not None]
+        return min(lows), max(r.speedup_high or r.speedup or 0.0 for r in confirmed)
+    if not readings:
+        return None, None
+    best = max(readings, key=lambda r: r.speedup or 0.0)
+    return best.speedup, max(best.speedup_high or 0.0, best.speedup or 0.0)
+
+
 def strategy_outcomes(rows: Sequence[Measurement], matches: Sequence[TaskMatch]) -> list[StrategyOutcome]:
     """Per recalled task and strategy: evaluations, passes, best correct speedup, and whether it won there.
 
     A strategy won on a task when its best correct speedup is the task's highest and above 1.0 (a
     kernel that only matches the reference won nothing). Reference-equivalent results do not count as
-    wins for the strategy that produced them.
+    wins for the strategy that produced them. A strategy the session measured again before naming a winner
+    (the engine's confirmation runs) counts by what those re-measurements held, not by its luckiest reading.
     """
     similarity = {m.task_id: m.score for m in matches}
     groups: dict[tuple[str, str], list[Measurement]] = defaultdict(list)
@@ -164,12 +191,13 @@ def strategy_outcomes(rows: Sequence[Measurement], matches: Sequence[TaskMatch])
     outcomes: list[StrategyOutcome] = []
     for (task_id, strategy), group in groups.items():
         ok = [r for r in group if r.passed and r.speedup is not None]
-        real = [r.speedup for r in ok if r.label != "reference-equivalent" and r.speedup is not None]
+        real = [r for r in ok if r.label != "reference-equivalent" and r.speedup is not None]
         failed = [r for r in group if not r.passed]
+        best, high = _held(real)
         outcomes.append(StrategyOutcome(
             task_id=task_id, similarity=similarity[task_id], strategy=strategy, kind=group[0].kind,
-            evaluations=len(group), passed=len(ok), best_speedup=max(real) if real else None,
-            reason="" if ok else (failed[-1].reason or failed[-1].status)))
+            evaluations=len(group), passed=len(ok), best_speedup=best,
+            best_high=high, reason="" if ok else (failed[-1].reason or failed[-1].status)))
     best_of_task: dict[str, float] = {}
     for o in outcomes:
         if o.best_speedup is not None and o.kind != "reference":

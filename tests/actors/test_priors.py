@@ -86,18 +86,29 @@ def test_a_combination_of_rewrites_borrows_the_prior_of_its_parts() -> None:
 
 
 def test_a_failed_combination_says_nothing_of_its_parts() -> None:
-    # Four rewrites together were refused on a similar task; one of them alone was measured slower there.
+    # Four rewrites together were refused on a similar task; two of them alone were measured slower there.
     priors = strategy_priors([outcome("a", 0.8, "rewrite:dead_code+idle_subgraphs+cheaper_activations", None),
                               outcome("a", 0.8, "template:tpu_gemm", 1.7, won=True),
-                              outcome("a", 0.8, "rewrite:dead_code", 1.0)])
+                              outcome("a", 0.8, "rewrite:dead_code", 1.0),
+                              outcome("a", 0.8, "rewrite:cheaper_activations", 1.0)])
     idle = StrategyRef(name="rewrite:idle_subgraphs", kind="rewrite")
-    pair = StrategyRef(name="rewrite:idle_subgraphs+dead_code", kind="rewrite")
+    pair = StrategyRef(name="rewrite:cheaper_activations+dead_code", kind="rewrite")
     ordered, _ = order_strategies([idle, pair, TAIL], priors)
     assert ordered[0].prior is None and ordered[0].rationale == ""  # only the failed combination shares a part
     assert ordered[2].name == pair.name and ordered[2].prior is not None and ordered[2].prior < 0
-    # ...it borrows from rewrite:dead_code, which passed (and lost), not from the failed combination
+    # ...it borrows from the two that passed (and lost), not from the failed combination
     assert "as rewrite:dead_code" in ordered[2].rationale and "failed on" not in ordered[2].rationale
     assert [s.name for s in ordered] == [idle.name, TAIL.name, pair.name]
+
+
+def test_a_combination_is_not_sent_back_for_a_part_while_another_is_unknown() -> None:
+    """``pool_into_weights`` (never measured) may be what does the work: the loss of ``cheaper_activations``
+    elsewhere does not send the pair behind the strategies memory knows nothing of."""
+    priors = strategy_priors([outcome("a", 0.8, "template:rowblock", 1.7, won=True),
+                              outcome("a", 0.8, "rewrite:cheaper_activations", 0.7)])
+    pair = StrategyRef(name="rewrite:pool_into_weights+cheaper_activations", kind="rewrite")
+    ordered, _ = order_strategies([pair, TAIL], priors)
+    assert [s.name for s in ordered] == [pair.name, TAIL.name] and ordered[0].prior is None
 
 
 def test_a_win_within_noise_moves_nothing() -> None:
@@ -412,3 +423,19 @@ def test_on_tpu_a_rewrite_that_won_on_a_similar_task_is_worked_before_the_pallas
     assert names[0] == rewrite.name and warm[0].prior is not None and warm[0].prior > 0
     assert names.index("template:tpu_gemm") > names.index("template:matmul_epilogue")  # lost there: behind the unknown
     assert warm[names.index("template:tpu_gemm")].prior < 0
+
+
+def test_readings_within_their_noise_of_par_rank_nothing() -> None:
+    """On a task where nothing cleared the reference, a rewrite read at 0.88-0.98x and a template at
+    0.98-1.02x are both at par: the plan keeps its own order. A reading surely below par still counts."""
+    def read(strategy: str, low: float, high: float) -> StrategyOutcome:
+        return StrategyOutcome(task_id="a", similarity=0.8, strategy=strategy, kind="rewrite", evaluations=1, passed=1,
+                               best_speedup=low, best_high=high)
+
+    priors = strategy_priors([read("rewrite:cheaper_activations", 0.88, 0.98), read("template:fused_tail", 0.98, 1.02),
+                              read("template:rowblock", 0.60, 0.70)])
+    assert abs(priors["rewrite:cheaper_activations"].score) < 0.05
+    assert priors["template:fused_tail"].score == 0.0
+    assert priors["template:rowblock"].score < -0.3  # surely slower: upper end 0.70
+    ordered, _ = order_strategies([REWRITE, TAIL, ROWBLOCK], priors)
+    assert [s.name for s in ordered] == [REWRITE.name, TAIL.name, ROWBLOCK.name]

@@ -68,3 +68,21 @@ def test_nearest_tasks_and_strategy_outcomes(memory: Memory, task_dir) -> None:
     assert memory.similar_tasks(query, k=1, target="cpu")[0].task_id == "t_gemm_relu"
     assert [o.task_id for o in memory.strategy_outcomes(query, "tpu-v5e")] == ["t_gemm_tanh_scale"]
     assert memory.strategy_outcomes(query, "tpu-v4") == []
+
+
+def test_a_strategy_the_session_measured_again_counts_by_what_held() -> None:
+    """A lucky first reading (lower end 1.12) that the engine's confirmation runs put at par is no win there;
+    a strategy never re-measured keeps its best reading, with that reading's upper end."""
+    from memory.insights import Measurement, TaskMatch, strategy_outcomes
+
+    def row(strategy: str, low: float, high: float, confirmation: bool = False) -> Measurement:
+        return Measurement(task_id="t", target="cpu", strategy=strategy, kind="template", status="ok", correct=True,
+                           speedup=low, speedup_high=high, confirmation=confirmation)
+
+    rows = [row("template:rowblock", 1.12, 1.33), row("template:rowblock", 0.93, 1.02, confirmation=True),
+            row("template:rowblock", 0.95, 1.01, confirmation=True),
+            row("template:fused_tail", 0.97, 1.03), row("template:fused_tail", 0.90, 0.99)]
+    by_name = {o.strategy: o for o in strategy_outcomes(rows, [TaskMatch(task_id="t", score=0.9)])}
+    rowblock, tail = by_name["template:rowblock"], by_name["template:fused_tail"]
+    assert (rowblock.best_speedup, rowblock.best_high) == (0.93, 1.02) and not rowblock.won
+    assert (tail.best_speedup, tail.best_high) == (0.97, 1.03) and not tail.won
