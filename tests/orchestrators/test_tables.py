@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import sqlite3
+import weakref
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -16,14 +17,14 @@ def test_every_new_engine_is_migrated_even_where_a_freed_one_had_its_id(tmp_path
     # what ``ensure`` remembers must let a freed engine go, so nothing it holds can stand for a new one.
     from orchestrators import tables
 
-    held = len(tables._ready)
     for i in range(30):
         engine = sa.create_engine(f"sqlite:///{tmp_path}/store{i}.db")
         tables.ensure(engine)
-        assert len(tables._ready) == held + 1
+        assert engine in tables._ready
+        alive = weakref.ref(engine)
         engine.dispose()
         del engine
         gc.collect()
-        assert len(tables._ready) == held, "a freed engine is still remembered"
+        assert alive() is None, "a freed engine is still held"
         with sqlite3.connect(tmp_path / f"store{i}.db") as conn:
             assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'orch_jobs'").fetchone(), f"store {i}"
