@@ -51,7 +51,7 @@ def test_search_survives_repeated_kill_9(fast_env: dict[str, str]) -> None:
     half_done: list[int] = []
     store = Store.open(settings.resolved_store_url)
     try:
-        for kill in range(4):
+        for kill in range(3):  # two kills right after a recorded evaluation, one anywhere
             before = len(_evaluated(store))
             proc = _start(search_id)
             deadline = time.monotonic() + 150
