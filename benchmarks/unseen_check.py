@@ -2,7 +2,7 @@
 
     python benchmarks/unseen_check.py --target tpu-v6e [--tasks 13p_Cross_Entropy ...] [--seeds 1] [--json FILE]
 
-For every task a TPU template won in the README's whole-suite tpu-v6e run (and the templates that won
+For every task a TPU template won in the whole-suite tpu-v6e run of docs/targets-tpu.md (and the templates that won
 none on the task they were written for), render that template with the parameters it won with and
 evaluate it for the target, as ``maxkernel eval TASK FILE --target T`` does: lowered for the chip, checked
 in TPU interpret mode with the TPU's matmul numerics at the candidate's check size, then at an unseen size
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# The best of every task whose winner is a TPU template in the README's "Whole suite on tpu-v6e" table
+# The best of every task whose winner is a TPU template in the "Whole suite on tpu-v6e" table of docs/targets-tpu.md
 # (1 December 2026), with the parameters it won with; the grouped matmul at its later v6e default; the
 # rows and MoE templates, which won none, at their defaults on the task they were written for.
 WINNERS: dict[str, tuple[str, dict[str, Any]]] = {

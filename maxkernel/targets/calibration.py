@@ -3,7 +3,7 @@
 JAX's Pallas guide "Matrix Multiplication" times a plain tiled matmul (bf16 in, an f32 VMEM accumulator
 over a k grid axis) and ``jnp.matmul`` on a TPU v5e and reports the fraction of bf16 peak each reaches.
 :func:`calibration_rows` prices the same programs with the model; ``python -m
-maxkernel.targets.calibration`` prints the table (it is the one in the README). The model's fitted
+maxkernel.targets.calibration`` prints the table (it is the one in docs/targets-tpu.md). The model's fitted
 constants (``step_overhead_s``, ``model.dispatch_overhead_s``, ``model.xla_matmul``) come from these rows.
 """
 
@@ -142,7 +142,7 @@ def calibration_rows(generation: str = "v5e") -> list[CalibrationRow]:
 
 
 def markdown_table(rows: list[CalibrationRow]) -> str:
-    """The table as it appears in the README."""
+    """The table as it appears in the docs (docs/targets-tpu.md)."""
     lines = ["| program | blocks (bm, bk, bn) | size | published % of peak | modelled % of peak | within |",
              "|---|---|---|---|---|---|"]
     for row in rows:
