@@ -101,7 +101,8 @@ class Dashboard:
             rows = data.search_views(self.store, LIST_LIMIT)
             return self._page("searches", "searches.html", rows=rows, poll=self._poll(r.status == "running" for r in rows))
         if path == "/ui/memory":
-            view = data.memory_view(self.store, query.get("q", "").strip(), query.get("target", "").strip())
+            page = int(query["page"]) if query.get("page", "").isdigit() else 0
+            view = data.memory_view(self.store, query.get("q", "").strip(), query.get("target", "").strip(), page)
             return self._page("memory", "memory.html", m=view)
         if match := _KERNEL.match(path):
             return self._kernel(match.group(1))

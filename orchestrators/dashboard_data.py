@@ -254,19 +254,24 @@ class MemoryView:
     kernels: list[dict[str, Any]]
     notes: list[Any]
     targets: list[str]
+    page: int = 0
+    more: bool = False  # older kernels or notes than this page's
 
 
-def memory_view(store: Store, query: str = "", target: str = "", limit: int = 100) -> MemoryView:
-    """Memory's kernels and notes, newest first, those containing ``query`` (task, strategy, code or note
-    text) on ``target`` when given."""
+def memory_view(store: Store, query: str = "", target: str = "", page: int = 0, limit: int = 50) -> MemoryView:
+    """One page (``limit`` of each, newest first) of memory's kernels and notes, those containing ``query``
+    (task, strategy, code or note text) on ``target`` when given."""
+    found = store.list_kernels(text=query or None, target=target or None, limit=limit + 1, offset=page * limit)
     kernels = [{"k": k, "speed": format_speedup(k.speedup, k.report.interval), "lines": k.code.count("\n") + 1}
-               for k in store.list_kernels(text=query or None, target=target or None, limit=limit)]
-    notes = [n for n in store.list_notes(text=query or None, limit=limit) if not target or n.target in (None, target)]
+               for k in found[:limit]]
+    all_notes = store.list_notes(text=query or None, limit=limit + 1, offset=page * limit)
+    more = len(found) > limit or len(all_notes) > limit
+    notes = [n for n in all_notes[:limit] if not target or n.target in (None, target)]
     with store.read("listing targets") as s:
         from memory.schema import KernelRow
 
         targets = sorted(str(t) for t in s.scalars(sa.select(KernelRow.target).distinct()))
-    return MemoryView(query=query, target=target, kernels=kernels, notes=notes, targets=targets)
+    return MemoryView(query=query, target=target, kernels=kernels, notes=notes, targets=targets, page=page, more=more)
 
 
 def fleet_root(data_path: Path) -> Path | None:
