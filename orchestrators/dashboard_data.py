@@ -19,10 +19,11 @@ from actors.policy import describe
 from jaxbench.report import format_speedup
 from jaxbench.task import TaskError, load_task
 from memory import Store
+from memory.errors import RecordNotFoundError
 from memory.schema import EventRow
 from orchestrators.graph import EVALUATION_TYPES, Node, load_graph
 from orchestrators.jobs import JobInfo
-from orchestrators.report import gather, judged_source
+from orchestrators.report import ReportData, UnknownSubject, gather, judged_source
 from orchestrators.report_data import Contribution, contributions, highest_low, sessions_nodes
 from orchestrators.tables import ensure, searches
 
@@ -89,7 +90,10 @@ def job_view(store: Store, job: JobInfo, counts: dict[str, int] | None = None) -
     done = sum(counts.get(s, 0) for s in job.sessions)
     elapsed = None
     if job.status == "running" and job.sessions:
-        elapsed = _ago(store.get_session(job.sessions[0]).created_at)
+        try:
+            elapsed = _ago(store.get_session(job.sessions[0]).created_at)
+        except RecordNotFoundError:  # named by the daemon, its first record not written yet
+            elapsed = 0.0
     view = JobView(job=job, progress=Progress(done, job.budget.max_evaluations, elapsed, job.budget.time_s))
     result = job.result or {}
     view.reason = job.error or result.get("stop_reason") or "; ".join(result.get("notes") or [])
@@ -220,7 +224,14 @@ def reference_source(task_id: str) -> str:
 
 def subject_view(store: Store, subject: str, job: JobInfo | None = None) -> SubjectView:
     """A job's, session's or search's page data (``orchestrators.report.gather`` finds which it is)."""
-    data = gather(store, subject)
+    try:
+        data = gather(store, subject)
+    except UnknownSubject:
+        if job is None:
+            raise
+        # a job that has just started: its session is named before the session's first record is written
+        data = ReportData(kind="job", id=job.id, task_id=job.task_id, title="daemon job", nodes=[],
+                          facts={"job status": job.status, "priority": job.priority, "attempts": job.attempts})
     if data.kind == "search":
         status = str(data.facts.get("status", ""))
         live = status == "running"

@@ -22,7 +22,7 @@ function datasets(points) {
   const bad = points.filter((p) => !p.passed);
   return [
     { type: "line", label: "best so far (lower end)", data: points.map((p) => ({ x: p.n, y: p.best_low })),
-      borderColor: "#1d3557", backgroundColor: "#1d3557", stepped: "after", pointRadius: 0, spanGaps: false },
+      borderColor: "#1d3557", backgroundColor: "#1d3557", stepped: "before", pointRadius: 0, spanGaps: false },
     { type: "scatter", label: "correct candidate", data: ok.map((p) => ({ x: p.n, y: p.speedup, low: p.low, high: p.high, s: p.strategy })),
       backgroundColor: "#2a9d4b", pointRadius: 4 },
     { type: "bar", label: "95% interval", data: ok.map((p) => ({ x: p.n, y: [p.low, p.high] })),

@@ -3,7 +3,7 @@ and store: submit a job from the page and watch its chart, progress and status c
 done; watch a search started from the shell appear on the searches page and end there; open the session,
 the search, memory and its search; no page scrolls sideways in a 1400-px window.
 
-With ``MAXKERNEL_DASHBOARD_SHOTS=<folder>`` set it also saves each page at 1400 and 800 px wide there (the
+With ``DASHBOARD_SHOTS=<folder>`` set it also saves each page at 1400 and 800 px wide there (the
 docs' pictures: ``docs/_static/dashboard``)."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _stayed(page) -> bool:  # type: ignore[no-untyped-def]
 
 def _shoot(page, name: str) -> None:  # type: ignore[no-untyped-def]
     """The page at both widths into the docs' folder (only when asked for), checking each for sideways scroll."""
-    folder = os.environ.get("MAXKERNEL_DASHBOARD_SHOTS")
+    folder = os.environ.get("DASHBOARD_SHOTS")
     for width in (WIDE, NARROW):
         page.set_viewport_size({"width": width, "height": 900})
         page.wait_for_timeout(300)  # the chart and the layout settle at the new width
@@ -80,7 +80,7 @@ def test_live_jobs_sessions_searches_and_memory_in_a_browser(fast_env: dict[str,
             _mark(page)
             # The page fetches itself again while the job runs: the chart gains points in place, then it is done.
             page.wait_for_function("Number(document.getElementById('chart').dataset.points || 0) >= 1", timeout=240_000)
-            if os.environ.get("MAXKERNEL_DASHBOARD_SHOTS"):  # the jobs page while the job runs, for the docs
+            if os.environ.get("DASHBOARD_SHOTS"):  # the jobs page while the job runs, for the docs
                 jobs = browser.new_page(viewport={"width": WIDE, "height": 900})
                 jobs.goto(f"{base}/")
                 _shoot(jobs, "jobs-running")

@@ -89,6 +89,20 @@ def test_a_sessions_page_has_its_chart_points_best_kernel_and_reference(filled) 
     assert dash.handle("GET", f"/ui/searches/{session}").status == 404  # type: ignore[union-attr]  # not a search
 
 
+def test_a_job_whose_session_has_no_record_yet_still_has_its_page(filled) -> None:  # type: ignore[no-untyped-def]
+    from maxkernel.messages import new_id
+
+    _, dash, _, _ = filled
+    dash.queue.submit(JobSpec(task=TASK))
+    job = Claimer(dash.queue).claim()
+    assert job is not None
+    dash.queue.started(job.id, new_id())  # the daemon names the session before the session writes its first record
+    html = _get(dash, f"/ui/jobs/{job.id[:8]}")
+    assert "running" in re.search(r'<span id="status"[^>]*>(.*?)</span>\s*<span>', html, re.S).group(1)  # type: ignore[union-attr]
+    assert 'data-poll="2000"' in html  # and it keeps watching
+    assert f'data-job="{job.id}"' in _get(dash, "/")  # and the jobs page lists it meanwhile
+
+
 def test_memory_is_searched_by_task_strategy_code_and_note_text(filled) -> None:  # type: ignore[no-untyped-def]
     _, dash, _, _ = filled
     everything = _get(dash, "/ui/memory")
