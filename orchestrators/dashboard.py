@@ -6,7 +6,7 @@ the regions marked ``data-live`` (``static/dashboard.js``), so progress, speedup
 update in place while a job or search runs.
 
 Pages: ``/`` (jobs with live progress and their speedup, and the submit form), ``/ui/jobs/<id>``,
-``/ui/sessions`` and ``/ui/sessions/<id>``, ``/ui/searches`` and ``/ui/searches/<id>`` (a job's, session's or
+``/ui/jobs/<id>/cancel`` (POST), ``/ui/sessions`` and ``/ui/sessions/<id>``, ``/ui/searches`` and ``/ui/searches/<id>`` (a job's, session's or
 search's chart, graph and best kernel beside the reference), ``/ui/memory`` (kernels and notes, searchable)
 and ``/ui/memory/kernels/<id>``, ``/ui/fleet`` (the fleet's processes) and ``/ui/report/<id>`` (the HTML
 report). ``/ui/login`` takes the token into a cookie when the daemon is bound beyond loopback
@@ -31,7 +31,7 @@ from jaxbench.report import format_speedup
 from memory import Store
 from memory.errors import RecordNotFoundError
 from orchestrators import dashboard_data as data
-from orchestrators.jobs import BadJob, JobInfo, JobQueue, JobSpec, UnknownJob, check_spec
+from orchestrators.jobs import BadJob, JobInfo, JobNotActive, JobQueue, JobSpec, UnknownJob, check_spec
 from orchestrators.report import UnknownSubject, render
 
 POLL_MS = 2000
@@ -42,6 +42,7 @@ _SUBJECT = re.compile(rf"^/ui/(jobs|sessions|searches)/{_ID}$")
 _REPORT = re.compile(rf"^/ui/report/{_ID}$")
 _GRAPH = re.compile(rf"^/ui/graph/{_ID}\.png$")
 _KERNEL = re.compile(rf"^/ui/memory/kernels/{_ID}$")
+_CANCEL = re.compile(rf"^/ui/jobs/{_ID}/cancel$")
 _FORM_DEFAULTS = {"task": "", "target": "cpu", "budget": "120", "evals": "20", "priority": "0"}
 
 _env = jinja2.Environment(loader=jinja2.PackageLoader("orchestrators", "templates/dashboard"), autoescape=True)
@@ -77,6 +78,8 @@ class Dashboard:
                 return self._get(url.path, query)
             if method == "POST" and url.path == "/ui/jobs":
                 return self._submit(body)
+            if method == "POST" and (match := _CANCEL.match(url.path)):
+                return self._cancel(match.group(1))
         except (UnknownJob, UnknownSubject, LookupError, RecordNotFoundError) as exc:
             return self._page("not found", "notfound.html", 404, error=str(exc).strip("'\""))
         return None
@@ -115,7 +118,7 @@ class Dashboard:
     def _jobs(self, status: int = 200, error: str | None = None, form: dict[str, str] | None = None) -> Page:
         rows = data.job_views(self.store, self.queue.list(None)[:LIST_LIMIT])
         counts = self.queue.counts()
-        order = ("running", "queued", "done", "failed", "cancelled")
+        order = ("running", "cancelling", "queued", "done", "failed", "cancelled")
         shown = sorted(counts.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
         return self._page("jobs", "jobs.html", status, rows=rows, counts=shown, error=error,
                           form=_FORM_DEFAULTS | (form or {}), poll=self._poll(r.live for r in rows))
@@ -186,6 +189,18 @@ class Dashboard:
         except BadJob as exc:
             return self._jobs(400, str(exc).splitlines()[0], form)
         job = self.queue.submit(spec)
+        return Page(303, b"", location=f"/ui/jobs/{job.id}")
+
+    def _cancel(self, job_id: str) -> Page:
+        """Cancel a queued job, or ask the daemon to stop a running one; back to the job's page either way
+        (saying why when it had already ended)."""
+        try:
+            job = self.queue.cancel(job_id)
+        except JobNotActive as exc:
+            job = self.queue.get(job_id)
+            view = data.subject_view(self.store, job.id, job)
+            return self._page(f"{view.title} {view.id[:12]}", "subject.html", 409, v=view, points=view.points(),
+                              section="jobs", error=str(exc))
         return Page(303, b"", location=f"/ui/jobs/{job.id}")
 
     # -- rendering --------------------------------------------------------------------------------

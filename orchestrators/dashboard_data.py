@@ -27,7 +27,7 @@ from orchestrators.report import ReportData, UnknownSubject, gather, judged_sour
 from orchestrators.report_data import Contribution, contributions, highest_low, sessions_nodes
 from orchestrators.tables import ensure, searches
 
-LIVE_JOB = ("queued", "running")
+LIVE_JOB = ("queued", "running", "cancelling")
 
 
 def evaluation_counts(store: Store, session_ids: list[str]) -> dict[str, int]:

@@ -1,5 +1,5 @@
 """The daemon's dashboard in a real headless browser (Playwright driving Debian's chromium) on a real daemon
-and store: submit a job from the page and watch its chart, progress and status change in place until it is
+(started by ``maxkernel daemon start``, which says where its dashboard is) and store: submit a job from the page and watch its chart, progress and status change in place until it is
 done; watch a search started from the shell appear on the searches page and end there; open the session,
 the search, memory and its search; no page scrolls sideways in a 1400-px window.
 
@@ -55,13 +55,17 @@ def _shoot(page, name: str) -> None:  # type: ignore[no-untyped-def]
 def test_live_jobs_sessions_searches_and_memory_in_a_browser(fast_env: dict[str, str]) -> None:
     from playwright.sync_api import sync_playwright
 
-    from orchestrators.daemon import spawn, stop
+    from orchestrators.daemon import stop
 
     settings = load_settings()
-    state = spawn(settings, concurrency=1)
-    base = f"http://127.0.0.1:{state.port}"
+    started = subprocess.run([sys.executable, "-m", "maxkernel.cli", "daemon", "start", "--concurrency", "1"], cwd=ROOT,
+                             env=os.environ.copy(), capture_output=True, text=True, timeout=300)
     search = None
     try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        said = re.search(r"dashboard and API at (http://127\.0\.0\.1:\d+)/$", started.stdout.strip())
+        assert said is not None, started.stdout  # `daemon start` says where the dashboard is
+        base = said.group(1)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": WIDE, "height": 900})

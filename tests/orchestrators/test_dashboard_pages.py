@@ -131,6 +131,19 @@ def test_the_form_refuses_what_the_api_refuses_and_queues_nothing(filled) -> Non
     assert page is not None and page.status == 303 and page.location and page.location.startswith("/ui/jobs/")
 
 
+def test_a_job_is_cancelled_from_its_page_and_an_ended_one_is_left_as_it_was(filled) -> None:  # type: ignore[no-untyped-def]
+    _, dash, _, done_id = filled
+    job = dash.queue.submit(JobSpec(task=TASK))
+    assert 'id="cancel"' in _get(dash, f"/ui/jobs/{job.id}")
+    page = dash.handle("POST", f"/ui/jobs/{job.id[:10]}/cancel")
+    assert page is not None and page.status == 303 and page.location == f"/ui/jobs/{job.id}"
+    assert dash.queue.get(job.id).status == "cancelled"
+    assert 'id="cancel"' not in _get(dash, f"/ui/jobs/{job.id}")
+    page = dash.handle("POST", f"/ui/jobs/{done_id}/cancel")
+    assert page is not None and page.status == 409 and "already done" in page.body.decode()
+    assert dash.queue.get(done_id).status == "done"
+
+
 def test_the_static_folder_serves_the_vendored_libraries_and_nothing_outside_it(filled) -> None:  # type: ignore[no-untyped-def]
     _, dash, _, _ = filled
     for path, kind in (("vendor/bootstrap/bootstrap.min.css", "text/css"), ("vendor/chartjs/chart.umd.min.js", "javascript"),
