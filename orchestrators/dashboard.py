@@ -43,6 +43,7 @@ _REPORT = re.compile(rf"^/ui/report/{_ID}$")
 _GRAPH = re.compile(rf"^/ui/graph/{_ID}\.png$")
 _KERNEL = re.compile(rf"^/ui/memory/kernels/{_ID}$")
 _CANCEL = re.compile(rf"^/ui/jobs/{_ID}/cancel$")
+_SECTION = {"job": "jobs", "session": "sessions", "search": "searches"}  # a subject's kind -> its list page
 _FORM_DEFAULTS = {"task": "", "target": "cpu", "budget": "120", "evals": "20", "priority": "0"}
 
 _env = jinja2.Environment(loader=jinja2.PackageLoader("orchestrators", "templates/dashboard"), autoescape=True)
@@ -133,11 +134,9 @@ class Dashboard:
 
             subject = resolve_id(self.store, subject, ("search",) if kind == "searches" else ("session",))[1]
         view = data.subject_view(self.store, subject, job)
-        if kind != "jobs" and view.kind != kind.removesuffix("es").removesuffix("s"):
+        if _SECTION[view.kind] != kind:
             raise LookupError(f"{subject} is a {view.kind}, not one of the {kind}")
-        title = f"{view.title} {view.id[:12]}"
-        section = {"job": "jobs", "session": "sessions", "search": "searches"}[view.kind]
-        return self._page(title, "subject.html", v=view, points=view.points(), section=section,
+        return self._page(f"{view.title} {view.id[:12]}", "subject.html", v=view, points=view.points(), section=kind,
                           poll=POLL_MS if view.live else None)
 
     def _graph(self, subject: str) -> Page:

@@ -20,7 +20,7 @@ from jaxbench.report import format_speedup
 from jaxbench.task import TaskError, load_task
 from memory import Store
 from memory.errors import RecordNotFoundError
-from memory.schema import EventRow
+from memory.schema import EventRow, KernelRow
 from orchestrators.graph import EVALUATION_TYPES, Node, load_graph
 from orchestrators.jobs import JobInfo
 from orchestrators.report import ReportData, UnknownSubject, gather, judged_source
@@ -161,13 +161,12 @@ def search_views(store: Store, limit: int = 100) -> list[SearchView]:
     """The newest searches with their best node (by confirmed lower end, as the search itself names it)."""
     ensure(store.engine)
     with store.engine.connect() as conn:
-        ids = [r.id for r in conn.execute(sa.select(searches.c.id).order_by(searches.c.created_at.desc()).limit(limit))]
+        rows = conn.execute(sa.select(searches.c.id, searches.c.created_at)
+                            .order_by(searches.c.created_at.desc()).limit(limit)).all()
     out = []
-    for search_id in ids:
+    for search_id, created in rows:
         graph = load_graph(store, search_id)
         best = graph.best()
-        with store.engine.connect() as conn:
-            created = conn.execute(sa.select(searches.c.created_at).where(searches.c.id == search_id)).scalar_one()
         out.append(SearchView(id=search_id, task_id=graph.task_id, algorithm=graph.algorithm, status=graph.status,
                               created_at=created, expansions=len(graph.expansions), evaluations=len(graph.nodes),
                               best=format_speedup(best.speedup, best.interval) if best else "-",
@@ -279,8 +278,6 @@ def memory_view(store: Store, query: str = "", target: str = "", page: int = 0, 
     more = len(found) > limit or len(all_notes) > limit
     notes = [n for n in all_notes[:limit] if not target or n.target in (None, target)]
     with store.read("listing targets") as s:
-        from memory.schema import KernelRow
-
         targets = sorted(str(t) for t in s.scalars(sa.select(KernelRow.target).distinct()))
     return MemoryView(query=query, target=target, kernels=kernels, notes=notes, targets=targets, page=page, more=more)
 

@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.skipif(not Path(CHROMIUM).exists(),
               pytest.mark.slow]
 WIDE, NARROW = 1400, 800
 NO_SIDEWAYS = "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+GRAPH_DRAWN = "(document.querySelector('img[alt=graph]') || {}).naturalWidth > 0"  # the picture arrived and decoded
 SPEEDUP = re.compile(r"\d+\.\d\dx")
 
 
@@ -95,7 +96,7 @@ def test_live_jobs_sessions_searches_and_memory_in_a_browser(fast_env: dict[str,
             done = int(re.search(r"(\d+)/4 evaluations", page.text_content("#subject-head") or "").group(1))  # type: ignore[union-attr]
             assert int(page.evaluate("document.getElementById('chart').dataset.points")) == done >= 1
             assert SPEEDUP.search(page.text_content("#speedup") or "")
-            assert page.evaluate("document.querySelector('img[alt=graph]').naturalWidth") > 0
+            page.wait_for_function(GRAPH_DRAWN, timeout=60_000)
             assert "def kernel(" in (page.text_content("#best-code") or "")
             assert page.locator("#best-code .hljs-keyword").count() >= 1  # highlighted
             assert "def reference(" in (page.text_content("#reference-code") or "")
@@ -120,7 +121,7 @@ def test_live_jobs_sessions_searches_and_memory_in_a_browser(fast_env: dict[str,
             _shoot(page, "searches")
             page.click("tr.search a")
             page.wait_for_function("Number(document.getElementById('chart').dataset.points || 0) >= 1")
-            assert page.evaluate("document.querySelector('img[alt=graph]').naturalWidth") > 0
+            page.wait_for_function(GRAPH_DRAWN, timeout=60_000)
             _shoot(page, "search")
 
             page.click("nav a.nav-link:text-is('sessions')")
