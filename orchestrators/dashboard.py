@@ -70,6 +70,9 @@ class Dashboard:
 
             data_path = load_settings().data_path
         self.data_path = data_path
+        # what the list pages read once per session or ended search, not at every poll
+        self._session_best: data.BestCache = {}
+        self._search_rows: dict[str, Any] = {}
 
     def handle(self, method: str, path: str, body: bytes = b"") -> Page | None:
         url = urlsplit(path)
@@ -99,10 +102,10 @@ class Dashboard:
         if match := _GRAPH.match(path):
             return self._graph(match.group(1))
         if path == "/ui/sessions":
-            rows = data.session_views(self.store, LIST_LIMIT)
+            rows = data.session_views(self.store, LIST_LIMIT, self._session_best)
             return self._page("sessions", "sessions.html", rows=rows, poll=self._poll(r.status == "running" for r in rows))
         if path == "/ui/searches":
-            rows = data.search_views(self.store, LIST_LIMIT)
+            rows = data.search_views(self.store, LIST_LIMIT, self._search_rows)
             return self._page("searches", "searches.html", rows=rows, poll=self._poll(r.status == "running" for r in rows))
         if path == "/ui/memory":
             page = int(query["page"]) if query.get("page", "").isdigit() else 0

@@ -128,18 +128,35 @@ class SessionView:
     strategy: str
 
 
-def session_views(store: Store, limit: int = 100) -> list[SessionView]:
+BestCache = dict[str, tuple[Any, Node | None]]  # id -> (what it was read at, its best node)
+
+
+def _best_of_session(store: Store, session_id: str, count: int, cache: BestCache) -> Node | None:
+    """A session's best node, read again only when it judged more evaluations since (a list page polled every
+    few seconds parses each session's events once, not at every poll)."""
+    if count == 0:
+        return None
+    seen = cache.get(session_id)
+    if seen is None or seen[0] != count:
+        seen = cache[session_id] = (count, highest_low(sessions_nodes(store, [session_id])))
+    return seen[1]
+
+
+def session_views(store: Store, limit: int = 100, cache: BestCache | None = None) -> list[SessionView]:
     """The newest sessions with how many evaluations each judged and its best reading."""
+    cache = {} if cache is None else cache
     infos = store.sessions(limit=limit)
     counts = evaluation_counts(store, [i.id for i in infos])
     out = []
     for info in infos:
-        best = highest_low(sessions_nodes(store, [info.id])) if counts.get(info.id) else None
+        best = _best_of_session(store, info.id, counts.get(info.id, 0), cache)
         out.append(SessionView(id=info.id, task_id=info.task_id or "", mode=info.mode, brain=info.brain,
                                target=info.target, status=info.status, created_at=info.created_at,
                                evaluations=counts.get(info.id, 0),
                                best=format_speedup(best.speedup, best.interval) if best else "-",
                                strategy=best.strategy if best else ""))
+    for gone in set(cache) - {i.id for i in infos}:  # only what the page lists is kept
+        cache.pop(gone, None)
     return out
 
 
@@ -157,20 +174,30 @@ class SearchView:
     confirmed: bool
 
 
-def search_views(store: Store, limit: int = 100) -> list[SearchView]:
-    """The newest searches with their best node (by confirmed lower end, as the search itself names it)."""
+def search_views(store: Store, limit: int = 100, cache: dict[str, tuple[Any, SearchView]] | None = None) -> list[SearchView]:
+    """The newest searches with their best node (by confirmed lower end, as the search itself names it); a search
+    that ended is read once (``cache``: id -> (its last update, its row)), one that runs at every call."""
+    cache = {} if cache is None else cache
     ensure(store.engine)
     with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(searches.c.id, searches.c.created_at)
+        rows = conn.execute(sa.select(searches.c.id, searches.c.created_at, searches.c.status, searches.c.updated_at)
                             .order_by(searches.c.created_at.desc()).limit(limit)).all()
     out = []
-    for search_id, created in rows:
+    for search_id, created, status, updated in rows:
+        seen = cache.get(search_id)
+        if seen is not None and status != "running" and seen[0] == (status, updated):
+            out.append(seen[1])
+            continue
         graph = load_graph(store, search_id)
         best = graph.best()
-        out.append(SearchView(id=search_id, task_id=graph.task_id, algorithm=graph.algorithm, status=graph.status,
-                              created_at=created, expansions=len(graph.expansions), evaluations=len(graph.nodes),
-                              best=format_speedup(best.speedup, best.interval) if best else "-",
-                              strategy=best.strategy if best else "", confirmed=bool(best and best.confirmed is not None)))
+        view = SearchView(id=search_id, task_id=graph.task_id, algorithm=graph.algorithm, status=graph.status,
+                          created_at=created, expansions=len(graph.expansions), evaluations=len(graph.nodes),
+                          best=format_speedup(best.speedup, best.interval) if best else "-",
+                          strategy=best.strategy if best else "", confirmed=bool(best and best.confirmed is not None))
+        cache[search_id] = ((status, updated), view)
+        out.append(view)
+    for gone in set(cache) - {r[0] for r in rows}:
+        cache.pop(gone, None)
     return out
 
 

@@ -73,16 +73,28 @@ def test_the_jobs_page_gives_the_speedup_its_own_column_and_the_progress_from_th
 
 
 def test_a_sessions_page_has_its_chart_points_best_kernel_and_reference(filled) -> None:  # type: ignore[no-untyped-def]
-    _, dash, session, _ = filled
+    from maxkernel.messages import EvalReport, KernelDraft, Plan, new_id
+
+    store, dash, session, _ = filled
     listing = _get(dash, "/ui/sessions")
     row = re.search(rf'data-session="{session}">(.*?)</tr>', listing, re.S)
     assert row is not None and "2.50x" in row.group(1) and "template:rowblock" in row.group(1)
+    # a reading judged since the list was shown moves the session's best (nothing stale is kept between polls)
+    plan = Plan(session_id=session, task_id=TASK, target="cpu", strategies=[StrategyRef(name="template:faster")])
+    draft = KernelDraft(session_id=session, task_id=TASK, candidate_id=new_id(), plan=plan, source="# template:faster",
+                        produced_by="coder")
+    judged = JudgeReport(task=TASK, target="cpu", status="ok", correct=True, speedup=4.0, speedup_ci=(3.9, 4.1))
+    store.append_event(EvalReport(session_id=session, task_id=TASK, draft=draft, report=judged), session_id=session,
+                       task_id=TASK)
+    row = re.search(rf'data-session="{session}">(.*?)</tr>', _get(dash, "/ui/sessions"), re.S)
+    assert row is not None and "4.00x (3.90–4.10x)" in row.group(1) and "template:faster" in row.group(1)
     page = _get(dash, f"/ui/sessions/{session}")
     points = json.loads(re.search(r'<script type="application/json" id="chart-data" data-live>(.*?)</script>',
                                   page, re.S).group(1))  # type: ignore[union-attr]
-    assert [(p["n"], p["passed"], p["speedup"]) for p in points] == [(1, True, 2.5), (2, False, None)]
+    assert [(p["n"], p["passed"], p["speedup"]) for p in points] == [(1, True, 2.5), (2, False, None), (3, True, 4.0)]
     assert points[1]["best_low"] == points[0]["best_low"]  # a rejected candidate never moves the best
-    assert "# template:rowblock" in re.search(r'id="best-code">(.*?)</code>', page, re.S).group(1)  # type: ignore[union-attr]
+    assert points[2]["best_low"] == 3.9  # the best lower end so far
+    assert "# template:faster" in re.search(r'id="best-code">(.*?)</code>', page, re.S).group(1)  # type: ignore[union-attr]
     assert "def reference(" in re.search(r'id="reference-code">(.*?)</code>', page, re.S).group(1)  # type: ignore[union-attr]
     graph = dash.handle("GET", f"/ui/graph/{session}.png")
     assert graph is not None and graph.content_type == "image/png" and graph.body.startswith(b"\x89PNG")
