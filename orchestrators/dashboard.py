@@ -5,12 +5,12 @@ nothing from anywhere but the daemon. Pages of live work fetch themselves again 
 the regions marked ``data-live`` (``static/dashboard.js``), so progress, speedups, the chart and the graph
 update in place while a job or search runs.
 
-Pages: ``/`` (jobs with live progress and their speedup, and the submit form), ``/ui/jobs/<id>``,
-``/ui/jobs/<id>/cancel`` (POST), ``/ui/sessions`` and ``/ui/sessions/<id>``, ``/ui/searches`` and ``/ui/searches/<id>`` (a job's, session's or
-search's chart, graph and best kernel beside the reference), ``/ui/memory`` (kernels and notes, searchable)
-and ``/ui/memory/kernels/<id>``, ``/ui/fleet`` (the fleet's processes) and ``/ui/report/<id>`` (the HTML
-report). ``/ui/login`` takes the token into a cookie when the daemon is bound beyond loopback
-(``orchestrators.httpapi``).
+Pages: ``/`` (jobs with live progress and their speedup, and the submit form), ``/ui/jobs/<id>`` (and
+``/ui/jobs/<id>/cancel``, a POST), ``/ui/sessions`` and ``/ui/sessions/<id>``, ``/ui/searches`` and
+``/ui/searches/<id>`` (a job's, session's or search's chart, graph and best kernel beside the reference),
+``/ui/memory`` (kernels and notes, searchable) and ``/ui/memory/kernels/<id>``, ``/ui/fleet`` (the fleet's
+processes) and ``/ui/report/<id>`` (the HTML report). ``/ui/login`` takes the token into a cookie when the
+daemon is bound beyond loopback (``orchestrators.httpapi``).
 """
 
 from __future__ import annotations

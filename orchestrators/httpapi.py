@@ -5,9 +5,9 @@ goes straight to the job table in the store, which is the queue the daemon works
 loopback it refuses to start without the settings' token, and then answers 401 to every request (the
 dashboard's pages, their scripts and styles included) that does not carry the token: in an
 ``Authorization: Bearer <token>`` header, or in the cookie a browser is given by ``/ui/login`` once it typed
-the token there (a digest of the token; ``SameSite=Strict`` and ``HttpOnly``: no other site's page can send it, no script can read
-it). ``/ui/login`` is the one path open without the token; a browser asking for a page without it is shown
-that form (still with status 401).
+the token there (a digest of the token; ``SameSite=Strict``: no other site's page can send it; ``HttpOnly``:
+no script can read it). ``/ui/login`` is the one path open without the token; a browser asking for a page
+without it is shown that form (still with status 401).
 """
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]],
             self.wfile.write(data)
 
         def _login(self, method: str) -> bool:
-            """``/ui/login``: the token form, and on the right token a cookie that carries it; True when it
-            was that path."""
+            """``/ui/login``: the token form, and on the right token a cookie that carries its digest; True
+            when it was that path."""
             if pages is None or self.path.split("?")[0] != LOGIN:
                 return False
             from urllib.parse import parse_qs

@@ -1,7 +1,8 @@
 """The daemon's dashboard in a real headless browser (Playwright driving Debian's chromium) on a real daemon
-(started by ``maxkernel daemon start``, which says where its dashboard is) and store: submit a job from the page and watch its chart, progress and status change in place until it is
-done; watch a search started from the shell appear on the searches page and end there; open the session,
-the search, memory and its search; no page scrolls sideways in a 1400-px window.
+(started by ``maxkernel daemon start``, which says where its dashboard is) and store: submit a job from the
+page and watch its chart, progress and status change in place until it is done; watch a search started from
+the shell appear on the searches page and end there; open the session, the search, memory and its search; no
+page scrolls sideways in a 1400-px window.
 
 With ``DASHBOARD_SHOTS=<folder>`` set it also saves each page at 1400 and 800 px wide there (the
 docs' pictures: ``docs/_static/dashboard``)."""
