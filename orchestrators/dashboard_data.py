@@ -222,6 +222,7 @@ class SubjectView:
     contributions: list[Contribution] = field(default_factory=list)
     recalled: list[str] = field(default_factory=list)
     job: JobView | None = None
+    seconds: dict[int, float] = field(default_factory=dict)  # an evaluation's seq -> seconds since the work began
 
     @property
     def graph_key(self) -> str:
@@ -234,10 +235,22 @@ class SubjectView:
         for i, n in enumerate(sorted(self.nodes, key=lambda n: n.seq), start=1):
             if n.passed and n.speedup and (running is None or n.low > running):
                 running = n.low
-            out.append({"n": i, "speedup": n.speedup if n.passed else None, "low": n.low if n.passed else None,
+            out.append({"n": i, "t": self.seconds.get(n.seq), "speedup": n.speedup if n.passed else None, "low": n.low if n.passed else None,
                         "high": (n.interval[1] if n.interval else n.speedup) if n.passed else None, "passed": n.passed, "strategy": n.strategy,
                         "status": n.status, "best_low": running})
         return out
+
+
+def seconds_since_start(store: Store, nodes: list[Node]) -> dict[int, float]:
+    """When each evaluation was recorded, in seconds since the first message of its work's sessions."""
+    if not nodes:
+        return {}
+    sessions = sorted({n.session_id for n in nodes})
+    with store.read("reading when evaluations were judged") as s:
+        start = s.scalar(sa.select(sa.func.min(EventRow.created_at)).where(EventRow.session_id.in_(sessions)))
+        when = dict(s.execute(sa.select(EventRow.seq, EventRow.created_at)
+                              .where(EventRow.seq.in_([n.seq for n in nodes]))).all())
+    return {seq: (at - start).total_seconds() for seq, at in when.items()} if start is not None else {}
 
 
 def reference_source(task_id: str) -> str:
@@ -269,7 +282,8 @@ def subject_view(store: Store, subject: str, job: JobInfo | None = None) -> Subj
     view = SubjectView(kind=data.kind, id=data.id, task_id=data.task_id, title=data.title, status=status, live=live,
                        facts=data.facts, nodes=data.nodes, best_why=data.best_why, recalled=data.recalled,
                        contributions=contributions(data.nodes), reference_code=reference_source(data.task_id),
-                       job=job_view(store, job) if job is not None else None)
+                       job=job_view(store, job) if job is not None else None,
+                       seconds=seconds_since_start(store, data.nodes))
     view.best = next((n for n in data.nodes if n.candidate_id == data.best_id), None)
     if view.best is not None:
         best = view.best

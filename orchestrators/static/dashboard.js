@@ -17,19 +17,41 @@ function chartData() {
   return el ? JSON.parse(el.textContent || "[]") : null;
 }
 
+// Along the x axis: the evaluation's number ("n") or the seconds since the work began ("t").
+function along() {
+  const choice = document.getElementById("chart-x");
+  return choice ? choice.value : "t";
+}
+
 function datasets(points) {
+  const x = along();
   const ok = points.filter((p) => p.passed);
   const bad = points.filter((p) => !p.passed);
   return [
-    { type: "line", label: "best so far (lower end)", data: points.map((p) => ({ x: p.n, y: p.best_low })),
+    { type: "line", label: "best so far (lower end)", data: points.map((p) => ({ x: p[x], y: p.best_low })),
       borderColor: "#1d3557", backgroundColor: "#1d3557", stepped: "before", pointRadius: 0, spanGaps: false },
-    { type: "scatter", label: "correct candidate", data: ok.map((p) => ({ x: p.n, y: p.speedup, low: p.low, high: p.high, s: p.strategy })),
+    { type: "scatter", label: "correct candidate",
+      data: ok.map((p) => ({ x: p[x], y: p.speedup, low: p.low, high: p.high, s: p.strategy, n: p.n, t: p.t })),
       backgroundColor: "#2a9d4b", pointRadius: 4 },
-    { type: "bar", label: "95% interval", data: ok.map((p) => ({ x: p.n, y: [p.low, p.high] })),
+    { type: "bar", label: "95% interval", data: ok.map((p) => ({ x: p[x], y: [p.low, p.high] })),
       backgroundColor: "rgba(42,157,75,.25)", barThickness: 6, grouped: false },
-    { type: "scatter", label: "rejected", data: bad.map((p) => ({ x: p.n, y: 0, s: p.strategy, st: p.status })),
+    { type: "scatter", label: "rejected", data: bad.map((p) => ({ x: p[x], y: 0, s: p.strategy, st: p.status, n: p.n, t: p.t })),
       backgroundColor: "#d1495b", pointStyle: "crossRot", pointRadius: 6, borderColor: "#d1495b" },
   ];
+}
+
+function xScale(points) {
+  if (along() === "t") {
+    return { type: "linear", title: { display: true, text: "seconds since the work began" }, min: 0, max: undefined,
+             ticks: { stepSize: undefined, callback: (v) => v } };
+  }
+  // one evaluation per step, with a step of room on either side
+  return { type: "linear", title: { display: true, text: "evaluation" }, min: 0, max: points.length + 1,
+           ticks: { stepSize: 1, callback: (v) => (Number.isInteger(v) && v > 0 ? v : "") } };
+}
+
+function when(r) {
+  return r.t == null ? `#${r.n}` : `#${r.n} at ${r.t.toFixed(0)} s`;
 }
 
 function drawChart() {
@@ -39,8 +61,9 @@ function drawChart() {
   const empty = document.getElementById("chart-empty");
   if (empty) empty.hidden = points.length > 0;
   if (chart) {
-    chart.data.datasets.forEach((ds, i) => { ds.data = datasets(points)[i].data; });
-    chart.options.scales.x.max = points.length + 1;
+    const fresh = datasets(points);
+    chart.data.datasets.forEach((ds, i) => { ds.data = fresh[i].data; });
+    chart.options.scales.x = xScale(points);
     chart.update("none");
     canvas.dataset.points = String(points.length);
     return;
@@ -50,17 +73,17 @@ function drawChart() {
     options: {
       animation: false, maintainAspectRatio: false, parsing: true,
       scales: {
-        // one evaluation per step, with a step of room on either side
-        x: { type: "linear", title: { display: true, text: "evaluation" }, min: 0, max: points.length + 1,
-             ticks: { stepSize: 1, callback: (v) => (Number.isInteger(v) && v > 0 ? v : "") } },
+        x: xScale(points),
         y: { title: { display: true, text: "speedup over the reference" }, beginAtZero: true },
       },
       plugins: {
         legend: { labels: { boxWidth: 12, font: { size: 11 } } },
         tooltip: { callbacks: { label: (c) => {
           const r = c.raw;
-          if (c.dataset.label === "rejected") return `${r.s}: ${r.st}`;
-          if (c.dataset.label === "correct candidate") return `${r.s}: ${r.y.toFixed(2)}x (${r.low.toFixed(2)}–${r.high.toFixed(2)}x)`;
+          if (c.dataset.label === "rejected") return `${when(r)} ${r.s}: ${r.st}`;
+          if (c.dataset.label === "correct candidate") {
+            return `${when(r)} ${r.s}: ${r.y.toFixed(2)}x (${r.low.toFixed(2)}–${r.high.toFixed(2)}x)`;
+          }
           if (Array.isArray(r.y)) return `interval ${r.y[0].toFixed(2)}–${r.y[1].toFixed(2)}x`;
           return `best so far ${r.y == null ? "-" : r.y.toFixed(2) + "x"}`;
         } } },
@@ -106,6 +129,8 @@ async function refresh() {
 document.addEventListener("DOMContentLoaded", () => {
   highlight(document);
   drawChart();
+  const choice = document.getElementById("chart-x");
+  if (choice) choice.addEventListener("change", drawChart);
   const poll = Number(document.body.dataset.poll || 0);
   if (poll) window.setTimeout(refresh, poll);
 });

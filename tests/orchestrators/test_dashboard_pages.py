@@ -94,6 +94,8 @@ def test_a_sessions_page_has_its_chart_points_best_kernel_and_reference(filled) 
     assert [(p["n"], p["passed"], p["speedup"]) for p in points] == [(1, True, 2.5), (2, False, None), (3, True, 4.0)]
     assert points[1]["best_low"] == points[0]["best_low"]  # a rejected candidate never moves the best
     assert points[2]["best_low"] == 3.9  # the best lower end so far
+    seconds = [p["t"] for p in points]  # when each was recorded, from the session's first message (its plan)
+    assert all(t is not None and t >= 0 for t in seconds) and seconds == sorted(seconds)
     assert "# template:faster" in re.search(r'id="best-code">(.*?)</code>', page, re.S).group(1)  # type: ignore[union-attr]
     assert "def reference(" in re.search(r'id="reference-code">(.*?)</code>', page, re.S).group(1)  # type: ignore[union-attr]
     graph = dash.handle("GET", f"/ui/graph/{session}.png")
