@@ -109,6 +109,12 @@ def _kernel_records(rows: Sequence[Any]) -> list[KernelRecord]:
     return out
 
 
+def _contains(text: str, *columns: Any) -> Any:
+    """Any of ``columns`` contains ``text``, whatever the case (``%`` and ``_`` in it taken literally)."""
+    pattern = "%" + text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    return sa.or_(*(sa.func.lower(c).like(pattern, escape="\\") for c in columns))
+
+
 def _after(last: tuple[Any, str]) -> Any:
     """The keyset bound of the previous page: (created_at, id), typed like the columns."""
     return sa.tuple_(sa.literal(last[0], UTCDateTime()), sa.literal(last[1], sa.String()))
@@ -658,14 +664,17 @@ class Store:
         target: str | None = None,
         limit: int | None = 50,
         offset: int = 0,
+        text: str | None = None,
     ) -> list[KernelRecord]:
-        """Newest first."""
+        """Newest first; ``text``: only kernels whose task, strategy or code contains it (any case)."""
         with self.read() as s:
             query = _KERNEL_JOIN.order_by(KernelRow.created_at.desc(), KernelRow.id).offset(offset)
             if task_id:
                 query = query.where(KernelRow.task_id == task_id)
             if target:
                 query = query.where(KernelRow.target == target)
+            if text:
+                query = query.where(_contains(text, KernelRow.task_id, KernelRow.strategy, CandidateRow.code))
             if limit is not None:
                 query = query.limit(limit)
             return _kernel_records(s.execute(query).all())
@@ -678,13 +687,15 @@ class Store:
             return {r.id: NoteRecord.model_validate(r) for r in rows}
 
     def list_notes(
-        self, *, task_id: str | None = None, limit: int | None = 50, offset: int = 0
+        self, *, task_id: str | None = None, limit: int | None = 50, offset: int = 0, text: str | None = None
     ) -> list[NoteRecord]:
-        """Newest first."""
+        """Newest first; ``text``: only notes whose text, task or pattern contains it (any case)."""
         with self.read() as s:
             query = sa.select(NoteRow).order_by(NoteRow.created_at.desc(), NoteRow.id).offset(offset)
             if task_id:
                 query = query.where(NoteRow.task_id == task_id)
+            if text:
+                query = query.where(_contains(text, NoteRow.text, NoteRow.task_id, NoteRow.pattern))
             if limit is not None:
                 query = query.limit(limit)
             return [NoteRecord.model_validate(r) for r in s.scalars(query)]

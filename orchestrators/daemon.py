@@ -293,7 +293,8 @@ class Daemon:
             await self._take_over_dead()
         from orchestrators.dashboard import Dashboard
 
-        api = ApiServer(self.queue, self.status, self.port, pages=Dashboard(self.queue, services.store),
+        api = ApiServer(self.queue, self.status, self.port,
+                        pages=Dashboard(self.queue, services.store, self.settings.data_path),
                         host=self.bind, token=self.settings.token)
         if self.link is not None:
             try:

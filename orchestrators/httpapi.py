@@ -3,14 +3,20 @@
 Standard library only (``ThreadingHTTPServer`` in a thread beside the daemon's event loop): every request
 goes straight to the job table in the store, which is the queue the daemon works from. Bound beyond
 loopback it refuses to start without the settings' token, and then answers 401 to every request (the
-dashboard's pages included) that does not carry ``Authorization: Bearer <token>``.
+dashboard's pages, their scripts and styles included) that does not carry the token: in an
+``Authorization: Bearer <token>`` header, or in the cookie a browser is given by ``/ui/login`` once it typed
+the token there (a digest of the token; ``SameSite=Strict``: no other site's page can send it; ``HttpOnly``:
+no script can read it). ``/ui/login`` is the one path open without the token; a browser asking for a page
+without it is shown that form (still with status 401).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
+from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
@@ -24,6 +30,8 @@ log = structlog.get_logger("orchestrators.http")
 
 _JOB = re.compile(r"^/jobs/([^/?]{1,64})(/result|/cancel)?$")
 BEARER = "Bearer "
+COOKIE = "maxkernel_token"
+LOGIN = "/ui/login"
 
 
 class BindRefused(ValueError):
@@ -33,6 +41,26 @@ class BindRefused(ValueError):
 def bearer(header: str | None) -> str:
     """The token of an ``Authorization: Bearer <token>`` header, or ''."""
     return header[len(BEARER):].strip() if header and header.startswith(BEARER) else ""
+
+
+def cookie_token(header: str | None) -> str:
+    """The token of the dashboard's cookie in a ``Cookie`` header, or ''."""
+    cookies = SimpleCookie()
+    try:
+        cookies.load(header or "")
+    except CookieError:
+        return ""
+    return cookies[COOKIE].value if COOKIE in cookies else ""
+
+
+def cookie_value(token: str) -> str:
+    """What the dashboard's cookie holds for ``token``: a digest of it (cookie-safe, and never the token)."""
+    return hashlib.sha256(f"maxkernel-dashboard:{token}".encode()).hexdigest()
+
+
+def safe_next(path: str) -> str:
+    """Where to go after the login: a path of this server only (never another site)."""
+    return path if path.startswith("/") and not path.startswith("//") and "\\" not in path else "/"
 
 
 def auth_headers(token: str) -> dict[str, str]:
@@ -47,18 +75,56 @@ def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]],
     class Handler(BaseHTTPRequestHandler):
         server_version = "maxkernel-daemon"
 
+        def _admitted(self) -> bool:
+            return (not token or matches(bearer(self.headers.get("Authorization")), token)
+                    or matches(cookie_token(self.headers.get("Cookie")), cookie_value(token)))
+
         def _refused(self) -> bool:
-            """Answer 401 to a request without the token; True when it was refused."""
-            if not token or matches(bearer(self.headers.get("Authorization")), token):
+            """Answer 401 to a request without the token (a browser's page request: with the token form);
+            True when it was refused."""
+            if self._admitted():
                 return False
             log.warning("http.refused", path=self.path.split("?")[0], client=self.client_address[0])
+            if pages is not None and "text/html" in (self.headers.get("Accept") or ""):
+                from orchestrators.dashboard import login_page
+
+                self._send(401, login_page(safe_next(self.path)), "text/html; charset=utf-8",
+                           {"WWW-Authenticate": "Bearer"})
+                return True
             data = json.dumps({"error": "a valid token is required (Authorization: Bearer <token>)"}).encode()
-            self.send_response(401)
-            self.send_header("WWW-Authenticate", "Bearer")
-            self.send_header("Content-Type", "application/json")
+            self._send(401, data, "application/json", {"WWW-Authenticate": "Bearer"})
+            return True
+
+        def _send(self, code: int, data: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+            self.send_response(code)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _login(self, method: str) -> bool:
+            """``/ui/login``: the token form, and on the right token a cookie that carries its digest; True
+            when it was that path."""
+            if pages is None or self.path.split("?")[0] != LOGIN:
+                return False
+            from urllib.parse import parse_qs
+
+            from orchestrators.dashboard import login_page
+
+            if method == "GET":
+                self._send(200, login_page("/"), "text/html; charset=utf-8")
+                return True
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            form = {k: v[0] for k, v in parse_qs(body.decode(errors="replace")).items() if v}
+            target = safe_next(form.get("next", "/"))
+            if not token or not matches(form.get("token", ""), token):
+                log.warning("http.login_refused", client=self.client_address[0])
+                self._send(401, login_page(target, "That is not the daemon's token."), "text/html; charset=utf-8")
+                return True
+            cookie = f"{COOKIE}={cookie_value(token)}; Path=/; HttpOnly; SameSite=Strict"
+            self._send(303, b"", "text/plain", {"Location": target, "Set-Cookie": cookie})
             return True
 
         def log_message(self, fmt: str, *args: Any) -> None:
@@ -84,17 +150,14 @@ def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]],
             page = pages.handle(method, self.path, body)
             if page is None:
                 return False
-            self.send_response(page.status)
+            headers = dict(page.headers or {})
             if page.location:
-                self.send_header("Location", page.location)
-            self.send_header("Content-Type", page.content_type)
-            self.send_header("Content-Length", str(len(page.body)))
-            self.end_headers()
-            self.wfile.write(page.body)
+                headers["Location"] = page.location
+            self._send(page.status, page.body, page.content_type, headers)
             return True
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            if self._refused() or self._page("GET"):
+            if self._login("GET") or self._refused() or self._page("GET"):
                 return
             try:
                 if self.path == "/status":
@@ -115,7 +178,7 @@ def make_handler(queue: JobQueue, status: Callable[[], dict[str, Any]],
                 self._reply(404, {"error": str(exc)})
 
         def do_POST(self) -> None:  # noqa: N802
-            if self._refused() or self._page("POST"):
+            if self._login("POST") or self._refused() or self._page("POST"):
                 return
             try:
                 if self.path == "/jobs":

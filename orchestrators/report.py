@@ -112,6 +112,12 @@ def recalled(events: list[Any]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def judged_source(store: Store, node: Node) -> tuple[str, EvalReport]:
+    """The source a node's evaluation judged and the judge's report, read from that evaluation's event."""
+    event = store.events(after=node.seq - 1, limit=1)[0]
+    return event.payload["draft"]["source"], EvalReport.model_validate(event.payload["report"])
+
+
 # -- pictures --------------------------------------------------------------------------------------
 
 
@@ -196,9 +202,7 @@ def render(store: Store, subject: str) -> str:
     if best is None:
         parts.append("<h2>Best kernel</h2><p>No correct candidate.</p>")
     else:
-        event = store.events(after=best.seq - 1, limit=1)[0]  # the evaluation itself: the draft and its report
-        code = event.payload["draft"]["source"]
-        report = EvalReport.model_validate(event.payload["report"])
+        code, report = judged_source(store, best)
         facts = [("why this one", data.best_why), ("candidate", best.candidate_id), ("strategy", best.strategy),
                  ("params", best.params), ("speedup", format_speedup(best.speedup, best.interval)),
                  ("claim", describe(best.speedup, best.interval)),

@@ -58,7 +58,8 @@ def _daemon(action: str, concurrency: int, port: int, foreground: bool) -> None:
             state = daemon.spawn(settings, concurrency=concurrency, port=port)
         except RuntimeError as exc:
             raise UserError(str(exc)) from exc
-        console.print(f"daemon started: pid {state.pid}, API http://127.0.0.1:{state.port}", highlight=False)
+        console.print(f"daemon started: pid {state.pid}; dashboard and API at http://127.0.0.1:{state.port}/",
+                      highlight=False, soft_wrap=True)
     elif action == "stop":
         try:
             pid = daemon.stop(settings)
@@ -74,7 +75,7 @@ def _daemon(action: str, concurrency: int, port: int, foreground: bool) -> None:
         if state is None:
             console.print(f"no daemon running; jobs: {line}", highlight=False)
             raise typer.Exit(1)
-        console.print(f"daemon pid {state.pid}, API http://127.0.0.1:{state.port}, concurrency {state.concurrency}; "
+        console.print(f"daemon pid {state.pid}, dashboard http://127.0.0.1:{state.port}/, concurrency {state.concurrency}; "
                       f"jobs: {line}", highlight=False)
     else:
         raise UserError(f"daemon {action!r}: choose start, stop or status")

@@ -3,6 +3,8 @@ spare tester among them), then all gone."""
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -37,6 +39,14 @@ def test_fleet_up_status_down(tmp_path: Path) -> None:
         assert shown.exit_code == 0 and "daemon-standby" in shown.output and "testers" in shown.output
         for name in ("daemons", "testers"):
             assert len(fleet.serving_workers(next(p for p in state.procs if p.name == name))) == 1
+        # the serving daemon's dashboard lists the fleet's processes, the daemons under their supervisor included
+        port = next(r["port"] for r in rows if r["name"] == "daemon-0")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ui/fleet", timeout=60) as reply:
+            page = reply.read().decode()
+        listed = re.findall(r'<tr class="proc"><td class="font-monospace">([\w-]+)</td><td>(\d+)</td>', page)
+        assert [name for name, _ in listed] == [r["name"] for r in rows]
+        assert {int(pid) for _, pid in listed} == {r["pid"] for r in rows}
+        assert '<a class="nav-link active" href="/ui/fleet">fleet</a>' in page
 
         down = runner.invoke(app, ["fleet", "down", "--dir", str(root)])
         assert down.exit_code == 0 and "stopped 5 processes" in down.output
