@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import asyncio
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from transcripts import SOFTMAX_TASK, softmax_session
 from actor_fixtures import actor_evaluator, data_dir  # noqa: F401 (pytest fixtures)
 
 
+@pytest.mark.slow
 def test_scaled_up_inputs_catch_an_unstable_softmax(tmp_path: Path, data_dir: Path, actor_evaluator: object) -> None:
     config = ActorConfig(brain="llm", model="replay", transcript=softmax_session(tmp_path / "softmax.jsonl"),
                          data_dir=str(data_dir), edge_cases=["negated", "scaled_up"])

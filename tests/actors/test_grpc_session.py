@@ -4,6 +4,7 @@ session as one more worker."""
 
 from __future__ import annotations
 
+import pytest
 import asyncio
 import os
 import signal
@@ -61,6 +62,7 @@ def _wait_recorded(store_url: str, session_id: str, timeout_s: float = 30) -> No
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_session_across_grpc_workers(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()

@@ -23,6 +23,7 @@ def server():
     s.stop()
 
 
+@pytest.mark.slow
 def test_openai_compatible_session_survives_faults(server: ScriptedServer, data_dir: Path,
                                                    actor_evaluator: object) -> None:
     server.replies += [

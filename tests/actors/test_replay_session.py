@@ -41,6 +41,7 @@ def _flow(events: list) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_replay_drives_the_full_loop(tmp_path: Path, data_dir: Path, actor_evaluator: object) -> None:
     transcript = gemm_session(tmp_path / "gemm.jsonl")
     recording = tmp_path / "recorded.jsonl"

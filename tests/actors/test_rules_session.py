@@ -3,6 +3,7 @@ second session that starts from the kernel the librarian remembered."""
 
 from __future__ import annotations
 
+import pytest
 import asyncio
 from pathlib import Path
 
@@ -29,6 +30,7 @@ def _session(config: ActorConfig, evaluator: object) -> tuple:
         services.memory.close()
 
 
+@pytest.mark.slow
 def test_rules_brain_produces_a_correct_kernel(data_dir: Path, actor_evaluator: object) -> None:
     config = ActorConfig(brain="rules", data_dir=str(data_dir))
     result, events = _session(config, actor_evaluator)

@@ -77,6 +77,7 @@ def test_the_suite_has_at_least_twenty_distinct_hacks():
 
 
 @pytest.mark.parametrize("hack", ALL_HACKS, ids=[h.name for h in ALL_HACKS])
+@pytest.mark.slow
 def test_hack_is_caught(strict, impatient, hack):
     evaluator = impatient if hack.expect[0] == "timeout" else strict
     report = evaluator.evaluate(hack.task, hack.source, filename=f"{hack.name}.py")
@@ -90,6 +91,7 @@ SANDBOXED = [h for h in ALL_HACKS if h.expect_unscanned]
 
 
 @pytest.mark.parametrize("hack", SANDBOXED, ids=[h.name for h in SANDBOXED])
+@pytest.mark.slow
 def test_hack_is_caught_by_the_sandbox_alone(unscanned, hack):
     planted = Path("/tmp/maxkernel_planted.txt")
     report = unscanned.evaluate(hack.task, hack.source, filename=f"{hack.name}.py")
@@ -101,12 +103,14 @@ def test_hack_is_caught_by_the_sandbox_alone(unscanned, hack):
     assert os.getpid() > 0  # still here: the judge was not killed
 
 
+@pytest.mark.slow
 def test_honest_example_kernels_are_accepted(strict):
     for task_id, file in (("12p_RMSNorm", "rmsnorm_12p.py"), ("41k_Gemm_Add_ReLU", "gemm_add_relu_41k.py")):
         report = strict.evaluate(task_id, (EXAMPLES / file).read_text())
         assert report.status == "ok" and report.correct, report.reason
 
 
+@pytest.mark.slow
 def test_a_hundred_hostile_candidates_in_a_row_leave_the_pool_working(unscanned):
     """Cycle the sandbox-level hacks (static scan off) until 100 have run, then evaluate an honest one."""
     from jaxbench.evaluate import EvalConfig, Evaluator

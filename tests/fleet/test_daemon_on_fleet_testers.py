@@ -4,6 +4,7 @@ the job finishes with every candidate judged once in the record and nothing judg
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import signal
@@ -56,6 +57,7 @@ def _cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+@pytest.mark.slow
 def test_a_daemon_job_is_judged_by_the_fleet_and_survives_its_tester_being_killed(tmp_path: Path) -> None:
     tester_data, daemon_data = tmp_path / "tester", tmp_path / "daemon"
     tester_data.mkdir()

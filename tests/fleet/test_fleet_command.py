@@ -3,6 +3,7 @@ spare tester among them), then all gone."""
 
 from __future__ import annotations
 
+import pytest
 import re
 import urllib.request
 from pathlib import Path
@@ -13,6 +14,7 @@ from maxkernel.cli import app
 from orchestrators import fleet
 
 
+@pytest.mark.slow
 def test_fleet_up_status_down(tmp_path: Path) -> None:
     runner = CliRunner()
     root = tmp_path / "fleet"

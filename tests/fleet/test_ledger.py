@@ -29,6 +29,7 @@ _OTHER_PROCESS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_budget_is_enforced_across_processes(store_url: str) -> None:
     with Store.open(store_url) as store:
         ledger = Ledger(max_tokens=1000, shared=store, scope="s1")

@@ -107,6 +107,7 @@ def test_the_http_api_beyond_loopback_needs_a_token_and_refuses_requests_without
             api.stop()
 
 
+@pytest.mark.slow
 def test_a_daemon_bound_beyond_loopback_without_a_token_does_not_start(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MAXKERNEL_TOKEN": "", "MAXKERNEL_DATA_DIR": str(tmp_path)}
     run = subprocess.run([sys.executable, "-m", "orchestrators.daemon", "--bind", "0.0.0.0"], env=env, cwd=ROOT,

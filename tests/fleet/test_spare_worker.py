@@ -5,6 +5,7 @@ caller gets one verdict."""
 
 from __future__ import annotations
 
+import pytest
 import asyncio
 import contextlib
 import os
@@ -35,6 +36,7 @@ def kernel(x, weight, *, eps):
 '''
 
 
+@pytest.mark.slow
 def test_a_spare_takes_over_a_killed_testers_evaluation_and_it_is_judged_once(tmp_path: Path) -> None:
     config_file = tmp_path / "tester.json"
     config_file.write_text(ActorConfig(data_dir=str(tmp_path), eval_timing_rounds=2,

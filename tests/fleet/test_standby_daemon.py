@@ -7,6 +7,7 @@ daemon has claimed it and started its session: what is checked is who ran what, 
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import signal
@@ -58,6 +59,7 @@ def _daemon(args: list[str], data_dir: Path, url: str, log: Path) -> subprocess.
                             start_new_session=True)
 
 
+@pytest.mark.slow
 def test_a_standby_daemon_claims_nothing_until_promoted(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
     ids = _submit(url)
@@ -84,6 +86,7 @@ def test_a_standby_daemon_claims_nothing_until_promoted(tmp_path: Path) -> None:
         stop_all(procs)
 
 
+@pytest.mark.slow
 def test_the_supervisor_puts_its_standby_daemon_in_a_dead_daemons_place(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
     Store.open(url).close()

@@ -5,6 +5,7 @@ a daemon has claimed it and started its session: what is checked is who ran what
 
 from __future__ import annotations
 
+import pytest
 import os
 import subprocess
 import sys
@@ -29,6 +30,7 @@ def _daemon(data_dir: Path, store_url: str, log: Path) -> subprocess.Popen[bytes
                             cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
+@pytest.mark.slow
 def test_two_daemons_on_one_postgresql_never_run_the_same_job(pg_url: str, tmp_path: Path) -> None:
     Store.open(pg_url).close()
     procs = [_daemon(tmp_path / f"d{i}", pg_url, tmp_path / f"d{i}.log") for i in range(2)]

@@ -4,6 +4,7 @@ with every candidate judged once in the record."""
 
 from __future__ import annotations
 
+import pytest
 import asyncio
 import os
 import signal
@@ -75,6 +76,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_evaluation_is_replaced_and_the_evaluation_rerun_once(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()

@@ -103,6 +103,7 @@ def test_bad_settings_end_in_one_line(monkeypatch) -> None:
     assert "MAXKERNEL_EVAL_WORKERS='many'" in _fails("stats")
 
 
+@pytest.mark.slow
 def test_runs_as_a_module(filled: dict[str, str]) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "memory", "list", "--kind", "notes"], capture_output=True, text=True, env=dict(os.environ)

@@ -19,6 +19,7 @@ WRITER = Path(__file__).with_name("memory_writer.py")
 EVENTS = 150
 
 
+@pytest.mark.slow
 def test_two_processes_writing_at_once_lose_nothing(store_url: str, tmp_path: Path) -> None:
     go = tmp_path / "go"
     writers = [

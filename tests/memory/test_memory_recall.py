@@ -42,6 +42,7 @@ def _remember_all(memory: Memory, task_dir, make_report, make_code) -> dict[str,
     ],
     ids=["incorrect", "ok-but-wrong", "compile-error", "timeout"],
 )
+@pytest.mark.slow
 def test_only_passed_kernels_can_be_remembered(memory: Memory, task_dir, make_code, report: EvalReport) -> None:
     with pytest.raises(UnverifiedKernelError, match="only kernels that evaluated ok and correct"):
         memory.remember_kernel(report, make_code("x"), task=load_task(task_dir("t_gemm_relu")))

@@ -43,6 +43,7 @@ def memory(settings: Settings):
         yield m
 
 
+@pytest.mark.slow
 def test_a_dead_writers_unrecorded_vector_is_forgotten(settings: Settings, tmp_path: Path) -> None:
     with Memory.open(settings) as memory:  # the store and collections exist before the writer starts
         kept = memory.remember_note("a note whose record committed", outcome="info")

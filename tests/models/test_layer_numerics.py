@@ -3,6 +3,7 @@ TPU numerics, routing never flips between numerics, and a layer with one small b
 
 from __future__ import annotations
 
+import pytest
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +15,7 @@ from maxkernel.evaluation import evaluate_candidate
 SMALLEST = "mixtral_8x7b_moe"
 
 
+@pytest.mark.slow
 def test_tolerance_accepts_the_layer_against_float64_and_was_measured_not_guessed():
     task = load_task(SMALLEST)
     need = layer_need(task, seeds=(11,))  # seeds the tolerance was not set from
@@ -41,6 +43,7 @@ def test_router_choice_is_the_same_in_bf16_and_float64_on_every_input_set():
         assert (low == exact).all()
 
 
+@pytest.mark.slow
 def test_the_layer_is_correct_on_tpu_and_a_wrong_rope_sign_is_not():
     task = load_task("llama31_8b_decoder")
     source = task.reference_path.read_text().replace("def reference(", "def kernel(")

@@ -21,6 +21,7 @@ LAYERS = [t.id for t in list_models()]
 
 
 @pytest.mark.parametrize("layer_id", LAYERS)
+@pytest.mark.slow
 def test_regions_rejoin_to_the_layer(layer_id, tmp_path):
     extraction = extract_task(layer_id, tmp_path, timing=False)
     assert len(extraction.regions) >= 2
@@ -68,6 +69,7 @@ def test_the_check_ladder_shrinks_a_width_with_the_others_at_full():
         "seq_4096", "seq_2048", "seq_1024", "seq_512", "seq_256"]
 
 
+@pytest.mark.slow
 def test_attention_is_one_region_and_region_tasks_are_sound(tmp_path):
     extraction = extract_task("llama31_8b_decoder", tmp_path, target="cpu")
     kinds = [r.kind for r in extraction.regions]

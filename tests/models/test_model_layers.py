@@ -20,6 +20,7 @@ def test_six_layers_ship_apart_from_the_fifty():
 
 
 @pytest.mark.parametrize("layer_id", LAYERS)
+@pytest.mark.slow
 def test_layer_passes_task_check(layer_id):
     check = check_task(load_task(layer_id), timing=False)
     assert check.ok, check.problems

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from pathlib import Path
 
 from jaxbench.task import load_task
@@ -12,6 +13,7 @@ from orchestrators.model_opt import ModelResult, RegionRow, _judge, amdahl, opti
 SMALLEST = "mamba2_block"  # three regions
 
 
+@pytest.mark.slow
 def test_optimize_model_writes_a_correct_layer(tmp_path, monkeypatch):
     monkeypatch.setenv("MAXKERNEL_DATA_DIR", str(tmp_path / "data"))
     result = optimize_model(SMALLEST, out=tmp_path, budget_s=30.0, target="cpu")
@@ -23,6 +25,7 @@ def test_optimize_model_writes_a_correct_layer(tmp_path, monkeypatch):
     assert report.correct, report.reason
 
 
+@pytest.mark.slow
 def test_a_region_kernel_that_breaks_the_layer_is_dropped(tmp_path):
     layer = load_task(SMALLEST)
     extraction = extract_task(layer, tmp_path, timing=False)
@@ -65,6 +68,7 @@ def test_region_budget_shares_what_is_left_among_the_regions_still_to_run():
     assert region_budget(cold, [cold], -5.0, None) == (0.0, None)
 
 
+@pytest.mark.slow
 def test_a_region_without_an_applicable_strategy_gets_no_session(tmp_path):
     """On tpu-v6e the rules planner has nothing but the reference for mixtral's router matmul: it gets no
     session, and its share of the budget goes to the region that has one (routing and experts, tpu_moe)."""

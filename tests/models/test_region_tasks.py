@@ -4,6 +4,7 @@ scalar constants are folded, and every region holds programs for the check ladde
 
 from __future__ import annotations
 
+import pytest
 from functools import partial
 from pathlib import Path
 
@@ -77,6 +78,7 @@ def test_regions_and_the_spliced_layer_trace_at_every_rung_of_the_check_ladder(t
             jax.eval_shape(region.reference, *input_shapes(region, size))  # the region has a program for the rung
 
 
+@pytest.mark.slow
 def test_regions_left_as_reference_run_fulls_code_at_widths_never_traced(tmp_path):
     """A region left as its reference runs the code emitted at ``full``: shapes read from its arguments, and
     extents no argument has (heads, the kv-head group) from the layer's size parameters. So the spliced layer
@@ -92,6 +94,7 @@ def test_regions_left_as_reference_run_fulls_code_at_widths_never_traced(tmp_pat
     _assert_layer_at(layer, extraction, unseen)
 
 
+@pytest.mark.slow
 def test_an_extent_equal_to_another_at_the_traced_sizes_is_written_from_the_one_it_follows(tmp_path):
     """Qwen3 at ``full``: seq = heads * head_dim = 4096 and top_k = heads // kv_heads = 8; at ``cpu``
     seq = hidden = heads * head_dim = 256. Written from the wrong one, full's code would not trace (or would
@@ -140,6 +143,7 @@ def test_a_size_written_otherwise_keeps_a_function_of_its_own():
     assert own == {} and used == [] and "x_dim1 ** 0.5" in shared, shared
 
 
+@pytest.mark.slow
 def test_gemma2_attention_core_reaches_flash_with_its_soft_cap_and_sliding_window(tmp_path, declared_size_evaluator):
     """Gemma 2's core (scores soft-capped by 50 * tanh(s / 50), then a causal window of ``window`` keys)
     is the flash template's: the window is the region's static argument, the cap a named constant, and the

@@ -4,6 +4,7 @@ second strategy with the feedback, re-plan) under the same behaviour."""
 
 from __future__ import annotations
 
+import pytest
 import asyncio
 import json
 from pathlib import Path
@@ -29,6 +30,7 @@ def _auto(config: ActorConfig, evaluator: object, task: str, budget: AutoBudget)
         services.memory.close()
 
 
+@pytest.mark.slow
 def test_rules_auto_iterates_with_feedback_and_starts_from_memory(orch_evaluator: object) -> None:
     config = ActorConfig(brain="rules", remember=False)
     budget = AutoBudget(max_evaluations=12, time_s=400)
@@ -64,6 +66,7 @@ def test_rules_auto_iterates_with_feedback_and_starts_from_memory(orch_evaluator
     assert again.status == "scored" and again.best_report is not None and again.best_report.passed
 
 
+@pytest.mark.slow
 def test_a_stale_iteration_does_not_end_a_run_while_budget_remains(orch_evaluator: object) -> None:
     """No patience by default: every strategy of the plan gets its turn, better or not."""
     config = ActorConfig(brain="rules", remember=False)
@@ -97,6 +100,7 @@ def test_a_stale_iteration_does_not_end_a_run_while_budget_remains(orch_evaluato
     assert tuned == len(trials) and len({drafts[e.candidate_id] for e in trials}) >= 2
 
 
+@pytest.mark.slow
 def test_a_job_run_again_carries_on_from_its_interrupted_run(orch_evaluator: object) -> None:
     config = ActorConfig(brain="rules", remember=False)
     first, _ = _auto(config, orch_evaluator, SCALED, AutoBudget(max_evaluations=4, tune_max_trials=1, time_s=300,
@@ -132,6 +136,7 @@ def test_a_job_run_again_carries_on_from_its_interrupted_run(orch_evaluator: obj
     assert not any(e.payload.get("produced_by") == "auto:baseline" for e in events if e.message_type == "KernelDraft")
 
 
+@pytest.mark.slow
 def test_a_job_run_again_has_only_the_time_its_interrupted_run_left(orch_evaluator: object) -> None:
     """The time budget is the job's: a run carried on after an interruption that had spent all of it works on
     no new strategy (it only concludes), as the uninterrupted job would have ended there."""
@@ -186,6 +191,7 @@ def _transcript(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_llm_auto_through_replay(tmp_path: Path, orch_evaluator: object) -> None:
     recording = tmp_path / "recorded.jsonl"
     config = ActorConfig(brain="llm", model="replay", transcript=_transcript(tmp_path / "auto.jsonl"),

@@ -3,6 +3,7 @@ resume from the event log, and a resume given a larger --evals goes on."""
 
 from __future__ import annotations
 
+import pytest
 import asyncio
 
 from actors.config import ActorConfig
@@ -19,6 +20,7 @@ def _chat(lines: list[str], limits: ChatLimits, resume: str | None = None) -> tu
     return session, "\n".join(said)
 
 
+@pytest.mark.slow
 def test_the_evaluation_budget_holds_across_a_resume_and_a_larger_one_extends_it(fast_env: dict[str, str]) -> None:
     session, out = _chat(["plan", "a", "implement", "a", "test", "test", "show budget", "history", "quit"],
                          ChatLimits(max_evaluations=1))

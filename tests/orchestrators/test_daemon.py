@@ -3,6 +3,7 @@ finishes it, memory feeding a later job, and a graceful SIGTERM stop."""
 
 from __future__ import annotations
 
+import pytest
 import os
 import signal
 import time
@@ -31,6 +32,7 @@ def _job(port: int, job_id: str) -> dict[str, Any]:
     return _http(port, "GET", f"/jobs/{job_id}")[1]
 
 
+@pytest.mark.slow
 def test_daemon_survives_kill_with_a_job_in_flight(fast_env: dict[str, str], tmp_path: Path) -> None:
     from orchestrators.daemon import read_state, spawn, stop
 

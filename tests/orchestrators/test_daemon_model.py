@@ -19,6 +19,7 @@ from test_daemon import _wait
 LAYER = "mamba2_block"  # the smallest layer: three regions
 
 
+@pytest.mark.slow
 def test_submitted_model_layer_runs_optimize_model(fast_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     from maxkernel.cli import app
     from orchestrators.daemon import spawn, stop

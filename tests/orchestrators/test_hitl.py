@@ -3,6 +3,7 @@ profiled, a tuning run rejected, an edit undone, the kernel accepted; then the s
 
 from __future__ import annotations
 
+import pytest
 import re
 import sys
 from pathlib import Path
@@ -40,6 +41,7 @@ def _say(child: pexpect.spawn, line: str, expect: str | list[str] = PROMPT) -> s
     return child.before
 
 
+@pytest.mark.slow
 def test_chat_in_a_terminal(tmp_path: Path, fast_env: dict[str, str]) -> None:
     import os
 
@@ -116,6 +118,7 @@ def test_chat_in_a_terminal(tmp_path: Path, fast_env: dict[str, str]) -> None:
         assert memory.get(kernel_id).session_id == session_id
 
 
+@pytest.mark.slow
 def test_chat_with_the_llm_brain_through_replay(tmp_path: Path, fast_env: dict[str, str]) -> None:
     """Free text reaches the model; a failing kernel is fixed on request; a tuning variant is approved."""
     import asyncio

@@ -3,6 +3,7 @@ evaluations and the same per-strategy speedups, both read from the event log."""
 
 from __future__ import annotations
 
+import pytest
 import asyncio
 
 from actors.config import ActorConfig
@@ -16,6 +17,7 @@ from orchestrators.report_data import contributions
 NORM = "12p_RMSNorm"
 
 
+@pytest.mark.slow
 def test_a_resumed_jobs_note_and_report_agree(orch_evaluator: object) -> None:
     services = Services(ActorConfig(remember=False), evaluator=orch_evaluator)  # type: ignore[arg-type]
     try:

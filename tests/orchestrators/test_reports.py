@@ -24,6 +24,7 @@ def _chat(task: str, lines: list[str], resume: str | None = None) -> tuple[str, 
     return session, "\n".join(said)
 
 
+@pytest.mark.slow
 def test_the_report_shows_the_kernel_accepted_after_two_undos(fast_env: dict[str, str]) -> None:
     from orchestrators.report import gather, render
     from orchestrators.report_data import session_nodes

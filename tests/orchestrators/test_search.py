@@ -3,6 +3,7 @@ and niches; parallel lanes with the LLM brain's catalog through replay; the HTML
 
 from __future__ import annotations
 
+import pytest
 import asyncio
 import random
 from pathlib import Path
@@ -32,6 +33,7 @@ def _search(evaluator: object, config: SearchConfig, actor: ActorConfig | None =
         services.memory.close()
 
 
+@pytest.mark.slow
 def test_beam_is_seeded_and_keeps_invalid_nodes_out(orch_evaluator: object) -> None:
     config = SearchConfig(algorithm="beam", seed=3, max_evaluations=7, width=1, branching=2, depth=2)
     result, graph, plan, html = _search(orch_evaluator, config)
@@ -71,6 +73,7 @@ def test_beam_is_seeded_and_keeps_invalid_nodes_out(orch_evaluator: object) -> N
     assert "def kernel" in html and "checks" in html and result.best_strategy in html
 
 
+@pytest.mark.slow
 def test_evolve_islands_and_niches(orch_evaluator: object) -> None:
     config = SearchConfig(algorithm="evolve", seed=5, max_evaluations=5, islands=2, children=1, migrate_every=1)
     result, graph, _plan, _html = _search(orch_evaluator, config, task=NORM)
@@ -95,6 +98,7 @@ def _transcript(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_parallel_lanes_with_the_llm_brain_through_replay(tmp_path: Path, orch_evaluator: object) -> None:
     actor = ActorConfig(brain="llm", model="replay", transcript=_transcript(tmp_path / "t.jsonl"), remember=False)
     config = SearchConfig(algorithm="parallel", lanes=2, max_evaluations=4, max_rounds=3)

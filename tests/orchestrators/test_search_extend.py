@@ -14,6 +14,7 @@ from orchestrators.search import SearchConfig, SearchLimits, run_search, stored_
 NORM = "12p_RMSNorm"
 
 
+@pytest.mark.slow
 def test_a_resume_extends_the_evaluations_and_stores_no_note_twice(orch_evaluator: object) -> None:
     services = Services(ActorConfig(remember=False), evaluator=orch_evaluator)  # type: ignore[arg-type]
     try:

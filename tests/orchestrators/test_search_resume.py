@@ -3,6 +3,7 @@ evaluated before each kill exactly once, and judges none twice."""
 
 from __future__ import annotations
 
+import pytest
 import collections
 import os
 import random
@@ -43,6 +44,7 @@ def _start(search_id: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_search_survives_repeated_kill_9(fast_env: dict[str, str]) -> None:
     settings = load_settings()
     search_id = "kill9search"

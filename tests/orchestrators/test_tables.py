@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import gc
 import sqlite3
 import weakref
@@ -10,6 +11,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 
+@pytest.mark.slow
 def test_every_new_engine_is_migrated_even_where_a_freed_one_had_its_id(tmp_path: Path) -> None:
     # A freed engine's id() comes back for a later one (most runs see it within a few engines, but not every
     # run: addresses depend on what else the process holds); a store keyed by it once skipped the migration of
