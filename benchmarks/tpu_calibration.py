@@ -35,7 +35,7 @@ from typing import Optional
 
 import numpy as np
 import typer
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
@@ -66,6 +66,7 @@ class NodeResult(BaseModel):
     shims: list[str] = []
     error: str | None = None
     notes: list[str] = []
+    pieces: Optional[dict] = Field(default=None, exclude=True)  # with --fit: what the price is made of
 
     @property
     def ratio(self) -> float | None:
@@ -198,10 +199,12 @@ def _pct(values: list[float], q: float) -> str:
     return f"{np.percentile(values, q):.2f}" if values else "—"
 
 
-def price_node(task_path: Path, node: TraceNode, generation: str, dispatch_ms: float, timeout_s: float) -> NodeResult:
+def price_node(task_path: Path, node: TraceNode, generation: str, dispatch_ms: float, timeout_s: float,
+               capture: bool = False) -> NodeResult:
     source, shims = candidate_source(node)
     result = NodeResult(trace=node.trace, index=node.index, measured_ms=node.measured_ms, shims=shims)
-    stage = run_price_stage(task_path, source, generation, timeout_s)
+    stage = run_price_stage(task_path, source, generation, timeout_s, capture=capture)
+    result.pieces = stage.pieces
     if stage.failure or stage.model_error:
         result.error = stage.failure or stage.model_error
         return result
@@ -220,7 +223,7 @@ def guide_check() -> tuple[bool, str]:
 
 
 def calibrate(traces_dir: Path, generation: str = "v6e", timeout_s: float = 300, guide: bool = True,
-              console: Console | None = None) -> CalibrationReport:
+              console: Console | None = None, capture: bool = False) -> CalibrationReport:
     """Price every node of every trace in ``traces_dir``; raises TraceError when a trace cannot be read."""
     paths = find_traces(traces_dir)
     chains = [read_trace(p) for p in paths]
@@ -233,7 +236,7 @@ def calibrate(traces_dir: Path, generation: str = "v6e", timeout_s: float = 300,
             done = []
             for node in chain:
                 started = time.monotonic()
-                done.append(price_node(task_path, node, generation, dispatch_ms, timeout_s))
+                done.append(price_node(task_path, node, generation, dispatch_ms, timeout_s, capture))
                 if console is not None:
                     r = done[-1]
                     console.log(f"{r.trace}[{r.index}] {_fmt(r.modelled_ms, '.4f')} ms modelled, "
@@ -269,22 +272,104 @@ def print_report(report: CalibrationReport, console: Console) -> None:
     console.print(f"targets met: {sum(t.met for t in report.targets)} of {len(report.targets)}")
 
 
+class FoldResult(BaseModel):
+    held_out: str
+    params: dict[str, float]
+    train_log_error: float
+
+
+class FitReport(BaseModel):
+    folds: list[FoldResult]
+    held_out: CalibrationReport  # every node priced by the fold that did not see its trace
+    shipped: dict[str, float]  # fitted on all traces
+    shipped_guide_within: str
+    shipped_report: CalibrationReport  # all traces under the shipped constants (in-sample)
+
+
+def _under(report: CalibrationReport, predictions: dict[tuple[str, int], float], guide: tuple[bool, str] | None,
+           ) -> CalibrationReport:
+    nodes = [n.model_copy(update={"modelled_ms": predictions.get((n.trace, n.index))}) for n in report.nodes]
+    summaries = [summarize(t.trace, [n for n in nodes if n.trace == t.trace]) for t in report.traces]
+    return report.model_copy(update={"nodes": nodes, "traces": summaries,
+                                     "targets": judge(nodes, summaries, guide)})
+
+
+def fit_report(report: CalibrationReport, console: Console | None = None) -> FitReport:
+    """Leave-one-trace-out: fit on every other trace (and the guide's table), price the held-out one; then the
+    fit on all traces, the one to ship."""
+    from maxkernel.targets.calibration_fit import Pieces, Prepared, current_params, fit, guide_pieces, guide_within, log_error
+
+    prepared = {(n.trace, n.index): (Prepared(Pieces.model_validate(n.pieces)), n.measured_ms / 1e3)
+                for n in report.nodes if n.pieces is not None and n.measured_ms}
+    guide = [(Prepared(row.pieces), row) for row in guide_pieces()]
+    start = current_params(report.generation)
+    folds, held = [], {}
+    for trace in [t.trace for t in report.traces]:
+        train = [v for k, v in prepared.items() if k[0] != trace]
+        params = fit(train, guide, start)
+        folds.append(FoldResult(held_out=trace, params=params.model_dump(), train_log_error=log_error(params, train)))
+        for key, (p, _) in prepared.items():
+            if key[0] == trace:
+                held[key] = p.seconds(params) * 1e3
+        if console is not None:
+            console.log(f"fold without {trace}: {params.model_dump()}")
+    shipped = fit(list(prepared.values()), guide, start)
+    within, _ = guide_within(guide, shipped)
+    guide_line = (within == len(guide), f"{within} of {len(guide)} rows within (fitted constants)")
+    fold_guides = [guide_within(guide, FitParams_of(f.params))[0] == len(guide) for f in folds]
+    fold_guide = (all(fold_guides), f"every fold's constants keep the table within: {all(fold_guides)}")
+    all_in = {k: p.seconds(shipped) * 1e3 for k, (p, _) in prepared.items()}
+    return FitReport(folds=folds, held_out=_under(report, held, fold_guide), shipped=shipped.model_dump(),
+                     shipped_guide_within=guide_line[1], shipped_report=_under(report, all_in, guide_line))
+
+
+def FitParams_of(values: dict[str, float]):  # noqa: N802 - a constructor by another name
+    from maxkernel.targets.calibration_fit import FitParams
+
+    return FitParams(**values)
+
+
 def main(
     traces: Path = typer.Option(..., "--traces", help="folder of *_trace.py files"),
     generation: str = typer.Option("v6e", help="TPU generation the traces were measured on"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write every figure to this file"),
     skip_guide: bool = typer.Option(False, "--skip-guide", help="leave out the matmul guide's table"),
     timeout_s: float = typer.Option(300.0, help="seconds one node's pricing may take"),
+    pieces: Optional[Path] = typer.Option(None, "--pieces", help="with --fit: keep the priced pieces in this "
+                                          "file, or refit from it when it exists"),
+    refit: bool = typer.Option(False, "--fit", help="also fit the Pallas constants: leave-one-trace-out "
+                               "figures and the constants fitted on all traces"),
 ) -> None:
     console = Console()
-    try:
-        report = calibrate(traces, generation, timeout_s, guide=not skip_guide, console=console)
-    except TraceError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2)
+    if pieces is not None and pieces.exists():  # priced before: refit without pricing again
+        saved = json.loads(pieces.read_text())
+        report = CalibrationReport.model_validate(saved["report"])
+        for node, kept in zip(report.nodes, saved["pieces"]):
+            node.pieces = kept
+    else:
+        try:
+            report = calibrate(traces, generation, timeout_s, guide=not skip_guide, console=console, capture=refit)
+        except TraceError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2)
+        if pieces is not None:
+            pieces.write_text(json.dumps({"report": report.model_dump(mode="json"),
+                                          "pieces": [n.pieces for n in report.nodes]}))
+    console.rule("the model as configured")
     print_report(report, console)
+    out: dict = {"as_configured": report.model_dump(mode="json")}
+    if refit:
+        fitted = fit_report(report, console)
+        console.rule("leave-one-trace-out: each trace priced by constants fitted on the others")
+        print_report(fitted.held_out, console)
+        for fold in fitted.folds:
+            console.print(f"without {fold.held_out}: " + ", ".join(f"{k}={v:.4g}" for k, v in fold.params.items()))
+        console.rule("fitted on all traces (the constants to ship; in-sample)")
+        console.print(", ".join(f"{k}={v:.4g}" for k, v in fitted.shipped.items()))
+        console.print(f"matmul guide: {fitted.shipped_guide_within}")
+        out["fit"] = fitted.model_dump(mode="json")
     if json_out is not None:
-        json_out.write_text(json.dumps(report.model_dump(mode="json"), indent=1))
+        json_out.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

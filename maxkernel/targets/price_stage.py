@@ -21,13 +21,16 @@ if TYPE_CHECKING:
 
 class PriceStageResult(BaseModel):
     model: dict[str, Any] | None = None
+    pieces: dict[str, Any] | None = None  # with ``capture``: what the price is made of (calibration_fit)
     model_error: str | None = None
     failure: str | None = None  # the sandboxed process itself failed (timeout, crash, refusal)
 
 
-def run_price_stage(task_path: Path, source: str, generation: str, timeout_s: float = 300) -> PriceStageResult:
-    """Model ``source`` as a candidate of the task at ``task_path`` on ``generation`` in a fresh sandbox."""
-    request = {"task": str(task_path), "source": source, "generation": generation}
+def run_price_stage(task_path: Path, source: str, generation: str, timeout_s: float = 300,
+                    capture: bool = False) -> PriceStageResult:
+    """Model ``source`` as a candidate of the task at ``task_path`` on ``generation`` in a fresh sandbox;
+    ``capture``: also return the pieces the price is made of, to refit the model's constants on."""
+    request = {"task": str(task_path), "source": source, "generation": generation, "capture": capture}
     return run_stage(PriceStageResult, "maxkernel.targets.price_stage", request, timeout_s, "TPU pricing")
 
 
@@ -36,7 +39,13 @@ def _price(request: dict[str, Any], task: "Task", result: PriceStageResult) -> N
     from maxkernel.targets.names import TargetError
 
     try:
-        result.model = model_candidate(request["source"], task, request["generation"]).as_report_fields()
+        if request.get("capture"):
+            from maxkernel.targets.calibration_fit import capture_pieces
+
+            estimate, pieces = capture_pieces(lambda: model_candidate(request["source"], task, request["generation"]))
+            result.model, result.pieces = estimate.as_report_fields(), pieces.model_dump(mode="json")
+        else:
+            result.model = model_candidate(request["source"], task, request["generation"]).as_report_fields()
     except TargetError as exc:
         result.model_error = str(exc)
 
