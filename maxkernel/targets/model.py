@@ -34,7 +34,7 @@ from maxkernel.targets.prefetch import call_operands
 from maxkernel.targets.specs import ModelConstants, TpuSpec, load_model_constants, load_tpu_spec
 from maxkernel.targets.work import StepWork, kernel_axes, step_work
 from maxkernel.targets.xla_cost import XlaCost, glue_cost, small_inputs, xla_cost
-from maxkernel.targets.xla_tpu import INSTALL_HINT
+from maxkernel.targets.xla_tpu import INSTALL_HINT, STARTUP_ERRORS
 
 # How far the fallback (XLA:CPU bytes) was off on the measured plain-JAX programs (benchmarks/tpu_calibration.py).
 FALLBACK_ERROR = "6x"
@@ -284,8 +284,10 @@ def xla_basis_note(cost: XlaCost, what: str) -> str:
     if cost.tpu is not None:
         return (f"{what}: priced by XLA:TPU's compiled program ({cost.tpu.seconds * 1e3:.4g} ms optimal_seconds, "
                 f"{cost.tpu.bytes:.4g} bytes accessed, {cost.tpu.temp_bytes:.4g} temp bytes)")
-    return (f"{what}: FALLBACK roofline on XLA:CPU's bytes ({cost.bytes:.4g} accessed; the TPU compiler is not "
-            f"installed: {INSTALL_HINT}); XLA:TPU's fusion is not modelled, measured off by up to "
+    why = next(iter(STARTUP_ERRORS.values()), None)
+    missing = f"the TPU compiler could not start: {why}" if why else f"the TPU compiler is not installed: {INSTALL_HINT}"
+    return (f"{what}: FALLBACK roofline on XLA:CPU's bytes ({cost.bytes:.4g} accessed; {missing}); XLA:TPU's "
+            f"fusion is not modelled, measured off by up to "
             f"{FALLBACK_ERROR} on real v6e programs (docs/cost-model.md)")
 
 

@@ -55,6 +55,9 @@ def compiler_installed() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
+STARTUP_ERRORS: dict[str, str] = {}  # generation -> why an installed TPU compiler could not be used
+
+
 @lru_cache(maxsize=8)
 def tpu_compiler(generation: str) -> Any | None:
     """A device of ``generation``'s topology to compile for, or None without the TPU compiler."""
@@ -62,9 +65,13 @@ def tpu_compiler(generation: str) -> Any | None:
         return None
     from jax.experimental import topologies
 
+    # Compiling needs no TPU, so the lock libtpu takes on one (a file in /tmp) must not stop two processes
+    # that price at once; the second would otherwise fail and fall back.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         return topologies.get_topology_desc(platform="tpu", topology_name=TOPOLOGIES[generation]).devices[0]
-    except Exception:  # a libtpu that cannot describe the topology: the fallback prices the code
+    except Exception as exc:  # a libtpu that cannot describe the topology: the fallback prices the code
+        STARTUP_ERRORS[generation] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
         return None
 
 
