@@ -76,8 +76,16 @@ class FitParams(BaseModel):
 FIT_FIELDS = tuple(FitParams.model_fields)
 # Bounds (each a physical range, not a fitted result): rates between 1/100 and 1/2 of the MXU peak, an f32
 # slowdown between 1 (bf16 speed) and 6 (six passes), overheads between 10 ns and 10 us, the XLA scale 0.5-2.
-BOUNDS = {"vpu_fraction": (0.01, 0.5), "eup_fraction": (0.002, 0.25), "f32_mxu_slowdown": (1.0, 6.0),
+# Bounds (each a physical range, not a fitted result): the VPU between one op per lane per cycle (1024 lanes at
+# about 1.5 GHz: 0.002 of v6e's bf16 peak) and half the MXU peak, the EUP down to a quarter of that floor, an
+# f32 slowdown between 1 (bf16 speed) and 6 (six passes), overheads between 10 ns and 10 us, the XLA scale
+# 0.5-2.
+BOUNDS = {"vpu_fraction": (0.002, 0.5), "eup_fraction": (0.0005, 0.25), "f32_mxu_slowdown": (1.0, 6.0),
           "step_overhead_s": (1e-8, 1e-5), "dma_overhead_s": (1e-8, 1e-5), "xla_tpu_scale": (0.5, 2.0)}
+# A constant the training programs barely constrain (the per-DMA cost where none of them starts a DMA) must not
+# drift to a bound: each is pulled gently (this weight on its squared log distance) towards where it started,
+# the model as it was before fitting (no DMA cost: the lower bound).
+PRIOR_WEIGHT = 1e-3
 
 
 def current_params(generation: str = "v6e") -> FitParams:
@@ -243,12 +251,12 @@ def fit(nodes: list[tuple[Prepared, float]], guide: list[tuple[Prepared, GuideRo
         clipped = np.clip(vector, lows, highs)
         params = FitParams.of(clipped)
         modelled = np.log([max(p.seconds(params), 1e-9) for p, _ in nodes])
-        penalty = 100.0 * float(np.sum((vector - clipped) ** 2))
+        penalty = 100.0 * float(np.sum((vector - clipped) ** 2)) + PRIOR_WEIGHT * float(np.sum((clipped - prior) ** 2))
         if guide:
             penalty += 1000.0 * guide_within(guide, params)[1]
         return float(np.mean((modelled - measured) ** 2)) + penalty
 
-    best = np.clip(start.vector(), lows, highs)
+    best = prior = np.clip(start.vector(), lows, highs)
     for _ in range(2):  # a restart from the first optimum escapes Nelder-Mead's early collapse
         result = minimize(loss, best, method="Nelder-Mead",
                           options={"maxiter": iterations, "xatol": 1e-3, "fatol": 1e-6})
