@@ -275,7 +275,9 @@ def _xla_parts(cost: XlaCost, spec: TpuSpec) -> tuple[float, float]:
     memory = cost.bytes / _device_bandwidth(spec)
     if cost.tpu is None:
         return compute, memory
-    total = cost.tpu.seconds * _constants().xla_tpu_scale.value
+    # Never faster than its matmuls at the MXU's peak (the scale could otherwise take a matmul past it).
+    total = max(cost.tpu.seconds * _constants().xla_tpu_scale.value,
+                OpCounts(mxu=dict(cost.counts.mxu)).compute_seconds(spec, spec.cores_per_device))
     return (total, min(memory, total)) if memory < total else (min(compute, total), total)
 
 
