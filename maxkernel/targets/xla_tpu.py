@@ -99,13 +99,13 @@ def program_cost(closed: core.ClosedJaxpr, records: dict[Path, Any], device: Any
     """XLA:TPU's cost of a traced program, each top-level loop charged for the trips its records give."""
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in closed.in_avals]
     cost = compiled_cost(core.jaxpr_as_fun(closed), shapes, device)
-    extra = loop_seconds(closed.jaxpr, records, device)
-    return CompiledCost(cost.seconds + extra, cost.bytes, cost.flops, cost.temp_bytes)
+    seconds, nbytes = loop_extra(closed.jaxpr, records, device)
+    return CompiledCost(cost.seconds + seconds, cost.bytes + nbytes, cost.flops, cost.temp_bytes)
 
 
-def loop_seconds(jaxpr: core.Jaxpr, records: dict[Path, Any], device: Any, path: Path = ()) -> float:
-    """Seconds of the loop trips XLA's cost analysis leaves out ((trips - 1) times the body's own time)."""
-    extra = 0.0
+def loop_extra(jaxpr: core.Jaxpr, records: dict[Path, Any], device: Any, path: Path = ()) -> tuple[float, float]:
+    """(seconds, bytes) of the loop trips XLA's cost analysis leaves out: (trips - 1) times the body's own."""
+    extra, moved = 0.0, 0.0
     for position, eqn in enumerate(jaxpr.eqns):
         here, name = (*path, position), eqn.primitive.name
         called = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
@@ -115,7 +115,10 @@ def loop_seconds(jaxpr: core.Jaxpr, records: dict[Path, Any], device: Any, path:
             if trips > 1:
                 body = eqn.params["body_jaxpr" if name == "while" else "jaxpr"]
                 shapes = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars]
-                extra += (trips - 1) * compiled_cost(core.jaxpr_as_fun(body), shapes, device).seconds
+                body_cost = compiled_cost(core.jaxpr_as_fun(body), shapes, device)
+                extra += (trips - 1) * body_cost.seconds
+                moved += (trips - 1) * body_cost.bytes
         elif name in CALL_PRIMITIVES and isinstance(called, core.ClosedJaxpr):
-            extra += loop_seconds(called.jaxpr, records, device, (*here, 0))
-    return extra
+            seconds, nbytes = loop_extra(called.jaxpr, records, device, (*here, 0))
+            extra, moved = extra + seconds, moved + nbytes
+    return extra, moved
