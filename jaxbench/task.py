@@ -135,12 +135,15 @@ class Task:
         if spec is None or spec.loader is None:
             raise TaskError(f"{self.reference_path}: cannot be imported")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while it loads
         try:
             spec.loader.exec_module(module)
         except Exception as exc:  # a broken reference is the task's fault: say where
+            sys.modules.pop(name, None)
             raise TaskError(f"{self.reference_path}: import failed: {type(exc).__name__}: {exc}") from exc
         for attr in ("get_inputs", "reference"):
             if not callable(getattr(module, attr, None)):
+                sys.modules.pop(name, None)
                 raise TaskError(f"{self.reference_path}: does not define {attr}()")
         sys.modules[name] = module
         return module

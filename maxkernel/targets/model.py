@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from jaxbench.task import Task
 from jaxbench.task_check import full_shapes
-from maxkernel.targets.blocks import check_vmem, compiler_param, step_traffic
+from maxkernel.targets.blocks import StepTraffic, check_vmem, compiler_param, step_traffic
 from maxkernel.targets.device import tpu_device
 from maxkernel.targets.grid import GridSample
 from maxkernel.targets.jaxpr_walk import PallasCall, find_pallas_calls
@@ -32,8 +32,12 @@ from maxkernel.targets.names import TargetError
 from maxkernel.targets.ops import OpCounts, UnboundedLoopError
 from maxkernel.targets.prefetch import call_operands
 from maxkernel.targets.specs import ModelConstants, TpuSpec, load_model_constants, load_tpu_spec
-from maxkernel.targets.work import kernel_axes, step_work
+from maxkernel.targets.work import StepWork, kernel_axes, step_work
 from maxkernel.targets.xla_cost import XlaCost, glue_cost, small_inputs, xla_cost
+from maxkernel.targets.xla_tpu import INSTALL_HINT, STARTUP_ERRORS
+
+# How far the fallback (XLA:CPU bytes) was off on the measured plain-JAX programs (benchmarks/tpu_calibration.py).
+FALLBACK_ERROR = "6x"
 
 Bound = Literal["compute", "memory", "overhead"]
 
@@ -114,7 +118,7 @@ def model_candidate(candidate_source: str, task: Task, generation: str) -> Model
     io_bytes = _io_bytes(arg_shapes, out_shapes)
     if not calls:
         try:
-            cost = xla_cost(fn, arg_shapes, partial(small_inputs, task, arg_shapes))
+            cost = xla_cost(fn, arg_shapes, partial(small_inputs, task, arg_shapes), tpu_generation=spec.name)
         except UnboundedLoopError:
             raise
         except Exception as exc:
@@ -126,7 +130,7 @@ def model_candidate(candidate_source: str, task: Task, generation: str) -> Model
         extents, prefetch = _operands(closed, call, task, notes)
         kernels.append(_kernel_estimate(call, spec, extents, prefetch, notes))
     try:
-        glue = glue_cost(closed, calls, partial(small_inputs, task, arg_shapes))
+        glue = glue_cost(closed, calls, partial(small_inputs, task, arg_shapes), tpu_generation=spec.name)
     except UnboundedLoopError:
         raise
     except Exception as exc:  # pricing the surrounding code is best effort: say so rather than fail
@@ -143,7 +147,7 @@ def model_reference(task: Task, generation: str) -> ModelEstimate:
     spec = load_tpu_spec(generation)
     arg_shapes, static, out_shapes = full_shapes(task, "full")
     fn = partial(task.reference, **static)
-    cost = xla_cost(fn, arg_shapes, partial(small_inputs, task, arg_shapes))
+    cost = xla_cost(fn, arg_shapes, partial(small_inputs, task, arg_shapes), tpu_generation=spec.name)
     return _xla_estimate(cost, spec, _io_bytes(arg_shapes, out_shapes), ["reference: XLA roofline"])
 
 
@@ -219,12 +223,8 @@ def _kernel_estimate(call: PallasCall, spec: TpuSpec, extents: list[int] | None,
     bandwidth = spec.per_core(spec.hbm_bandwidth) * _constants().hbm_efficiency.value
     compute_first, compute_t = work.seconds(spec)
     dma_first, dma_t = work.dma_bytes()
-    # Steps t >= 1 overlap their block transfers (and manual DMAs) with compute; step 0's inputs come first.
-    steady = max(compute_first, dma_first / bandwidth) + sample.weight * float(
-        np.maximum(compute_t, (traffic.step_bytes + dma_t) / bandwidth).sum())
-    edges = (traffic.first_bytes + traffic.last_bytes) / bandwidth
     steps = sample.steps
-    time_s = (edges + (steady + steps * spec.step_overhead_s) / cores) * call.count
+    time_s = pipeline_seconds(work, traffic, sample, spec, cores) * call.count
     moved = traffic.total_bytes + dma_first + sample.weight * float(dma_t.sum())
     compute_s = compute_first + sample.weight * float(compute_t.sum())
     per_run = call.count / cores
@@ -241,6 +241,23 @@ def _kernel_estimate(call: PallasCall, spec: TpuSpec, extents: list[int] | None,
     )
 
 
+def pipeline_seconds(work: StepWork, traffic: StepTraffic, sample: GridSample, spec: TpuSpec, cores: int) -> float:
+    """One run of a kernel's grid pipeline: steps t >= 1 overlap their block transfers (and manual DMAs) with
+    compute, step 0's inputs come first and the last step's outputs after; every grid step pays
+    ``step_overhead_s`` and every manual DMA ``model.dma_overhead_s`` (issued by the scalar unit, in series)."""
+    constants = _constants()
+    bandwidth = spec.per_core(spec.hbm_bandwidth) * constants.hbm_efficiency.value
+    compute_first, compute_t = work.seconds(spec)
+    dma_first, dma_t = work.dma_bytes()
+    issued_first, issued_t = work.dma_count()
+    steady = max(compute_first, dma_first / bandwidth) + sample.weight * float(
+        np.maximum(compute_t, (traffic.step_bytes + dma_t) / bandwidth).sum())
+    issued = issued_first + sample.weight * float(issued_t.sum())
+    edges = (traffic.first_bytes + traffic.last_bytes) / bandwidth
+    overheads = sample.steps * spec.step_overhead_s + issued * constants.dma_overhead_s.value
+    return edges + (steady + overheads) / cores
+
+
 def _constants() -> ModelConstants:
     return load_model_constants()
 
@@ -251,7 +268,29 @@ def _device_bandwidth(spec: TpuSpec) -> float:
 
 
 def _xla_parts(cost: XlaCost, spec: TpuSpec) -> tuple[float, float]:
-    return cost.counts.compute_seconds(spec, spec.cores_per_device, xla=True), cost.bytes / _device_bandwidth(spec)
+    """(compute, memory) seconds of XLA code. From XLA:TPU's compiled program where it was compiled: its time is
+    the larger part, the other its share of it (memory: its bytes at the sustained bandwidth); otherwise the
+    fallback roofline on XLA:CPU's bytes."""
+    compute = cost.counts.compute_seconds(spec, spec.cores_per_device, xla=True)
+    memory = cost.bytes / _device_bandwidth(spec)
+    if cost.tpu is None:
+        return compute, memory
+    # Never faster than its matmuls at the MXU's peak (the scale could otherwise take a matmul past it).
+    total = max(cost.tpu.seconds * _constants().xla_tpu_scale.value,
+                OpCounts(mxu=dict(cost.counts.mxu)).compute_seconds(spec, spec.cores_per_device))
+    return (total, min(memory, total)) if memory < total else (min(compute, total), total)
+
+
+def xla_basis_note(cost: XlaCost, what: str) -> str:
+    """Which path priced the XLA code, and how far the figure is to be trusted."""
+    if cost.tpu is not None:
+        return (f"{what}: priced by XLA:TPU's compiled program ({cost.tpu.seconds * 1e3:.4g} ms optimal_seconds, "
+                f"{cost.tpu.bytes:.4g} bytes accessed, {cost.tpu.temp_bytes:.4g} temp bytes)")
+    why = next(iter(STARTUP_ERRORS.values()), None)
+    missing = f"the TPU compiler could not start: {why}" if why else f"the TPU compiler is not installed: {INSTALL_HINT}"
+    return (f"{what}: FALLBACK roofline on XLA:CPU's bytes ({cost.bytes:.4g} accessed; {missing}); XLA:TPU's "
+            f"fusion is not modelled, measured off by up to "
+            f"{FALLBACK_ERROR} on real v6e programs (docs/cost-model.md)")
 
 
 def _ideal_seconds(counts: OpCounts, spec: TpuSpec, io_bytes: float) -> float:
@@ -263,7 +302,7 @@ def _xla_estimate(cost: XlaCost, spec: TpuSpec, io_bytes: float, notes: list[str
     dispatch = _constants().dispatch_overhead_s.value
     time_s = max(compute, memory) + dispatch
     counts = cost.counts
-    notes = [*notes, f"XLA (CPU) cost analysis: {cost.bytes:.4g} bytes accessed, {cost.xla_flops:.4g} flops"]
+    notes = [*notes, xla_basis_note(cost, "XLA program")]
     return ModelEstimate(
         target=spec.target, generation=spec.name, kind="xla", time_ms=time_s * 1e3,
         bound=_bound(compute, memory, 0.0), compute_ms=compute * 1e3, memory_ms=memory * 1e3,
@@ -290,7 +329,7 @@ def _combine(kernels: list[KernelEstimate], glue: XlaCost, spec: TpuSpec, io_byt
     ideal_compute = sum(k.compute_ms * k.cores for k in kernels) / spec.cores_per_device / 1e3 + glue_compute
     ideal = max(ideal_compute, io_bytes / _device_bandwidth(spec))
     if glue.bytes:
-        notes.append(f"XLA code around the kernels: {glue.bytes:.4g} bytes accessed (CPU cost analysis)")
+        notes.append(xla_basis_note(glue, "XLA code around the kernels"))
     largest = max(kernels, key=lambda k: k.vmem_bytes)
     return ModelEstimate(
         target=spec.target, generation=spec.name, kind="pallas", time_ms=time_s * 1e3,

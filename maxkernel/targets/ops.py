@@ -66,6 +66,10 @@ class OpCounts:
     vpu: float = 0.0
     transcendental: float = 0.0
     dma_bytes: float = 0.0
+    dma_count: float = 0.0  # manual DMAs started (each pays the model's per-DMA issue cost)
+    # bf16-class MXU flops whose operands are float32 (default precision): one MXU pass, but the operands are
+    # fed at a slower rate than bf16 ones (``model.f32_mxu_slowdown`` in the targets file)
+    f32_operand_flops: float = 0.0
     ref_load_bytes: float = 0.0  # bytes read from refs (a GPU kernel's loads from global memory; free on TPU)
 
     @property
@@ -84,6 +88,8 @@ class OpCounts:
         self.vpu += other.vpu * times
         self.transcendental += other.transcendental * times
         self.dma_bytes += other.dma_bytes * times
+        self.dma_count += other.dma_count * times
+        self.f32_operand_flops += other.f32_operand_flops * times
         self.ref_load_bytes += other.ref_load_bytes * times
 
     def compute_seconds(self, spec: TpuSpec, cores: int, xla: bool = False) -> float:
@@ -95,6 +101,9 @@ class OpCounts:
         mxu = self.mxu_xla if xla else self.mxu
         seconds = sum(flops / (rates[cls] * share) for cls, flops in mxu.items())
         seconds += self.vpu / (spec.vpu_ops * share) + self.transcendental / (spec.eup_ops * share)
+        if not xla and self.f32_operand_flops:
+            slowdown = load_model_constants().f32_mxu_slowdown.value
+            seconds += self.f32_operand_flops * (slowdown - 1.0) / (spec.peak_bf16_flops * share)
         return seconds
 
 
@@ -173,6 +182,8 @@ def count_eqn(eqn: core.JaxprEqn, counts: OpCounts) -> None:
         flops = 2.0 * _size(eqn.outvars[0].aval) * contracted
         cls = _mxu_class(lhs.dtype, rhs.dtype, eqn.params.get("precision"))
         counts.mxu[cls] = counts.mxu.get(cls, 0.0) + flops
+        if cls == "bf16" and any(np.dtype(a.dtype) == np.float32 for a in (lhs, rhs)):
+            counts.f32_operand_flops += flops
         free_lhs = [d for d in range(len(lhs.shape)) if d not in (*dims[0][0], *dims[1][0])]
         free_rhs = [d for d in range(len(rhs.shape)) if d not in (*dims[0][1], *dims[1][1])]
         batch = math.prod(lhs.shape[d] for d in dims[1][0])
@@ -193,6 +204,7 @@ def count_eqn(eqn: core.JaxprEqn, counts: OpCounts) -> None:
         counts.mxu_xla[cls] = counts.mxu_xla.get(cls, 0.0) + xla_matmul_flops(pixels, out_features, window)
     elif name == "dma_start":
         counts.dma_bytes += _dma_bytes(eqn)
+        counts.dma_count += 1
     elif name in ("get", "masked_load") and eqn.outvars:  # ref indexing and pl.load
         aval = eqn.outvars[0].aval
         counts.ref_load_bytes += int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize  # a scalar: one element

@@ -140,6 +140,9 @@ class ModelConstants(BaseModel):
     dispatch_overhead_s: Constant
     hbm_efficiency: Constant
     xla_matmul: EfficiencyCurve
+    dma_overhead_s: Constant = Field(description="issue cost of one manual DMA in a Pallas kernel")
+    f32_mxu_slowdown: Constant = Field(description="a default-precision f32-operand matmul's time over bf16's")
+    xla_tpu_scale: Constant = Field(description="measured device time over XLA:TPU's optimal_seconds")
 
 
 @lru_cache(maxsize=4)

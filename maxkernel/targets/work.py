@@ -45,6 +45,10 @@ class StepWork:
         """Manual-DMA bytes at step 0 and at each sampled step t."""
         return self._per_step([c.dma_bytes for c, _ in self.parts])
 
+    def dma_count(self) -> tuple[float, np.ndarray]:
+        """Manual DMAs started at step 0 and at each sampled step t."""
+        return self._per_step([c.dma_count for c, _ in self.parts])
+
     def totals(self) -> OpCounts:
         """Work summed over the whole grid."""
         total = OpCounts()

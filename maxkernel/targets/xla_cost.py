@@ -31,6 +31,7 @@ from maxkernel.targets.interpret import evaluate
 from maxkernel.targets.jaxpr_walk import CALL_PRIMITIVES, PallasCall, sub_jaxprs
 from maxkernel.targets.ops import OpCounts, count_ops
 from maxkernel.targets.prefetch import PREFETCH_SEED
+from maxkernel.targets.xla_tpu import CompiledCost, program_cost, tpu_compiler
 
 
 @dataclass
@@ -38,6 +39,7 @@ class XlaCost:
     bytes: float
     counts: OpCounts
     xla_flops: float
+    tpu: CompiledCost | None = None  # XLA:TPU's own compiled figures, where the TPU compiler is installed
 
 
 @contextmanager
@@ -101,15 +103,22 @@ def widening_bytes(jaxpr: core.Jaxpr) -> float:
 Known = Callable[[], Sequence[Any]]  # concrete small integer inputs (UNKNOWN elsewhere), drawn when needed
 
 
-def xla_cost(fn: Callable[..., Any], arg_shapes: Sequence[Any], known: Known | None = None) -> XlaCost:
+def xla_cost(fn: Callable[..., Any], arg_shapes: Sequence[Any], known: Known | None = None,
+             tpu_generation: str | None = None) -> XlaCost:
     """Bytes and work of ``fn`` (plain JAX) at the given abstract argument shapes. ``known()`` gives concrete
     values of the small integer arguments, from which loop trip counts are evaluated (only if there is a
-    loop or branch to resolve)."""
+    loop or branch to resolve). With ``tpu_generation`` and the TPU compiler installed, the program is also
+    compiled for that generation and XLA:TPU's own figures come with it (``tpu``); the CPU bytes are then
+    not computed."""
     traced = jax.jit(fn).trace(*arg_shapes)
-    nbytes, xla_flops = _cost_analysis(traced)
     closed = traced.jaxpr
     records = program_records(closed, known or (lambda: [UNKNOWN] * len(closed.in_avals)))
     counts = count_ops(closed.jaxpr, records)
+    device = tpu_compiler(tpu_generation) if tpu_generation else None
+    if device is not None:
+        tpu = program_cost(closed, records, device)
+        return XlaCost(tpu.bytes, counts, tpu.flops, tpu)
+    nbytes, xla_flops = _cost_analysis(traced)
     return XlaCost(nbytes + loop_bytes(closed.jaxpr, records), counts, xla_flops)
 
 
@@ -175,7 +184,8 @@ def small_inputs(task: Task, arg_shapes: Sequence[Any]) -> list[Any]:
 LAYOUT_ONLY = ("reshape", "squeeze", "expand_dims")
 
 
-def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall], known: Known | None = None) -> XlaCost | None:
+def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall], known: Known | None = None,
+              tpu_generation: str | None = None) -> XlaCost | None:
     """Bytes and work of everything outside the pallas_calls, or None when a kernel sits inside a loop.
 
     The program is re-traced with each kernel's outputs turned into inputs and each kernel's computed
@@ -216,11 +226,15 @@ def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall], known: Known | 
     traced = jax.jit(glue).trace(arg_shapes, kernel_outs)
     if not traced.jaxpr.jaxpr.eqns:
         return XlaCost(0.0, OpCounts(), 0.0)
-    nbytes, xla_flops = _cost_analysis(traced)
     n_outs = sum(len(outs) for outs in kernel_outs)
     def inputs() -> list[Any]:
         return [*(known() if known is not None else [UNKNOWN] * len(arg_shapes)), *[UNKNOWN] * n_outs]
 
     records = program_records(traced.jaxpr, inputs)
     counts = count_ops(traced.jaxpr.jaxpr, records)
+    device = tpu_compiler(tpu_generation) if tpu_generation else None
+    if device is not None:
+        tpu = program_cost(traced.jaxpr, records, device)
+        return XlaCost(tpu.bytes, counts, tpu.flops, tpu)
+    nbytes, xla_flops = _cost_analysis(traced)
     return XlaCost(nbytes + loop_bytes(traced.jaxpr.jaxpr, records), counts, xla_flops)

@@ -27,3 +27,15 @@ def rmsnorm_task(tmp_path_factory: pytest.TempPathFactory) -> Task:
 @pytest.fixture(scope="session")
 def gather_task(tmp_path_factory: pytest.TempPathFactory) -> Task:
     return load_task(write_task(tmp_path_factory.mktemp("tasks") / "tgt_gather", GATHER_TASK))
+
+
+@pytest.fixture
+def xla_fallback(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """XLA code priced by the fallback roofline (XLA:CPU bytes) even where the TPU compiler is installed: for
+    tests of that roofline's own arithmetic."""
+    from maxkernel.targets import xla_tpu
+
+    monkeypatch.setenv("MAXKERNEL_NO_TPU_COMPILER", "1")
+    xla_tpu.tpu_compiler.cache_clear()
+    yield
+    xla_tpu.tpu_compiler.cache_clear()

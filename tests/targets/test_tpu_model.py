@@ -178,7 +178,8 @@ def test_kernel_inside_a_loop_counts_every_run(rmsnorm_task: Task) -> None:
     assert any("inside a loop" in note for note in thrice.notes)
 
 
-def test_plain_jax_candidate_and_references_use_the_xla_roofline(rmsnorm_task: Task, matmul_task: Task) -> None:
+def test_plain_jax_candidate_and_references_use_the_xla_roofline(rmsnorm_task: Task, matmul_task: Task,
+                                                                  xla_fallback: None) -> None:
     spec = load_tpu_spec("v5e")
     io_bytes = 2 * 4096 * 1024 * 4 + 1024 * 4
     plain = model_candidate(PLAIN_JAX_RMSNORM, rmsnorm_task, "v5e")
@@ -338,7 +339,7 @@ def test_plain_jax_loop_bounded_by_tensor_data_is_refused(rmsnorm_task: Task) ->
         model_candidate(PLAIN_JAX_DATA_LOOP, rmsnorm_task, "v5e")
 
 
-def test_xla_matmuls_run_at_the_published_efficiency_not_peak() -> None:
+def test_xla_matmuls_run_at_the_published_efficiency_not_peak(xla_fallback: None) -> None:
     """8p's reference (8192^3 bf16) at XLA's 8192 efficiency; a skinny matmul pays for its padded tile."""
     spec = load_tpu_spec("v5e")
     curve = CONSTANTS.xla_matmul

@@ -1,0 +1,62 @@
+"""XLA code priced by XLA:TPU where the TPU compiler is installed, the fallback named where it is not, and the
+fit's re-pricing of captured pieces equal to the model's own price."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from jaxbench.task import load_task
+from maxkernel.targets import xla_tpu
+from maxkernel.targets.calibration import REFERENCE, TASK_YAML, tiled_matmul_source
+from maxkernel.targets.calibration_fit import Pieces, Prepared, capture_pieces, current_params
+from maxkernel.targets.model import model_candidate, model_reference
+from maxkernel.targets.specs import load_model_constants, load_tpu_spec
+
+
+@pytest.fixture(scope="module")
+def matmul_task():
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "mm"
+        folder.mkdir()
+        (folder / "task.yaml").write_text(TASK_YAML.format(n=4096))
+        (folder / "reference.py").write_text(REFERENCE)
+        yield load_task(folder)
+
+
+@pytest.fixture
+def no_compiler(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("MAXKERNEL_NO_TPU_COMPILER", "1")
+    xla_tpu.tpu_compiler.cache_clear()
+    yield
+    xla_tpu.tpu_compiler.cache_clear()
+
+
+def test_without_the_compiler_the_model_says_it_is_the_fallback(matmul_task, no_compiler) -> None:
+    estimate = model_reference(matmul_task, "v6e")
+    (note,) = [n for n in estimate.notes if "XLA program" in n]
+    assert "FALLBACK" in note and xla_tpu.INSTALL_HINT in note and "XLA:CPU" in note
+
+
+@pytest.mark.skipif(not xla_tpu.compiler_installed(), reason="the TPU compiler (extra tpu-compiler) is not installed")
+def test_with_the_compiler_xla_code_is_priced_by_its_compiled_program(matmul_task) -> None:
+    xla_tpu.tpu_compiler.cache_clear()
+    spec = load_tpu_spec("v6e")
+    estimate = model_reference(matmul_task, "v6e")
+    assert any("XLA:TPU's compiled program" in n for n in estimate.notes), estimate.notes
+    ideal = 2.0 * 4096**3 / spec.peak_bf16_flops
+    device_s = estimate.time_ms / 1e3 - load_model_constants().dispatch_overhead_s.value
+    assert ideal <= device_s <= 3 * ideal  # a large bf16 matmul: near the MXU peak, never above it
+
+
+def test_captured_pieces_reprice_exactly_as_the_model(matmul_task) -> None:
+    estimate, pieces = capture_pieces(lambda: model_candidate(tiled_matmul_source(512, 1024, 1024), matmul_task, "v5e"))
+    prepared = Prepared(Pieces.model_validate(pieces.model_dump(mode="json")))  # through JSON, as from the sandbox
+    params = current_params("v5e")
+    dispatch = load_model_constants().dispatch_overhead_s.value
+    assert prepared.seconds(params) == pytest.approx(estimate.time_ms / 1e3 - dispatch, rel=1e-6)
+    steps = sum(k.grid_steps * k.count for k in estimate.kernels)
+    slower = params.model_copy(update={"step_overhead_s": params.step_overhead_s + 1e-6})
+    assert prepared.seconds(slower) - prepared.seconds(params) == pytest.approx(steps * 1e-6, rel=1e-6)
