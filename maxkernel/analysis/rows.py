@@ -9,7 +9,7 @@ checked on real inputs, because it is what decides whether a row-block kernel is
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -36,6 +36,21 @@ def row_layout(task: "Task", size: str = "cpu") -> RowLayout | None:
         return None
     return RowLayout(rows=int(np.prod(lead)), row_dims=row_dims, blocked=blocked,
                      independent=_independent(task, fn, blocked, row_dims))
+
+
+def partly_row_indexed(shapes: "list[Any]", lead: tuple[int, ...]) -> list[int]:
+    """Inputs that share a leading part of the row axes but not all of them (a per-batch mask beside
+    [batch, rows, ...] data): a row-block kernel flattens the row axes into one and reads every other input
+    whole, so its body would meet the mask's batch axis beside a block's single one. Such a reference is
+    not served by row blocks as written."""
+    found = []
+    for i, s in enumerate(shapes):
+        shape = tuple(s.shape)
+        if shape[: len(lead)] == lead:
+            continue
+        if any(len(shape) > j and shape[:j] == lead[:j] for j in range(1, len(lead))):
+            found.append(i)
+    return found
 
 
 def _independent(task: "Task", fn: functools.partial, blocked: list[bool], row_dims: int) -> bool:

@@ -26,6 +26,7 @@ from maxkernel.analysis.graph import ELEMENTWISE, REDUCE
 from maxkernel.analysis.program import Node, Program, Var, arg_names, trace_program
 from maxkernel.rewrites.activations import cheaper_activations
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
+from maxkernel.targets.check_size import CHECK_FLOPS
 from maxkernel.templates.base import FIT_SOURCE, TemplateSpace, tpu_target
 from maxkernel.templates.tpu_gemm import (HEADER, HIGHEST, TPU_BLOCKS_M, W_KN_DIMENSIONS, W_NK_DIMENSIONS,
                                           _mxu_source, _passes, chosen_passes)
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from jaxbench.task import Task
     from maxkernel.analysis import TaskAnalysis
 
+# The share of the check's FLOP limit (``targets.check_size.CHECK_FLOPS``) a twin may be estimated at: the
+# estimate counts the two products only.
+CHECK_SHARE = 0.8
 TPU_BLOCKS_H = (128, 256, 512, 1024)  # hidden columns per step: lane-aligned, the second matmul's contraction
 # Hidden columns a step should have at least: two 128-lane tiles, the width of v6e's MXU; past it a wider
 # step only saves per-step overhead, while its weight blocks take VMEM the row block could use.
@@ -288,10 +292,34 @@ def _rules(task: "Task") -> tuple[Legal, dict[str, Any], dict[str, list[Any]]]:
     worst = min(admitted)  # the 3-pass split needs the most VMEM
     sublanes = 16 if p.in_dtype == np.dtype("bfloat16") else 8
 
-    def legal(bm: int, bh: int, cap: int) -> bool:
+    def fits(bm: int, bh: int, cap: int) -> bool:
         return bm % sublanes == 0 and p.m % bm == 0 and p.hidden % bh == 0 and mlp_vmem_bytes(p, bm, bh, worst) <= cap
 
+    # Priced = checked: blocks whose twin small enough to run exists (two row blocks by two hidden blocks
+    # at the full width of x) come first; a large MLP's widest row blocks have none.
+    small = plan(task, ("cpu",))
+    floor_hidden = small.hidden if not isinstance(small, str) else p.hidden
+    checkable: dict[int, bool] = {}  # per VMEM cap: whether any block that fits has a twin small enough
+
+    def small_twin(bm: int, bh: int) -> bool:
+        return check_flops(p, bm, bh, floor_hidden) <= CHECK_SHARE * CHECK_FLOPS
+
+    def legal(bm: int, bh: int, cap: int) -> bool:
+        if not fits(bm, bh, cap):
+            return False
+        if cap not in checkable:
+            checkable[cap] = any(fits(m, h, cap) and small_twin(m, h) for m in TPU_BLOCKS_M for h in TPU_BLOCKS_H)
+        return not checkable[cap] or small_twin(bm, bh)
+
     return legal, {"passes": worst}, {"passes": admitted}
+
+
+def check_flops(p: ChainPlan, bm: int, bh: int, floor_hidden: int) -> float:
+    """FLOPs of the chain's reference at its smallest twin of blocks (bm, bh): two row blocks (or all rows)
+    by two hidden blocks (or the task's smallest hidden width, if larger), at the full width of x and out."""
+    rows = 2 * bm if p.m >= 2 * bm else p.m
+    hidden = min(p.hidden, max(2 * bh if p.hidden >= 2 * bh else p.hidden, floor_hidden))
+    return 2.0 * rows * hidden * (p.k * len(p.firsts) + p.n)
 
 
 class TpuMlpTemplate:
