@@ -11,8 +11,8 @@ priced: every size parameter at its ``full`` value except the free ones (rows, b
 taken down until the run costs at most ``FLOP_BUDGET`` (``cpu`` size when even that is too large).
 
 The rule (:func:`admitted_passes`): one pass where its worst error is within ``ONE_PASS_ROOM`` of the
-tolerance (a kernel sums in another order and may be checked at a larger size, and nothing retries a one-pass
-kernel at three); else three passes where they meet the tolerance, with six as the retry the rules debugger
+tolerance (the operands' rounding, not the order of the sums, makes one pass's error, so a kernel makes the
+reference's; a one-pass kernel found outside is retried at three, ``tpu_gemm.retry_split``); else three passes where they meet the tolerance, with six as the retry the rules debugger
 makes for a three-pass kernel found just outside (``tpu_gemm.retry_precise``); else six.
 """
 
@@ -30,7 +30,10 @@ if TYPE_CHECKING:
 
 PASSES = {"bf16": 1, "f32_high": 3, "f32": 6}  # bf16 passes per float32 product of each MXU class
 PRECISION_NAME = {1: "one bf16 pass (default precision)", 3: "three bf16 passes (HIGH)", 6: "six bf16 passes (HIGHEST)"}
-ONE_PASS_ROOM = 0.5  # a one-pass kernel is chosen only when the reference at one pass uses at most half the tolerance
+# A one-pass kernel is chosen only when the reference at one pass uses at most this share of the tolerance: the
+# analysis runs fewer rows than a check does, and the largest error grows with the elements drawn (about 20%
+# from 1e5 to 1e7 normal draws); a kernel that still lands outside is retried at three passes.
+ONE_PASS_ROOM = 0.8
 SEEDS = (0,)
 FLOP_BUDGET = 2e9  # per run of the reference at the analysis size (six runs per task)
 BYTE_BUDGET = 128 << 20  # of one input set at the analysis size

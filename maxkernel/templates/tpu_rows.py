@@ -45,24 +45,6 @@ def _key(program: Program, row_dims: int, blocked: tuple[bool, ...]) -> tuple[tu
     return tuple(tuple(v.shape[row_dims:]) if b else tuple(v.shape) for v, b in zip(program.inputs, blocked))
 
 
-def _partly_indexed(program: Program, row_dims: int) -> str | None:
-    """Why row blocks cannot serve ``program``: an input indexed by some of its row axes only, or None."""
-    from maxkernel.analysis.rows import partly_row_indexed
-
-    out = program.outputs[0]
-    lead = tuple(getattr(out, "shape", ())[:row_dims])
-    found = partly_row_indexed(list(program.inputs), lead)
-    if not found:
-        return None
-    v = program.inputs[found[0]]
-    return (f"input {found[0]} {list(v.shape)} is indexed by the first {_shared(v.shape, lead)} of the "
-            f"{row_dims} row axes {list(lead)} only (a per-batch mask): a block of flattened rows cannot index it")
-
-
-def _shared(shape: tuple[int, ...], lead: tuple[int, ...]) -> int:
-    return max(j for j in range(1, len(lead)) if tuple(shape[:j]) == lead[:j])
-
-
 def _name(index: int) -> str:
     return f"_reference_{index}"
 
@@ -76,9 +58,11 @@ def plan(task: "Task", analysis: "TaskAnalysis", sizes: tuple[str, ...]) -> Rows
     found: list[Program] = []
     texts: dict[tuple[tuple[int, ...], ...], str] = {}
     blocked = tuple(rows.blocked)
+    from maxkernel.analysis.rows import block_probe
+
     for size in sizes:
         program = trace_program(task, size).dce()
-        reason = _partly_indexed(program, rows.row_dims)
+        reason = block_probe(task, size, rows.row_dims, blocked)
         if reason is not None:
             return reason
         bad = sorted(set(program.primitives()) & set(UNFUSABLE))

@@ -18,6 +18,7 @@ from maxkernel.templates.tpu_rows import TpuRowsTemplate
 
 ROOT = Path(__file__).resolve().parents[2]
 MASKED_SOFTMAX = ROOT / "benchmarks" / "generality_tasks" / "masked_softmax_temperature"
+SHORT_CONV = ROOT / "benchmarks" / "generality_tasks" / "mamba_causal_conv1d_silu"
 GEGLU = ROOT / "benchmarks" / "generality_tasks" / "geglu_mlp"
 
 
@@ -56,14 +57,19 @@ def reference(x, keep):
 
 
 @pytest.mark.parametrize("template", [TpuRowsTemplate(), RowBlockTemplate()], ids=lambda t: t.name)
-def test_row_block_templates_refuse_a_mask_indexed_by_part_of_the_row_axes(template: object, tmp_path: Path) -> None:
-    for folder in (MASKED_SOFTMAX, _masked_rows(tmp_path / "per_batch_mask", 2)):
+def test_row_block_templates_refuse_an_input_read_whole_but_indexed_by_a_row_axis(template: object,
+                                                                                 tmp_path: Path) -> None:
+    # A per-batch mask beside [batch, rows, cols] logits; per-channel filters beside [batch, channels, time].
+    for folder in (MASKED_SOFTMAX, _masked_rows(tmp_path / "per_batch_mask", 2), SHORT_CONV):
         task = load_task(folder)
         reason = template.applies(task, analyze_task(task, "tpu-v6e"))  # type: ignore[attr-defined]
-        assert reason is not None and "per-batch mask" in reason and "row axes" in reason
-    # A mask with every row axis is row-blocked like the logits: the template still serves it.
-    per_row = load_task(_masked_rows(tmp_path / "per_row_mask", 3))
-    assert template.applies(per_row, analyze_task(per_row, "tpu-v6e")) is None  # type: ignore[attr-defined]
+        assert reason is not None and "indexed by the row axes" in reason, reason
+    # Inputs that share every row axis, or none (a norm's weight), run on a block as on the whole: still served.
+    norm = load_task("12p_RMSNorm")
+    assert template.applies(norm, analyze_task(norm, "tpu-v6e")) is None  # type: ignore[attr-defined]
+    if template.name == "rowblock":  # it blocks inputs of any dtype: a mask of every row is blocked too
+        per_row = load_task(_masked_rows(tmp_path / "per_row_mask", 3))
+        assert template.applies(per_row, analyze_task(per_row, "tpu-v6e")) is None  # type: ignore[attr-defined]
 
 
 def test_a_large_geglu_gets_mlp_blocks_whose_twin_is_small_enough_to_check() -> None:
