@@ -488,6 +488,8 @@ class AutoRun:
         status = "failed"
         if self.budget.baseline and not self.baseline_runs:
             await self.measure_baseline()
+        elif self.baseline is not None and not self.reference_misses:
+            await self.explain_reference(self.baseline)  # carried over from an interrupted run: said again here
         while True:
             reason = self.stop_reason()
             if reason:
