@@ -56,6 +56,7 @@ def reference(x, keep):
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("template", [TpuRowsTemplate(), RowBlockTemplate()], ids=lambda t: t.name)
 def test_row_block_templates_refuse_an_input_read_whole_but_indexed_by_a_row_axis(template: object,
                                                                                  tmp_path: Path) -> None:
