@@ -638,7 +638,7 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
             status, reason = await run.run()
             interrupted = False
         except asyncio.TimeoutError:
-            status, reason = ("scored" if run.best or run.returned() else "budget"), f"time budget of {budget.time_s} s spent"
+            status, reason = ("scored" if run.best else "budget"), f"time budget of {budget.time_s} s spent"
             if run.best is None:
                 run.note = run.nothing_passed(reason)
         if run.winner is None and run.reference_misses:
