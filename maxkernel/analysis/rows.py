@@ -9,7 +9,7 @@ checked on real inputs, because it is what decides whether a row-block kernel is
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
