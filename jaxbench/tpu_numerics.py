@@ -57,18 +57,26 @@ class Rewritten:
         return sum(self.changed.values())
 
 
-def with_tpu_matmuls(closed: core.ClosedJaxpr) -> Rewritten:
-    """``closed`` with every float32 MXU equation replaced by its TPU computation (see the module doc)."""
+MXU_CLASSES = ("bf16", "f32_high", "f32")  # one, three and six bf16 passes per float32 product
+
+
+def with_tpu_matmuls(closed: core.ClosedJaxpr, force: str | None = None) -> Rewritten:
+    """``closed`` with every float32 MXU equation replaced by its TPU computation (see the module doc).
+    ``force`` (one of :data:`MXU_CLASSES`) computes every float32 MXU equation in that class instead of the
+    one its precision asks for: what the program would give at one, three or six passes."""
+    if force is not None and force not in MXU_CLASSES:
+        raise ValueError(f"unknown MXU class {force!r}; expected one of {', '.join(MXU_CLASSES)}")
     changed: dict[str, int] = {}
-    jaxpr = _rewrite(closed.jaxpr, changed)
+    jaxpr = _rewrite(closed.jaxpr, changed, force)
     return Rewritten(core.ClosedJaxpr(jaxpr, closed.consts), changed)
 
 
 def computed_as_on_tpu(fn: Callable[..., Any], closed: core.ClosedJaxpr,
-                       args: Sequence[Any]) -> tuple[Callable[..., Any], int]:
-    """``fn`` (traced as ``closed`` on the flat ``args``) with its matmuls computed as a TPU computes them,
-    and how many equations changed; ``fn`` itself when none did. The outputs keep ``fn``'s structure."""
-    rewritten = with_tpu_matmuls(closed)
+                       args: Sequence[Any], force: str | None = None) -> tuple[Callable[..., Any], int]:
+    """``fn`` (traced as ``closed`` on the flat ``args``) with its matmuls computed as a TPU computes them
+    (every one in class ``force`` when given), and how many equations changed; ``fn`` itself when none did.
+    The outputs keep ``fn``'s structure."""
+    rewritten = with_tpu_matmuls(closed, force)
     if not rewritten.count:
         return fn, 0
     tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *args))
@@ -81,11 +89,13 @@ def _wide_float(aval: core.AbstractValue) -> bool:
     return dtype is not None and np.dtype(dtype).kind == "f" and np.dtype(dtype).itemsize >= 4
 
 
-def _rewrite(jaxpr: core.Jaxpr, changed: dict[str, int]) -> core.Jaxpr:
+def _rewrite(jaxpr: core.Jaxpr, changed: dict[str, int], force: str | None = None) -> core.Jaxpr:
     eqns: list[core.JaxprEqn] = []
     for eqn in jaxpr.eqns:
-        eqn = _rewrite_params(eqn, changed)
+        eqn = _rewrite_params(eqn, changed, force)
         cls = _class_of(eqn)
+        if cls is not None and force is not None and cls != "int8":
+            cls = force
         if cls in ("bf16", "f32_high"):
             eqns.extend(_replacement(eqn, cls))
             changed[cls] = changed.get(cls, 0) + 1
@@ -104,22 +114,22 @@ def _class_of(eqn: core.JaxprEqn) -> str | None:
     return mxu_class(lhs.dtype, rhs.dtype, eqn.params.get("precision"))
 
 
-def _rewrite_params(eqn: core.JaxprEqn, changed: dict[str, int]) -> core.JaxprEqn:
+def _rewrite_params(eqn: core.JaxprEqn, changed: dict[str, int], force: str | None = None) -> core.JaxprEqn:
     """The equation with every sub-program in its params rewritten (bodies, branches, kernels, calls)."""
     params: dict[str, Any] = {}
     for key, value in eqn.params.items():
         if isinstance(value, (tuple, list)) and any(isinstance(v, (core.Jaxpr, core.ClosedJaxpr)) for v in value):
-            params[key] = type(value)(_rewrite_sub(v, changed) for v in value)
+            params[key] = type(value)(_rewrite_sub(v, changed, force) for v in value)
         elif isinstance(value, (core.Jaxpr, core.ClosedJaxpr)):
-            params[key] = _rewrite_sub(value, changed)
+            params[key] = _rewrite_sub(value, changed, force)
     return eqn.replace(params={**eqn.params, **params}) if params else eqn
 
 
-def _rewrite_sub(value: Any, changed: dict[str, int]) -> Any:
+def _rewrite_sub(value: Any, changed: dict[str, int], force: str | None = None) -> Any:
     if isinstance(value, core.ClosedJaxpr):
-        return core.ClosedJaxpr(_rewrite(value.jaxpr, changed), value.consts)
+        return core.ClosedJaxpr(_rewrite(value.jaxpr, changed, force), value.consts)
     if isinstance(value, core.Jaxpr):
-        return _rewrite(value, changed)
+        return _rewrite(value, changed, force)
     return value
 
 

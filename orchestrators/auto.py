@@ -190,6 +190,7 @@ class AutoRun:
         self.confirmed_speedup: float | None = None
         self.confirmation = ""
         self.note = ""
+        self.reference_misses = ""  # the reference fails its own tolerance on the target: why, said once
 
     # -- budget ---------------------------------------------------------------------------------
 
@@ -277,6 +278,25 @@ class AutoRun:
         assert baseline is not None
         self.emit("baseline", {"speedup": baseline.speedup, "status": baseline.status, "bar": self.bar,
                                "runs": len(self.baseline_runs)})
+        await self.explain_reference(baseline)
+
+    async def explain_reference(self, baseline: JudgeReport) -> None:
+        """A reference that misses its own tolerance under the target's numerics is a valid task, not a failed
+        session: say so once (its error, the tolerance, which precision passes) and go on. Candidates are still
+        judged against the exact result at the task's tolerance, the reference's modelled time is still the
+        baseline, and if nothing beats it the reference is returned with this reason."""
+        if baseline.status != "incorrect" or not self.target.startswith("tpu"):
+            return
+        from maxkernel.analysis.precision import precision_need
+
+        need = await asyncio.to_thread(precision_need, self.task)
+        if not need.own_misses:
+            return
+        self.reference_misses = need.describe()
+        log.info("auto.reference_misses_tolerance", session=self.session_id, task=self.task.id,
+                 ratios=need.ratios, passes=need.passes)
+        self.emit("reference_numerics", {"text": self.reference_misses, "passes": need.passes,
+                                         "ratios": {str(k): v for k, v in need.ratios.items()}})
 
     def _set_bar(self) -> None:
         self.bar, _ = policy.baseline_bar(self.baseline_runs)
@@ -468,6 +488,8 @@ class AutoRun:
         status = "failed"
         if self.budget.baseline and not self.baseline_runs:
             await self.measure_baseline()
+        elif self.baseline is not None and not self.reference_misses:
+            await self.explain_reference(self.baseline)  # carried over from an interrupted run: said again here
         while True:
             reason = self.stop_reason()
             if reason:
@@ -496,7 +518,7 @@ class AutoRun:
         if not self.budget.baseline and self.best is not None:  # no bar was measured: the best reading stands
             return self.best.source, self.best.report, self.best.strategy, self.params_of(self.best)
         baseline = self.baseline
-        if baseline is not None and baseline.passed:
+        if baseline is not None and (baseline.passed or self.reference_misses):
             from maxkernel.rules.strategy import reference_source
 
             return reference_source(self.task), baseline, REFERENCE, {}
@@ -619,6 +641,8 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
             status, reason = ("scored" if run.best else "budget"), f"time budget of {budget.time_s} s spent"
             if run.best is None:
                 run.note = run.nothing_passed(reason)
+        if run.winner is None and run.reference_misses:
+            run.note = (run.note + "; " if run.note else "") + f"the reference is returned: {run.reference_misses}"
     finally:
         # Runs on cancellation too (a daemon job cancelled or shut down): the session says how it ended.
         await bus.close(idle=not interrupted)

@@ -38,6 +38,35 @@ def row_layout(task: "Task", size: str = "cpu") -> RowLayout | None:
                      independent=_independent(task, fn, blocked, row_dims))
 
 
+def block_probe(task: "Task", size: str, row_dims: int, blocked: "list[bool] | tuple[bool, ...]") -> str | None:
+    """Why the reference cannot run on one block of rows the way a row-block kernel runs it, or None.
+
+    A row-block kernel hands the reference a block of rows of each row-blocked input (the row axes
+    flattened, then shaped (1, ..., 1, rows)) and every other input whole. An input read whole that the
+    reference indexes by a row axis (a per-batch mask beside [batch, rows, cols] logits, a per-channel
+    filter beside [batch, channels, time] data) then meets the block's single batch or channel: the
+    reference fails, or broadcasts to the wrong shape. Probed on shapes only."""
+    shapes = input_shapes(task, size)
+    fn = functools.partial(task.reference, **static_args(task, size))
+    out = jax.tree_util.tree_leaves(jax.eval_shape(fn, *shapes))[0]
+    lead = tuple(out.shape[:row_dims])
+    rows = int(min(8, np.prod(lead)))
+    block = (1,) * (row_dims - 1) + (rows,)
+    inputs = [jax.ShapeDtypeStruct(block + tuple(s.shape[row_dims:]), s.dtype) if b else s
+              for s, b in zip(shapes, blocked)]
+    want = block + tuple(out.shape[row_dims:])
+    try:
+        got = jax.tree_util.tree_leaves(jax.eval_shape(fn, *inputs))[0]
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        return (f"the reference does not run on a block of rows {list(block)} with its other inputs whole: an input "
+                f"read whole is indexed by the row axes {list(lead)} ({type(exc).__name__}: {first})")
+    if tuple(got.shape) != want:
+        return (f"the reference on a block of rows gives {list(got.shape)}, not {list(want)}: an input read whole is "
+                f"indexed by the row axes {list(lead)} (a per-batch mask or per-channel weights)")
+    return None
+
+
 def _independent(task: "Task", fn: functools.partial, blocked: list[bool], row_dims: int) -> bool:
     args, _ = task.get_inputs(jax.random.key(0), "cpu")
     jitted = jax.jit(fn)

@@ -29,7 +29,7 @@ def optimize_command(
     max_tokens: Optional[int] = typer.Option(None, help="token budget of the session (LLM brains)"),
     max_cost: Optional[float] = typer.Option(None, help="money budget in USD (LLM brains)"),
 ) -> None:
-    """Optimize one task; exit 0 when a correct kernel file was written."""
+    """Optimize one task; exit 0 when a kernel file was written (a verified kernel, or the reference returned)."""
     from maxkernel.cli import guarded
 
     guarded(_optimize)(task, brain, budget, evals, out, json_out, target, seed, model, base_url, transcript, record,
@@ -49,7 +49,9 @@ def _optimize(task: str, brain: str, budget: float, evals: Optional[int], out: P
                           base_url=base_url, transcript=transcript, record_to=record, max_tokens=max_tokens,
                           max_cost_usd=max_cost, on_event=on_event)
     kernel_path = None
-    if result.best_source and result.best_report is not None and result.best_report.correct:
+    # A verified kernel, or the reference returned (it may miss its own tolerance on the target: the note says so).
+    returned = result.best_report is not None and (result.best_report.correct or result.best_strategy == "reference")
+    if result.best_source and returned:
         out.mkdir(parents=True, exist_ok=True)
         kernel_path = out / f"{loaded.id}_{target}.py"
         kernel_path.write_text(result.best_source)
@@ -83,6 +85,8 @@ class _Progress:
             params = data["params"] or ""
             self.progress.console.print(f"  {data['role']:8} {data['strategy']} {params}: {speed}", highlight=False,
                                         markup=False)
+        elif kind == "reference_numerics":
+            self.progress.console.print(f"  note     {data['text']}", highlight=False, markup=False)
         elif kind == "confirm":
             self.progress.update(self.bar, description=f"{self.task_id}: re-measuring {data['strategy']}")
         self.progress.update(self.bar, completed=min(self.budget, self.progress.tasks[0].elapsed or 0.0))

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from maxkernel.analysis.program import arg_names, input_shapes, static_args, trace_program
+from maxkernel.analysis.rows import block_probe
 from maxkernel.rewrites.emit import EmitError, emit_function, emittable
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
 from maxkernel.templates.tpu_rows import RowsPlan, _bodies_source, _kernel_source, _key
@@ -102,7 +103,7 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> RowsPlan | str:
         row_dims, blocked = _blocked(task, size)
         layouts.add((row_dims, blocked))
         program = trace_program(task, size).dce()
-        reason = emittable(program)
+        reason = block_probe(task, size, row_dims, blocked) or emittable(program)
         if reason is not None:
             return reason
         text = emit_function(program, "_reference", "The reference on rows of its row-blocked inputs.")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from maxkernel.templates.base import Template
 from maxkernel.templates.paged import PAGED_ATTENTION
 from maxkernel.templates.tpu_conv import TPU_CONV
+from maxkernel.templates.tpu_decode import TPU_DECODE
 from maxkernel.templates.tpu_gemm import TPU_GEMM
 from maxkernel.templates.tpu_mla import TPU_MLA
 from maxkernel.templates.tpu_mlp import TPU_MLP
@@ -16,5 +17,5 @@ from maxkernel.templates.tpu_rows import TPU_ROWS
 from maxkernel.templates.tpu_ssd import TPU_SSD
 from maxkernel.templates.tpu_xent import TPU_XENT
 
-TPU_TEMPLATES: tuple[Template, ...] = (PAGED_ATTENTION, TPU_RAGGED_PAGED, TPU_GEMM, TPU_CONV, TPU_XENT, TPU_MLP, TPU_MOE,
+TPU_TEMPLATES: tuple[Template, ...] = (PAGED_ATTENTION, TPU_RAGGED_PAGED, TPU_DECODE, TPU_GEMM, TPU_CONV, TPU_XENT, TPU_MLP, TPU_MOE,
                                      TPU_ROWS, TPU_RETENTION, TPU_MLA, TPU_SSD)

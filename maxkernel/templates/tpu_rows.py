@@ -58,8 +58,13 @@ def plan(task: "Task", analysis: "TaskAnalysis", sizes: tuple[str, ...]) -> Rows
     found: list[Program] = []
     texts: dict[tuple[tuple[int, ...], ...], str] = {}
     blocked = tuple(rows.blocked)
+    from maxkernel.analysis.rows import block_probe
+
     for size in sizes:
         program = trace_program(task, size).dce()
+        reason = block_probe(task, size, rows.row_dims, blocked)
+        if reason is not None:
+            return reason
         bad = sorted(set(program.primitives()) & set(UNFUSABLE))
         if bad:
             return f"{bad[0]} in the reference (no Mosaic lowering for it on row blocks)"
