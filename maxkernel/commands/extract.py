@@ -25,13 +25,15 @@ def extract_command(
 def _extract(task: str, target: str, out: Path, json_out: Optional[Path]) -> None:
     from jaxbench.task import load_task
     from maxkernel.cli import UserError
+    from maxkernel.commands.checks import check_folder, check_writable
     from maxkernel.extract import ExtractError, extract_task
     from maxkernel.targets.names import parse_target
 
     parse_target(target)
     loaded = load_task(task)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a folder")
+    check_folder(out, "--out")
+    if json_out is not None:
+        check_writable(json_out, "--json")  # before any region folder is written
     try:
         with Console(stderr=True).status(f"extracting {loaded.id}"):
             extraction = extract_task(loaded, out, target=target)
