@@ -64,16 +64,19 @@ class AutoBudget(BaseModel):
     cap each strategy's tuning trials, so an iteration can overshoot by its fix attempts; the baseline
     and confirmation runs count as evaluations too."""
 
-    time_s: float | None = 900.0
-    max_evaluations: int | None = 60
-    max_tokens: int | None = None
-    max_cost_usd: float | None = None
-    max_iterations: int | None = None
-    patience: int | None = Field(None, description="stop after this many iterations without a better kernel "
-                                                   "(None: only the budget and the planner end a run)")
-    max_fix_attempts: int = 2
-    tune_max_trials: int | None = Field(None, description="a cap on each strategy's tuning trials on top of its share")
-    tune_budget_s: float | None = Field(None, description="a cap on each strategy's tuning seconds on top of its share")
+    # every limit is positive: a negative or zero one would run (and be stored, and queued) as if it meant something
+    time_s: float | None = Field(900.0, gt=0)
+    max_evaluations: int | None = Field(60, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_cost_usd: float | None = Field(None, gt=0)
+    max_iterations: int | None = Field(None, ge=1)
+    patience: int | None = Field(None, ge=1, description="stop after this many iterations without a better kernel "
+                                                         "(None: only the budget and the planner end a run)")
+    max_fix_attempts: int = Field(2, ge=0)
+    tune_max_trials: int | None = Field(None, ge=1,
+                                        description="a cap on each strategy's tuning trials on top of its share")
+    tune_budget_s: float | None = Field(None, gt=0,
+                                        description="a cap on each strategy's tuning seconds on top of its share")
     baseline: bool = Field(True, description="judge the reference as a candidate first: the bar a winner must clear")
     confirm: bool = Field(True, description="measure the top candidates again before naming a winner")
     seed: int = 0

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from maxkernel.messages import new_id
 from memory.engine import describe
@@ -33,6 +33,21 @@ class JobSpec(BaseModel):
     budget: AutoBudget = Field(default_factory=AutoBudget)
     brain: str = "rules"
     target: str = "cpu"
+
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _positive_limits(cls, value: Any) -> Any:
+        """A non-positive limit is refused in the CLI's words, whichever door (CLI, HTTP API, form) it came by."""
+        if isinstance(value, dict):
+            for key, flag, floor in (("time_s", "--budget", 0.0), ("max_evaluations", "--evals", 0.0)):
+                raw = value.get(key)
+                try:
+                    number = float(raw) if raw is not None else None
+                except (TypeError, ValueError):
+                    continue  # not a number: the model's own check names it
+                if number is not None and number <= floor:
+                    raise ValueError(f"{flag} {raw}: must be positive")
+        return value
 
 
 DAEMON_BRAINS = ("rules", "gemini", "openai")

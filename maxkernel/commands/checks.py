@@ -38,12 +38,18 @@ def check_folder(path: Path, flag: str) -> None:
         raise UserError(f"{flag} {path}: {existing} is not writable")
 
 
-def check_limits(budget: Optional[float], evals: Optional[int]) -> None:
+def check_limits(budget: Optional[float], evals: Optional[int], evals_flag: str = "--evals") -> None:
     """``--budget SECONDS`` and ``--evals N``, the limits of every command that runs optimizations."""
     if budget is not None and budget <= 0:
         raise UserError(f"--budget {budget:g}: must be a positive number of seconds")
-    if evals is not None and evals < 1:
-        raise UserError(f"--evals {evals}: must be at least 1")
+    if evals is not None:
+        check_at_least(evals, evals_flag, 1)
+
+
+def check_at_least(value: int, flag: str, minimum: int) -> None:
+    """A count option (a width, a depth, a number of lanes) that below ``minimum`` means nothing."""
+    if value < minimum:
+        raise UserError(f"{flag} {value}: must be at least {minimum}")
 
 
 def check_target(name: str) -> str:

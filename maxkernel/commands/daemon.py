@@ -96,10 +96,11 @@ def submit_command(
 
 def _submit(task: str, priority: int, budget: float, evals: int, brain: str, target: str) -> None:
     from maxkernel.cli import UserError
-    from maxkernel.commands.checks import check_target
+    from maxkernel.commands.checks import check_limits, check_target
     from orchestrators.auto import AutoBudget
     from orchestrators.jobs import BadJob, JobSpec, check_spec
 
+    check_limits(budget, evals)
     check_target(target)  # the daemon runs here: a bare gpu target needs a GPU here
     try:
         spec = check_spec(JobSpec(task=task, priority=priority, budget=AutoBudget(time_s=budget, max_evaluations=evals),

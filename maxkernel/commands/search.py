@@ -52,14 +52,16 @@ def _search(tasks: list[str], algo: str, seed: int, evals: Optional[int], budget
     from actors.session import check_keys, config_for_brain
     from jaxbench.task import list_tasks, load_task
     from maxkernel.cli import UserError
-    from maxkernel.commands.checks import check_limits, check_store, check_target, check_writable, resolve_resume
+    from maxkernel.commands.checks import check_at_least, check_limits, check_store, check_target, check_writable, resolve_resume
     from orchestrators.search import DECIDERS, SearchConfig, SearchLimits, run_search, run_suite
 
     if algo not in DECIDERS:
         raise UserError(f"--algo {algo}: choose parallel, beam or evolve")
     check_limits(budget, evals)
-    if global_evals is not None:
-        check_limits(None, global_evals)
+    check_limits(None, global_evals, "--global-evals")
+    for flag, value in (("--width", width), ("--branching", branching), ("--depth", depth), ("--lanes", lanes),
+                        ("--islands", islands)):
+        check_at_least(value, flag, 1)
     check_target(target)
     if json_out is not None:
         check_writable(json_out, "--json")

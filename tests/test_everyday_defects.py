@@ -1,0 +1,86 @@
+"""Everyday use, second pass: each defect a new user met, with the command that showed it.
+
+Every test here ran against the code before its fix and failed there. Commands run in this process
+(``app(args=...)``) unless the entry point itself is what is tested.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from test_everyday_cli import RMS, cli, one_error
+
+
+# --- 7: output paths are checked before the work -------------------------------------------------------------
+
+def test_analyze_refuses_an_unwritable_json_path_before_printing_anything(capsys) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli(capsys, "analyze", RMS, "--json", "/nope/a.json")
+    assert code == 2 and out == ""  # nothing analysed, nothing printed
+    assert err.strip() == "error: --json /nope/a.json: folder /nope does not exist"
+
+
+def test_extract_refuses_an_unwritable_json_path_before_writing_regions(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    regions = tmp_path / "regions"
+    code, out, err = cli(capsys, "extract", RMS, "--out", str(regions), "--json", "/nope/a.json")
+    assert code == 2 and out == "" and not regions.exists()
+    assert err.strip() == "error: --json /nope/a.json: folder /nope does not exist"
+
+
+def test_the_default_regions_folder_is_ignored_by_git() -> None:
+    from test_everyday_cli import ROOT
+
+    assert "regions/" in (ROOT / ".gitignore").read_text().split()
+
+
+# --- 8: bad values are refused, whichever door they come by --------------------------------------------------
+
+@pytest.mark.parametrize("flag,value", [("--width", "0"), ("--width", "-1"), ("--depth", "-2"), ("--branching", "0"),
+                                        ("--lanes", "0"), ("--islands", "0")])
+def test_search_refuses_shape_counts_below_one(capsys, flag: str, value: str) -> None:  # type: ignore[no-untyped-def]
+    assert one_error(capsys, "search", RMS, flag, value) == f"error: {flag} {value}: must be at least 1"
+
+
+def test_global_evals_is_named_as_itself(capsys) -> None:  # type: ignore[no-untyped-def]
+    line = one_error(capsys, "search", RMS, "12p_RMSNorm", "--global-evals", "-1")
+    assert line == "error: --global-evals -1: must be at least 1"
+
+
+def test_memory_list_refuses_an_unknown_target(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert "tpu-v9" in one_error(capsys, "memory", "list", "--target", "tpu-v9")
+
+
+def test_the_dashboard_form_refuses_a_negative_budget_and_queues_nothing() -> None:
+    from maxkernel.config import load_settings
+    from memory import Store
+    from orchestrators.dashboard import Dashboard
+    from orchestrators.jobs import JobQueue
+
+    with Store.open(load_settings().resolved_store_url) as store:
+        queue = JobQueue(store.engine)
+        before = len(queue.list(None))
+        for field in ("budget=-5", "budget=0", "evals=-1"):
+            page = Dashboard(queue, store).handle("POST", "/ui/jobs", f"task={RMS}&{field}".encode())
+            assert page is not None and page.status == 400, field
+            assert b"must be positive" in page.body, field
+        assert len(queue.list(None)) == before
+
+
+def test_a_stored_budget_is_never_negative() -> None:
+    from pydantic import ValidationError
+
+    from orchestrators.auto import AutoBudget
+
+    for bad in ({"time_s": -1}, {"max_evaluations": 0}, {"tune_budget_s": -3}, {"patience": 0}):
+        with pytest.raises(ValidationError):
+            AutoBudget(**bad)
+
+
+def test_the_python_api_refuses_a_negative_budget_before_anything_starts() -> None:
+    import maxkernel
+
+    with pytest.raises(ValueError, match="budget_s=-1: must be a positive number"):
+        maxkernel.optimize(RMS, budget_s=-1)
+    with pytest.raises(ValueError, match="evals=0: must be at least 1"):
+        maxkernel.optimize(RMS, evals=0)
