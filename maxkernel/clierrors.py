@@ -42,11 +42,12 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from maxkernel.analysis.signature import SignatureError
     from maxkernel.config import ConfigError
     from maxkernel.llm.errors import LlmError
+    from maxkernel.auth import HostUnreachable
     from maxkernel.targets.names import TargetError
     from memory.errors import MemoryStoreError
 
     return (TaskError, ConfigError, UserError, TargetError, LlmError, MemoryStoreError, SignatureError,
-            ValidationError)
+            ValidationError, HostUnreachable)
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
