@@ -84,3 +84,38 @@ def test_the_python_api_refuses_a_negative_budget_before_anything_starts() -> No
         maxkernel.optimize(RMS, budget_s=-1)
     with pytest.raises(ValueError, match="evals=0: must be at least 1"):
         maxkernel.optimize(RMS, evals=0)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])  # closed again when the block ends: nothing listens there
+
+
+# --- 4: a worker pointed at no host ----------------------------------------------------------------------------
+
+def test_a_worker_pointed_at_no_host_says_so_in_one_line() -> None:
+    from test_everyday_cli import subprocess_cli, user_lines
+
+    port = _closed_port()
+    done = subprocess_cli("worker", "--host", f"127.0.0.1:{port}", "--roles", "planner")
+    lines = user_lines(done.stderr)
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert lines[0].startswith(f"error: gRPC host 127.0.0.1:{port} cannot be reached")
+
+
+# --- 9: the daemon's port is checked before it starts ----------------------------------------------------------
+
+def test_daemon_start_refuses_a_port_out_of_range_or_taken(capsys) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    assert one_error(capsys, "daemon", "start", "--port", "99999") == \
+        "error: --port 99999: choose 1-65535, or 0 for any free port"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        line = one_error(capsys, "daemon", "start", "--port", str(port))
+    assert line.startswith(f"error: --port {port}: ") and "cannot listen there" in line
