@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -155,7 +156,7 @@ def print_report(report: Any) -> None:
     checks.add_column("result")
     checks.add_column("detail", overflow="fold")
     for c in report.checks:
-        checks.add_row(c.name, "[green]pass[/]" if c.passed else "[red]FAIL[/]", c.detail)
+        checks.add_row(c.name, "[green]pass[/]" if c.passed else "[red]FAIL[/]", escape(c.detail))
     console.print(checks)
     colour = "green" if report.status == "ok" else "red"
     summary = Table(show_header=False)
@@ -163,7 +164,7 @@ def print_report(report: Any) -> None:
     summary.add_column("value", overflow="fold")
     summary.add_row("status", f"[{colour}]{report.status}[/]")
     if report.reason:
-        summary.add_row("reason", report.reason)
+        summary.add_row("reason", escape(report.reason))  # a reason may hold brackets: `pip install -e ".[gpu]"`
     summary.add_row("label", str(report.label or "-"))
     summary.add_row("max abs err", _fmt_sci(report.max_abs_err))
     basis = f" ({report.basis})" if report.basis else ""
@@ -173,7 +174,7 @@ def print_report(report: Any) -> None:
     summary.add_row("cv (kernel / ref)", f"{_fmt_opt(report.cv)} / {_fmt_opt(report.ref_cv)}")
     summary.add_row("FLOPs (ref / kernel)", f"{_fmt_sci(report.ref_flops)} / {_fmt_sci(report.kernel_flops)}")
     for flag in report.flags:
-        summary.add_row("flag", f"[yellow]{flag}[/]")
+        summary.add_row("flag", f"[yellow]{escape(flag)}[/]")
     console.print(summary)
 
 

@@ -70,7 +70,11 @@ def check_spec(spec: JobSpec) -> JobSpec:
     if (time_s is not None and time_s <= 0) or (evals is not None and evals < 1):
         raise BadJob("--budget and --evals must be positive")
     try:
-        parse_target(spec.target)
+        kind, chip = parse_target(spec.target)
+        if kind == "gpu" and chip is not None:
+            from maxkernel.targets.gpu_lowering import require_plugin
+
+            require_plugin(spec.target)
         loaded = load_task(spec.task)
     except (TaskError, TargetError) as exc:
         raise BadJob(str(exc)) from exc

@@ -119,3 +119,42 @@ def test_daemon_start_refuses_a_port_out_of_range_or_taken(capsys) -> None:  # t
         port = busy.getsockname()[1]
         line = one_error(capsys, "daemon", "start", "--port", str(port))
     assert line.startswith(f"error: --port {port}: ") and "cannot listen there" in line
+
+
+# --- 6: a gpu-<chip> target without the optional GPU extra -----------------------------------------------------
+
+def _without_gpu_plugin() -> None:
+    from maxkernel.targets.gpu_lowering import plugin_available
+
+    if plugin_available():
+        pytest.skip("the CUDA plugin is installed here: --target gpu-* lowers")
+
+
+@pytest.mark.parametrize("command", [("eval", RMS, "jaxbench/examples/rmsnorm_12p.py"), ("optimize", RMS),
+                                     ("search", RMS), ("submit", RMS)])
+def test_a_gpu_chip_target_without_the_plugin_is_refused_up_front(capsys, command: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    _without_gpu_plugin()
+    line = one_error(capsys, *command, "--target", "gpu-h100")
+    assert line == ('error: --target gpu-h100: lowering for GPU needs the optional CUDA plugin; install it with '
+                    'pip install -e ".[gpu]"')
+
+
+def test_the_http_door_refuses_a_gpu_chip_job_without_the_plugin() -> None:
+    from orchestrators.jobs import BadJob, JobSpec, check_spec
+
+    _without_gpu_plugin()
+    with pytest.raises(BadJob, match=r'pip install -e "\.\[gpu\]"'):
+        check_spec(JobSpec(task=RMS, target="gpu-h100"))
+
+
+def test_an_eval_report_prints_brackets_as_written(capsys) -> None:  # type: ignore[no-untyped-def]
+    from jaxbench.report import CheckResult, EvalReport
+    from maxkernel.cli import print_report
+
+    report = EvalReport(task=RMS, status="rejected", reason='needs the plugin: pip install -e ".[gpu]"',
+                        checks=[CheckResult(name="plugin", passed=False, detail="x[0] and [bold]y[/bold]")],
+                        flags=["[red]z"])
+    print_report(report)
+    out = capsys.readouterr().out
+    assert '".[gpu]"' in out  # as markup, "[gpu]" would vanish
+    assert "x[0] and [bold]y[/bold]" in out and "[red]z" in out

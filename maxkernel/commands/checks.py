@@ -53,10 +53,15 @@ def check_at_least(value: int, flag: str, minimum: int) -> None:
 
 
 def check_target(name: str) -> str:
-    """A known target that this machine can run or model; the bare ``gpu`` needs a GPU JAX can see."""
+    """A known target that this machine can run or model: the bare ``gpu`` needs a GPU JAX can see, a
+    ``gpu-<chip>`` the optional CUDA plugin that lowers for it."""
     from maxkernel.targets.names import parse_target
 
-    parse_target(name)
+    kind, chip = parse_target(name)
+    if kind == "gpu" and chip is not None:
+        from maxkernel.targets.gpu_lowering import require_plugin
+
+        require_plugin(name)
     if name.strip().lower() == "gpu":
         import jax
 
