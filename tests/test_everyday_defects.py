@@ -158,3 +158,48 @@ def test_an_eval_report_prints_brackets_as_written(capsys) -> None:  # type: ign
     out = capsys.readouterr().out
     assert '".[gpu]"' in out  # as markup, "[gpu]" would vanish
     assert "x[0] and [bold]y[/bold]" in out and "[red]z" in out
+
+
+# --- 13: readable at 80 columns --------------------------------------------------------------------------------
+
+def _render(renderable: object, width: int) -> list[str]:
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=open("/dev/null", "w"))
+    console.print(renderable)
+    return console.export_text().splitlines()
+
+
+def test_the_suite_list_is_readable_at_eighty_columns() -> None:
+    from jaxbench.task import list_tasks
+    from maxkernel.cli import suite_view
+
+    suite = list_tasks()
+    lines = _render(suite_view(suite, "JaxBench", 80), 80)
+    assert max(len(line) for line in lines) <= 80
+    assert len(lines) <= 4 * len(suite)  # not a column of letters stacked two by two
+    assert {t.id for t in suite} <= {line.strip() for line in lines}  # each id whole, on a line of its own
+    assert any("attention · bfloat16" in line for line in lines)  # the words themselves are not split
+    wide = _render(suite_view(suite, "JaxBench", 200), 200)
+    assert len(wide) < 2 * len(suite) + 6  # a wide terminal keeps the table, a row (or two) per task
+
+
+def test_the_trials_table_keeps_its_words_whole_at_eighty_columns() -> None:
+    from types import SimpleNamespace
+
+    from maxkernel.commands.optimize import trials_table
+    from orchestrators.trials import TrialRow
+
+    trials = [TrialRow(strategy="reference", role="baseline", status="ok", speedup=1.0, speedup_ci=(0.98, 1.02),
+                       label="reference-equivalent"),
+              TrialRow(strategy="rows_block_fused_rmsnorm", role="tune", params={"block_rows": 256, "unroll": 2},
+                       status="compile_error", label="pallas"),
+              TrialRow(strategy="rows_block_fused_rmsnorm", role="confirm", params={"block_rows": 512},
+                       status="ok", speedup=66.85, speedup_ci=(39.52, 82.16), label="pallas")]
+    result = SimpleNamespace(task_id="12p_RMSNorm", target="cpu", brain="rules", session_id="d06eeb92b687aaaa",
+                             trials=trials)
+    lines = _render(trials_table(result), 80)
+    text = "\n".join(lines)
+    assert max(len(line) for line in lines) <= 80
+    for word in ("reference-equivalent", "compile_error", "baseline", "confirm", "66.85x"):
+        assert word in text, word

@@ -93,15 +93,25 @@ class _Progress:
         self.progress.__exit__(*exc)  # type: ignore[arg-type]
 
 
-def _print(result: Any, kernel_path: Path | None) -> None:
-    console = Console()
+def trials_table(result: Any) -> Table:
+    """One row per trial. Words from a fixed set (role, status, label) are never split; what is free text
+    (strategy, params) folds, and a speedup breaks only at the space before its interval."""
     table = Table(title=f"{result.task_id} · {result.target} · {result.brain} brain · session {result.session_id[:12]}")
-    for col in ("strategy", "role", "params", "status", "speedup", "label"):
-        table.add_column(col, overflow="fold")
+    table.add_column("strategy", overflow="fold", ratio=2)
+    table.add_column("role", no_wrap=True)
+    table.add_column("params", overflow="fold", ratio=2)
+    table.add_column("status", no_wrap=True)
+    table.add_column("speedup", min_width=len("0.00x"), ratio=1)
+    table.add_column("label", no_wrap=True)
     for row in result.trials:
         table.add_row(escape(row.strategy), row.role, escape(str(row.params or "")), row.status,
                       format_speedup(row.speedup, row.speedup_ci), row.label or "-")
-    console.print(table)
+    return table
+
+
+def _print(result: Any, kernel_path: Path | None) -> None:
+    console = Console()
+    console.print(trials_table(result))
     report = result.best_report
     basis = f" ({report.basis}, {result.confirmation})" if report is not None and report.basis else ""
     colour = "green" if result.claim == "faster" else "yellow"
