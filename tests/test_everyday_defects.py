@@ -203,3 +203,25 @@ def test_the_trials_table_keeps_its_words_whole_at_eighty_columns() -> None:
     assert max(len(line) for line in lines) <= 80
     for word in ("reference-equivalent", "compile_error", "baseline", "confirm", "66.85x"):
         assert word in text, word
+
+
+# --- 14: the Python API keeps its logs off stdout -------------------------------------------------------------
+
+def test_importing_maxkernel_sends_no_log_line_to_stdout(tmp_path: Path) -> None:
+    """A fresh interpreter, as a library user has it: a debug and an info line of ours go nowhere, a warning
+    goes to stderr, and stdout holds only what the program printed."""
+    import os
+    import subprocess
+    import sys
+
+    from test_everyday_cli import ROOT
+
+    program = ("import maxkernel, structlog\n"
+               "log = structlog.get_logger('probe')\n"
+               "log.debug('probe.debug'); log.info('probe.info'); log.warning('probe.warning')\n"
+               "print('program output')\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=dict(os.environ, MAXKERNEL_DATA_DIR=str(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "program output\n"
+    assert "probe.warning" in done.stderr and "probe.info" not in done.stderr and "probe.debug" not in done.stderr
