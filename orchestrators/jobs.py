@@ -61,7 +61,7 @@ def check_spec(spec: JobSpec) -> JobSpec:
     """Refuse a spec the daemon could never run, at the door; a task folder is kept as its full path."""
     from pathlib import Path
 
-    from jaxbench.task import TaskError, load_task
+    from jaxbench.task import TaskError, check_own_id, load_task
     from maxkernel.targets.names import TargetError, parse_target
 
     if spec.brain not in DAEMON_BRAINS:
@@ -76,6 +76,8 @@ def check_spec(spec: JobSpec) -> JobSpec:
 
             require_plugin(spec.target)
         loaded = load_task(spec.task)
+        check_own_id(loaded)
+        loaded.module  # a reference that does not import is refused here, not by the daemon's run  # noqa: B018
     except (TaskError, TargetError) as exc:
         raise BadJob(str(exc)) from exc
     ref = str(Path(spec.task).resolve()) if Path(spec.task).exists() else loaded.id

@@ -225,3 +225,58 @@ def test_importing_maxkernel_sends_no_log_line_to_stdout(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr
     assert done.stdout == "program output\n"
     assert "probe.warning" in done.stderr and "probe.info" not in done.stderr and "probe.debug" not in done.stderr
+
+
+# --- 2: a task folder is refused at the door when it does not load, and never shadows a suite task -----------
+
+GEMM = "41k_Gemm_Add_ReLU"
+
+
+def _copy(tmp_path: Path, name: str, *, task_id: str | None = None, broken: bool = False) -> Path:
+    import shutil
+
+    from jaxbench.task import load_task
+
+    folder = tmp_path / name
+    shutil.copytree(load_task(GEMM).path, folder)
+    if task_id is not None:
+        yaml_path = folder / "task.yaml"
+        yaml_path.write_text(yaml_path.read_text().replace(f"id: {GEMM}", f"id: {task_id}"))
+    if broken:
+        (folder / "reference.py").write_text((folder / "reference.py").read_text() + "\ndef broken(:\n")
+    return folder
+
+
+def test_the_daemon_door_refuses_a_folder_that_does_not_load(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from orchestrators.jobs import BadJob, JobSpec, check_spec
+
+    own = _copy(tmp_path, "own", task_id="my_gemm", broken=True)
+    with pytest.raises(BadJob, match="import failed: SyntaxError"):
+        check_spec(JobSpec(task=str(own)))
+    line = one_error(capsys, "submit", str(own))
+    assert str(own) in line and "SyntaxError" in line
+
+
+def test_a_folder_never_shadows_a_suite_task(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from actors.config import ActorConfig
+    from actors.services import Services
+    from jaxbench.task import SUITE_DIR, TaskError
+    from orchestrators.jobs import BadJob, JobSpec, check_spec
+
+    shadow = _copy(tmp_path, "shadow", broken=True)  # the suite id, other files
+    with pytest.raises(BadJob, match="give the folder an id of its own"):
+        check_spec(JobSpec(task=str(shadow)))
+    assert "give the folder an id of its own" in one_error(capsys, "submit", str(shadow))
+
+    services = Services(ActorConfig())
+    with pytest.raises(TaskError, match="id of a suite task"):
+        services.task(str(shadow))
+    assert services.task(GEMM).path == SUITE_DIR / GEMM  # the suite id is still the suite's task
+    copy = _copy(tmp_path, "copy")  # an unchanged copy is that task: allowed, and the same task
+    assert services.task(str(copy)).id == GEMM and services.task(GEMM).path == SUITE_DIR / GEMM
+
+    first, second = _copy(tmp_path, "first", task_id="mine"), _copy(tmp_path, "second", task_id="mine", broken=True)
+    assert services.task(str(first)).path == first
+    with pytest.raises(TaskError, match="already names"):
+        services.task(str(second))
+    assert services.task("mine").path == first
