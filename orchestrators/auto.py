@@ -552,6 +552,9 @@ def summary_note(run: AutoRun) -> tuple[str, str]:
 def remember(run: AutoRun) -> tuple[str | None, str | None]:
     """Store the winner with its confirmed report (else the best correct kernel that is not the reference
     again: verified, though not faster) and the run's note."""
+    baseline = run.baseline
+    if baseline is not None and not baseline.passed:
+        return None, None  # the reference itself did not run: the session learned nothing of any strategy
     memory = run.services.memory
     kernel_id = None
     kernels = [c for c in run.scored if c.report.label != "reference-equivalent"]

@@ -62,6 +62,7 @@ def check_spec(spec: JobSpec) -> JobSpec:
     from pathlib import Path
 
     from jaxbench.task import TaskError, check_own_id, load_task
+    from maxkernel.analysis.signature import SignatureError, check_reference
     from maxkernel.targets.names import TargetError, parse_target
 
     if spec.brain not in DAEMON_BRAINS:
@@ -77,8 +78,8 @@ def check_spec(spec: JobSpec) -> JobSpec:
             require_plugin(spec.target)
         loaded = load_task(spec.task)
         check_own_id(loaded)
-        loaded.module  # a reference that does not import is refused here, not by the daemon's run  # noqa: B018
-    except (TaskError, TargetError) as exc:
+        check_reference(loaded)  # a reference that does not import or trace is refused here, not by a run
+    except (TaskError, TargetError, SignatureError) as exc:
         raise BadJob(str(exc)) from exc
     ref = str(Path(spec.task).resolve()) if Path(spec.task).exists() else loaded.id
     return spec.model_copy(update={"task": ref})

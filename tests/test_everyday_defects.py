@@ -280,3 +280,36 @@ def test_a_folder_never_shadows_a_suite_task(capsys, tmp_path: Path) -> None:  #
     with pytest.raises(TaskError, match="already names"):
         services.task(str(second))
     assert services.task("mine").path == first
+
+
+# --- 5: a broken reference is one line before any session -----------------------------------------------------
+
+def test_optimize_on_a_broken_reference_is_one_line_and_stores_nothing(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from maxkernel.config import load_settings
+    from memory import Store
+
+    broken = _copy(tmp_path, "broken", task_id="broken_gemm", broken=True)
+    for command in (("optimize", str(broken), "--budget", "10", "--out", str(tmp_path / "k")),
+                    ("search", str(broken), "--evals", "2"), ("chat", str(broken))):
+        line = one_error(capsys, *command)
+        assert f"{broken}/reference.py: import failed: SyntaxError" in line, line
+    undrawable = _copy(tmp_path, "undrawable", task_id="undrawable_gemm")
+    reference = undrawable / "reference.py"
+    reference.write_text(reference.read_text().replace("def get_inputs(", "def get_inputs(*_a, **_k):\n    raise "
+                                                                           "ValueError('no inputs')\n\n\ndef _old("))
+    line = one_error(capsys, "optimize", str(undrawable), "--budget", "10", "--out", str(tmp_path / "k"))
+    assert "cannot draw abstract inputs" in line and "no inputs" in line
+    with Store.open(load_settings().resolved_store_url) as store:
+        assert store.sessions() == []  # no failed session stored
+    code, out, _ = cli(capsys, "memory", "list", "--kind", "notes")
+    assert code == 0 and "broken_gemm" not in out and "undrawable_gemm" not in out  # and no note in the memory
+
+
+def test_the_daemon_door_refuses_a_reference_that_does_not_trace(tmp_path: Path) -> None:
+    from orchestrators.jobs import BadJob, JobSpec, check_spec
+
+    undrawable = _copy(tmp_path, "undrawable", task_id="undrawable_gemm")
+    reference = undrawable / "reference.py"
+    reference.write_text(reference.read_text() + "\n\ndef reference(*args, **static):\n    raise ValueError('nope')\n")
+    with pytest.raises(BadJob, match="nope"):
+        check_spec(JobSpec(task=str(undrawable)))

@@ -75,6 +75,14 @@ def check_target(name: str) -> str:
     return name
 
 
+def check_reference(task: "Task") -> None:
+    """The task's reference imports, draws its inputs and traces: a broken one is one line here, not a failed
+    session in the store (and a note in the memory that later plans would read as a prior)."""
+    from maxkernel.analysis.signature import check_reference as check
+
+    check(task)
+
+
 def check_store() -> None:
     """Open and close the store, so that a corrupt or unreachable one is named before a run starts."""
     from maxkernel.config import load_settings
@@ -95,6 +103,7 @@ def check_run(task: str, brain: str, budget: Optional[float], evals: Optional[in
     check_limits(budget, evals)
     check_target(target)
     loaded = load_task(task)
+    check_reference(loaded)
     check_folder(out, "--out")
     if json_out is not None:
         check_writable(json_out, "--json")

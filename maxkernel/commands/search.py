@@ -52,7 +52,7 @@ def _search(tasks: list[str], algo: str, seed: int, evals: Optional[int], budget
     from actors.session import check_keys, config_for_brain
     from jaxbench.task import list_tasks, load_task
     from maxkernel.cli import UserError
-    from maxkernel.commands.checks import check_at_least, check_limits, check_store, check_target, check_writable, resolve_resume
+    from maxkernel.commands.checks import check_at_least, check_limits, check_reference, check_store, check_target, check_writable, resolve_resume
     from orchestrators.search import DECIDERS, SearchConfig, SearchLimits, run_search, run_suite
 
     if algo not in DECIDERS:
@@ -76,7 +76,7 @@ def _search(tasks: list[str], algo: str, seed: int, evals: Optional[int], budget
     if brain == "replay" and transcript is None:
         raise UserError("--brain replay needs --transcript PATH")
     for t in tasks:
-        load_task(t)  # a bad name fails here, in one line; a folder is passed on as its path
+        check_reference(load_task(t))  # a bad name or reference fails here, in one line; a folder goes on as its path
     if resume:
         _check_resumed_task(resume, load_task(tasks[0]).id)
     loaded = list(tasks)
