@@ -9,11 +9,11 @@ The result is the same ``AutoResult`` for every brain, and what ``maxkernel opti
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from actors.session import prepare_brain
 from orchestrators.auto import AutoBudget, AutoResult, OnEvent, run_auto
+from orchestrators.interrupt import run_interruptible
 
 
 def optimize(task: str | Path, *, target: str = "cpu", budget_s: float | None = 300.0, evals: int | None = None,
@@ -36,5 +36,6 @@ def optimize(task: str | Path, *, target: str = "cpu", budget_s: float | None = 
                            data_dir=data_dir)
     budget = AutoBudget(time_s=budget_s, max_evaluations=evals, max_tokens=max_tokens, max_cost_usd=max_cost_usd,
                         seed=seed)
-    return asyncio.run(run_auto(str(task), config, target=target, size=size, budget=budget, mode="optimize",
-                                on_event=on_event))
+    # Ctrl-C or SIGTERM: the session is stored as interrupted and Interrupted (a KeyboardInterrupt) is raised
+    return run_interruptible(run_auto(str(task), config, target=target, size=size, budget=budget, mode="optimize",
+                                      on_event=on_event))

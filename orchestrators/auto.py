@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from actors import policy
 from actors.config import ActorConfig
 from actors.services import Services
+from orchestrators.interrupt import INTERRUPTED
 from jaxbench.report import EvalReport as JudgeReport, format_speedup
 from maxkernel.messages import (
     Budget,
@@ -621,6 +622,9 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
         try:
             status, reason = await run.run()
             interrupted = False
+        except asyncio.CancelledError:  # Ctrl-C, SIGTERM, a daemon's cancel: cut short, not failed
+            status, reason = INTERRUPTED, "interrupted"
+            raise
         except asyncio.TimeoutError:
             status, reason = ("scored" if run.best else "budget"), f"time budget of {budget.time_s} s spent"
             if run.best is None:
