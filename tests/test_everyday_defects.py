@@ -313,3 +313,70 @@ def test_the_daemon_door_refuses_a_reference_that_does_not_trace(tmp_path: Path)
     reference.write_text(reference.read_text() + "\n\ndef reference(*args, **static):\n    raise ValueError('nope')\n")
     with pytest.raises(BadJob, match="nope"):
         check_spec(JobSpec(task=str(undrawable)))
+
+
+# --- 3 and 10: Ctrl-C and SIGTERM end a run as interrupted, in the store and on screen --------------------------
+
+def _interrupt_when(tmp_path: Path, args: list[str], table: str, signum: int) -> tuple[int, list[str], str]:
+    """Run ``maxkernel ARGS`` with its own store, send ``signum`` once ``table`` holds a running row, and return
+    (exit code, what it said on stderr, the row's status afterwards). SIGINT goes to the whole process group,
+    as a terminal's Ctrl-C does; SIGTERM to the process alone, as ``kill`` does."""
+    import os
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    from test_everyday_cli import ROOT, user_lines
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu", COLUMNS="80", MAXKERNEL_DATA_DIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "maxkernel.cli", *args], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    db = tmp_path / "maxkernel.db"
+
+    def status() -> str | None:
+        try:
+            with sqlite3.connect(db) as conn:
+                row = conn.execute(f"select status from {table} order by created_at desc limit 1").fetchone()
+        except sqlite3.OperationalError:  # not created yet
+            return None
+        return row[0] if row else None
+
+    try:
+        deadline = time.monotonic() + 240
+        while status() != "running" and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(3)  # well inside the run: evaluations in flight
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, user_lines(err), str(status())
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_optimize_is_one_line_and_the_session_is_interrupted(tmp_path: Path) -> None:
+    import signal
+
+    code, lines, status = _interrupt_when(tmp_path, ["optimize", RMS, "--budget", "120"], "sessions", signal.SIGINT)
+    assert code == 130 and status == "interrupted"
+    assert not any("Traceback" in line or "Error" in line for line in lines), lines
+    assert lines[-1] == "interrupted (SIGINT): what ran is stored, marked interrupted" and len(lines) <= 3, lines
+
+
+@pytest.mark.slow
+def test_a_search_ended_by_sigterm_is_stored_as_interrupted(tmp_path: Path) -> None:
+    import signal
+
+    code, lines, status = _interrupt_when(tmp_path, ["search", RMS, "--evals", "8"], "orch_searches", signal.SIGTERM)
+    assert code == 143 and status == "interrupted"  # resumable with --resume; never "running" for ever
+    assert not any("Traceback" in line for line in lines), lines
+    assert lines[-1] == "interrupted (SIGTERM): what ran is stored, marked interrupted"

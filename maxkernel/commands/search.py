@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any, List, Optional
@@ -53,6 +52,7 @@ def _search(tasks: list[str], algo: str, seed: int, evals: Optional[int], budget
     from jaxbench.task import list_tasks, load_task
     from maxkernel.cli import UserError
     from maxkernel.commands.checks import check_at_least, check_limits, check_reference, check_store, check_target, check_writable, resolve_resume
+    from orchestrators.interrupt import run_interruptible
     from orchestrators.search import DECIDERS, SearchConfig, SearchLimits, run_search, run_suite
 
     if algo not in DECIDERS:
@@ -92,11 +92,11 @@ def _search(tasks: list[str], algo: str, seed: int, evals: Optional[int], budget
     with _progress(err) as (progress, on_event):
         if len(loaded) == 1:
             limits = SearchLimits(max_evaluations=evals, time_s=budget)  # a resume runs on to the limits given
-            results = [asyncio.run(run_search(loaded[0], config, config_actor, search_id=resume, limits=limits,
-                                              on_event=on_event))]
+            results = [run_interruptible(run_search(loaded[0], config, config_actor, search_id=resume, limits=limits,
+                                                    on_event=on_event))]
         else:
-            results = asyncio.run(run_suite(loaded, config, config_actor, global_evaluations=global_evals,
-                                            on_event=on_event)).results
+            results = run_interruptible(run_suite(loaded, config, config_actor, global_evaluations=global_evals,
+                                                  on_event=on_event)).results
     table = results_table(results, algo, seed)
     Console().print(table)
     if json_out:
