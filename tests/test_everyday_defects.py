@@ -380,3 +380,31 @@ def test_a_search_ended_by_sigterm_is_stored_as_interrupted(tmp_path: Path) -> N
     assert code == 143 and status == "interrupted"  # resumable with --resume; never "running" for ever
     assert not any("Traceback" in line for line in lines), lines
     assert lines[-1] == "interrupted (SIGTERM): what ran is stored, marked interrupted"
+
+
+# --- 1: accepting a kernel of the plan's second strategy -------------------------------------------------------
+
+@pytest.mark.slow
+def test_accepting_the_second_strategys_kernel_keeps_every_evaluation() -> None:
+    import asyncio
+
+    import sqlalchemy as sa
+
+    from actors.config import ActorConfig
+    from maxkernel.config import load_settings
+    from memory import Store
+    from orchestrators.hitl import run_chat
+
+    said: list[str] = []
+    lines = iter(["plan", "a", "implement 2", "a", "test", "accept", "quit"])
+    session = asyncio.run(run_chat(RMS, ActorConfig(brain="rules"), read=lambda _p: next(lines), write=said.append))
+    out = "\n".join(said)
+    assert "accept failed" not in out and "accepted: " in out, out[-3000:]
+    with Store.open(load_settings().resolved_store_url) as store, store.engine.connect() as conn:
+        candidates = conn.execute(sa.text("select count(*) from candidates where session_id = :s"), {"s": session})
+        evaluations = conn.execute(sa.text("select count(*) from evaluations e join candidates c on "
+                                           "e.candidate_id = c.id where c.session_id = :s"), {"s": session})
+        assert candidates.scalar_one() >= 2  # the kernel and the reference judged as a candidate
+        assert evaluations.scalar_one() >= 3  # its test, the reference's run, the re-measurement: none lost
+        failures = [e for e in store.events(session_id=session) if e.message_type == "ActorFailed"]
+        assert not failures, failures
