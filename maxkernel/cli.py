@@ -172,7 +172,7 @@ def eval_cmd(
 
 
 def print_report(report: Any) -> None:
-    checks = Table(title=f"{report.task} · {report.target} · {report.size}")
+    checks = Table(title=f"{report.task} · target {report.target} · {report.size} size")
     checks.add_column("check")
     checks.add_column("result")
     checks.add_column("detail", overflow="fold")

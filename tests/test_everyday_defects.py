@@ -408,3 +408,20 @@ def test_accepting_the_second_strategys_kernel_keeps_every_evaluation() -> None:
         assert evaluations.scalar_one() >= 3  # its test, the reference's run, the re-measurement: none lost
         failures = [e for e in store.events(session_id=session) if e.message_type == "ActorFailed"]
         assert not failures, failures
+
+
+# --- 12: wording -----------------------------------------------------------------------------------------------
+
+def test_counts_agree_with_their_nouns_and_titles_say_what_each_word_is(capsys) -> None:  # type: ignore[no-untyped-def]
+    from jaxbench.report import EvalReport
+    from maxkernel.cli import print_report
+    from orchestrators.feedback import Attempt
+
+    one = Attempt(strategy="template:rowblock", step=0, evaluations=1, status="ok", speedup=1.2,
+                  speedup_ci=(1.1, 1.3))
+    assert one.line().endswith("(1 evaluation)")
+    assert Attempt(strategy="x", step=0, evaluations=3, status="compile_error", reason="r").line().endswith(
+        "(3 evaluations)")
+    print_report(EvalReport(task=RMS, status="ok", correct=True))
+    out = " ".join(capsys.readouterr().out.split())  # the title wraps over a narrow table
+    assert f"{RMS} · target cpu · cpu size" in out and "· cpu · cpu" not in out

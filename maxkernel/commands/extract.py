@@ -50,7 +50,8 @@ def print_regions(extraction: object) -> None:
 
     assert isinstance(extraction, Extraction)
     basis = extraction.regions[0].basis if extraction.regions else "measured"
-    table = Table(title=f"{extraction.layer}: {len(extraction.regions)} regions ({extraction.target}, {basis})")
+    table = Table(title=f"{extraction.layer}: {len(extraction.regions)} region{'' if len(extraction.regions) == 1 else 's'} "
+                        f"({extraction.target}, {basis})")
     for col, justify in (("region", "left"), ("kind", "left"), ("share", "right"), ("ms", "right"),
                          ("GFLOP (cpu size)", "right"), ("MB (cpu size)", "right"), ("folder", "left")):
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]

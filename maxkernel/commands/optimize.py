@@ -113,7 +113,12 @@ def _print(result: Any, kernel_path: Path | None) -> None:
     console = Console()
     console.print(trials_table(result))
     report = result.best_report
-    basis = f" ({report.basis}, {result.confirmation})" if report is not None and report.basis else ""
+    basis = ""
+    if report is not None and report.basis:  # "modelled, deterministic" already names its basis: said once
+        confirmation = result.confirmation or ""
+        said = confirmation if confirmation.startswith(report.basis) else \
+            ", ".join(x for x in (report.basis, confirmation) if x)
+        basis = f" ({said})"
     colour = "green" if result.claim == "faster" else "yellow"
     params = {k: v for k, v in result.best_params.items() if k not in ("rewrites", "source")}
     console.print(f"best: {escape(result.best_strategy or '-')} {escape(str(params or ''))} — "
