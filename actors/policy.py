@@ -209,6 +209,24 @@ def to_confirm(candidates: Sequence[S], speedup_of: Callable[[S], float], bar: f
     return [c for c in ranked if speedup_of(c) > bar or (centre_of is not None and centre_of(c) > bar)][:CONFIRM_TOP]
 
 
+CONFIRM_RESERVE = 2  # evaluations kept for naming a winner: the top candidate's re-run and a deciding third
+
+
+def reserve_s(seconds_per_evaluation: float | None) -> float:
+    """Time the strategies leave for the re-measurements that name a winner (run after them, inside the budget)."""
+    return 0.0 if seconds_per_evaluation is None else CONFIRM_RESERVE * seconds_per_evaluation
+
+
+def can_start(left_s: float | None, seconds_per_evaluation: float | None) -> bool:
+    """Whether the time left pays for one more evaluation and the reserve: work the budget cannot cover is
+    never begun (an evaluation cannot be cut short once it runs)."""
+    if left_s is None:
+        return True
+    if seconds_per_evaluation is None:
+        return left_s > 0
+    return left_s >= seconds_per_evaluation + reserve_s(seconds_per_evaluation)
+
+
 def share(left: float | None, strategies_left: int) -> float | None:
     """An equal part of what is left (time or evaluations) for each strategy still to be worked on."""
     if left is None:

@@ -210,6 +210,11 @@ class AutoRun:
             return None
         return self.budget.time_s - self.carried_s - (time.monotonic() - self.started)
 
+    def seconds_per_evaluation(self) -> float | None:
+        """What one evaluation has cost this run so far, all overheads in: the estimate of the next one's."""
+        done = self.evaluations
+        return (time.monotonic() - self.started) / done if done else None
+
     def grace(self) -> float | None:
         """How long a step already started may take: the time left, plus the overrun a step in flight is let
         have (an evaluation cannot be cut short)."""
@@ -230,7 +235,9 @@ class AutoRun:
     def message_budget(self) -> Budget:
         """The budget the next strategy works under: its share of what is left (``actors.policy``)."""
         n = self.strategies_left()
-        time_share = policy.share(self.time_left(), n)
+        left = self.time_left()
+        # the strategies share what is left after the re-measurements that will name a winner
+        time_share = policy.share(None if left is None else left - policy.reserve_s(self.seconds_per_evaluation()), n)
         trials = policy.trial_cap(self.evaluations_left(), n)
         if self.budget.tune_max_trials is not None:
             trials = self.budget.tune_max_trials if trials is None else min(trials, self.budget.tune_max_trials)
@@ -247,6 +254,11 @@ class AutoRun:
         left = self.time_left()
         if left is not None and left <= 0:
             return f"time budget of {self.budget.time_s} s spent"
+        per = self.seconds_per_evaluation()
+        if not policy.can_start(left, per):
+            assert left is not None and per is not None
+            return (f"time budget of {self.budget.time_s} s nearly spent: {left:.0f} s left, less than one more "
+                    f"evaluation (~{per:.0f} s) and the re-measurements that name a winner")
         if self.budget.max_evaluations is not None and self.evaluations >= self.budget.max_evaluations:
             return f"evaluation budget spent ({self.evaluations} of {self.budget.max_evaluations})"
         if self.budget.max_iterations is not None and len(self.iterations) >= self.budget.max_iterations:

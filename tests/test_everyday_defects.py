@@ -425,3 +425,38 @@ def test_counts_agree_with_their_nouns_and_titles_say_what_each_word_is(capsys) 
     print_report(EvalReport(task=RMS, status="ok", correct=True))
     out = " ".join(capsys.readouterr().out.split())  # the title wraps over a narrow table
     assert f"{RMS} · target cpu · cpu size" in out and "· cpu · cpu" not in out
+
+
+# --- 15: budgets are kept: no work begun that the time left cannot pay for ------------------------------------
+
+def test_no_step_is_begun_that_the_time_left_cannot_pay_for() -> None:
+    from types import SimpleNamespace
+
+    from actors import policy
+    from orchestrators.auto import AutoBudget, AutoRun
+
+    assert policy.can_start(None, 5.0) and policy.can_start(16.0, 5.0) and not policy.can_start(14.0, 5.0)
+    assert policy.can_start(3.0, None) and not policy.can_start(0.0, None)
+
+    def stop(left: float, per: float, *, first: bool = False) -> str | None:
+        run = SimpleNamespace(iterations=[] if first else [object()], history={} if first else {"template:x": 1},
+                              budget=AutoBudget(time_s=20, max_evaluations=None), evaluations=4,
+                              time_left=lambda: left, seconds_per_evaluation=lambda: per)
+        return AutoRun.stop_reason(run)  # type: ignore[arg-type]
+
+    assert stop(30.0, 5.0) is None  # room for one more evaluation and the re-measurements after it
+    reason = stop(12.0, 5.0)
+    assert reason is not None and reason.startswith("time budget of 20.0 s nearly spent: 12 s left")
+    assert stop(12.0, 5.0, first=True) is None  # the first strategy is always worked on
+    assert stop(-1.0, 5.0) == "time budget of 20.0 s spent"
+
+
+def test_the_strategies_share_what_is_left_after_the_re_measurements() -> None:
+    from types import SimpleNamespace
+
+    from orchestrators.auto import AutoBudget, AutoRun
+
+    run = SimpleNamespace(strategies_left=lambda: 2, time_left=lambda: 40.0, seconds_per_evaluation=lambda: 5.0,
+                          evaluations_left=lambda: None, budget=AutoBudget(time_s=60, max_evaluations=None))
+    budget = AutoRun.message_budget(run)  # type: ignore[arg-type]
+    assert budget.tune_budget_s == pytest.approx((40.0 - 2 * 5.0) / 2)
