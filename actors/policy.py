@@ -184,6 +184,21 @@ def confirmed(runs: Sequence[float], bar: float = 1.0) -> float:
     return sorted(runs)[1]
 
 
+def claimed_run(runs: Sequence[float], value: float) -> int:
+    """Which run's reading is the claimed figure once ``value`` (:func:`confirmed`) decided: a re-measurement,
+    never the first reading it re-measured (the first may be the lucky one): the re-run that is ``value``, else
+    the lowest re-run at or above it (one exists for every rule of :func:`confirmed`); the only run when
+    there was no re-run (a modelled, deterministic reading)."""
+    reruns = [(r, i) for i, r in enumerate(runs) if i > 0]
+    if not reruns:
+        return 0
+    exact = [i for r, i in reruns if r == value]
+    if exact:
+        return exact[0]
+    above = [(r, i) for r, i in reruns if r >= value]
+    return min(above)[1] if above else max(reruns)[1]
+
+
 def confirmation_label(runs: Sequence[float], bar: float = 1.0) -> str:
     if len(runs) == 3 and runs[0] <= bar:
         return "lower of two re-runs"

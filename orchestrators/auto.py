@@ -325,7 +325,7 @@ class AutoRun:
             value = policy.confirmed(runs)
             log.info("auto.confirm", session=self.session_id, strategy=candidate.strategy, runs=runs, bar=self.bar)
             if value > 1.0:
-                chosen = reports[runs.index(value)]
+                chosen = reports[policy.claimed_run(runs, value)]  # one figure: the re-measurement's reading
                 self.winner = candidate.model_copy(update={"report": chosen})
                 self.confirmed_speedup = chosen.speedup
                 self.confirmation = policy.confirmation_label(runs)
@@ -663,7 +663,9 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
         verdict=_verdict(run, report),
         iterations=run.iterations, attempts=list(run.history.values()), trials=trial_rows(messages),
         evaluations=run.evaluations, first_correct_at=run.first_correct_at,
-        best_at=evaluation_index(messages, _first_report(run, report)), tokens=ledger.tokens,
+        # the reference handed back was found by no one: no best_at (first_correct_at <= best_at where both are)
+        best_at=evaluation_index(messages, _first_report(run, report)) if strategy != REFERENCE else None,
+        tokens=ledger.tokens,
         cost_usd=round(ledger.cost_usd, 6), recalled=run.recalled, remembered_kernel=kernel_id,
         remembered_note=note_id, seconds=round(time.monotonic() - run.started, 3), resumed_evaluations=carried,
         resumed_seconds=round(run.carried_s, 3))

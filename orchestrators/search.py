@@ -500,10 +500,11 @@ class Search:
 
 def claim_of(best: Node | None) -> str:
     """``faster`` only for a node whose confirmed value (re-measured against the baseline, or modelled)
-    clears 1.0."""
-    if best is None or best.confirmed is None or best.interval is None:
+    clears 1.0; ``slower`` for one whose interval lies wholly below 1.0; else ``at par``."""
+    if best is None or best.interval is None:
         return "at par"
-    return policy.claim(best.interval, best.confirmed)
+    # unconfirmed: never faster, but slower where its whole interval lies below 1.0 (the rule of actors.priors)
+    return policy.claim(best.interval, best.confirmed if best.confirmed is not None else 0.0)
 
 
 def result_of(graph: SearchGraph, reason: str, resumed: int = 0) -> SearchResult:

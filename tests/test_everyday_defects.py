@@ -460,3 +460,32 @@ def test_the_strategies_share_what_is_left_after_the_re_measurements() -> None:
                           evaluations_left=lambda: None, budget=AutoBudget(time_s=60, max_evaluations=None))
     budget = AutoRun.message_budget(run)  # type: ignore[arg-type]
     assert budget.tune_budget_s == pytest.approx((40.0 - 2 * 5.0) / 2)
+
+
+# --- 11: one result, one figure ---------------------------------------------------------------------------------
+
+def test_the_claimed_figure_is_a_re_measurement_never_the_lucky_first_reading() -> None:
+    from actors import policy
+
+    # the first reading (lower end 39.5) and its re-run (52.7): "lower of two runs" decides on the first, but
+    # the figure claimed is the re-run's, and it clears the bar as the decision did
+    runs = [39.52, 52.70]
+    value = policy.confirmed(runs)
+    assert value == 39.52 and policy.claimed_run(runs, value) == 1
+    assert policy.claimed_run([3.0, 2.5], 2.5) == 1  # the re-run decided: it is the figure
+    runs = [2.0, 1.5, 2.4]  # median of three is the first reading: the figure is the re-run above it
+    assert policy.claimed_run(runs, policy.confirmed(runs)) == 2
+    runs = [0.9, 1.3, 1.2]  # a first reading below the bar: the lower of the two re-runs
+    assert policy.claimed_run(runs, policy.confirmed(runs)) == 2
+    assert policy.claimed_run([1.7], 1.7) == 0  # modelled: one deterministic reading
+
+
+def test_a_search_calls_a_reading_wholly_below_one_slower_not_at_par() -> None:
+    from types import SimpleNamespace
+
+    from orchestrators.search import claim_of
+
+    assert claim_of(SimpleNamespace(interval=(0.84, 0.96), confirmed=None)) == "slower"  # type: ignore[arg-type]
+    assert claim_of(SimpleNamespace(interval=(0.95, 1.04), confirmed=None)) == "at par"  # type: ignore[arg-type]
+    assert claim_of(SimpleNamespace(interval=(1.2, 1.4), confirmed=None)) == "at par"  # type: ignore[arg-type]
+    assert claim_of(SimpleNamespace(interval=(1.2, 1.4), confirmed=1.15)) == "faster"  # type: ignore[arg-type]
