@@ -489,3 +489,14 @@ def test_a_search_calls_a_reading_wholly_below_one_slower_not_at_par() -> None:
     assert claim_of(SimpleNamespace(interval=(0.95, 1.04), confirmed=None)) == "at par"  # type: ignore[arg-type]
     assert claim_of(SimpleNamespace(interval=(1.2, 1.4), confirmed=None)) == "at par"  # type: ignore[arg-type]
     assert claim_of(SimpleNamespace(interval=(1.2, 1.4), confirmed=1.15)) == "faster"  # type: ignore[arg-type]
+
+
+def test_an_export_says_the_kernels_speedup_with_its_interval_not_a_bare_lower_end(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from maxkernel.commands.export import Exported, Supports, _print
+
+    supports = Supports(shapes="any batch", sizes=[{}], dtypes=["float32"], chips=["cpu"])
+    done = [Exported(task_id=RMS, function="rms_norm", module="rms_norm.rms_norm", strategy="template:rowblock",
+                     speedup=0.93, speedup_ci=(0.76, 1.10), supports=supports)]
+    _print(tmp_path, done)
+    out = capsys.readouterr().out
+    assert "0.93x (0.76–1.10x)" in out and "0.76x\n" not in out
