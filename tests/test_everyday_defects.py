@@ -500,3 +500,11 @@ def test_an_export_says_the_kernels_speedup_with_its_interval_not_a_bare_lower_e
     _print(tmp_path, done)
     out = capsys.readouterr().out
     assert "0.93x (0.76–1.10x)" in out and "0.76x\n" not in out
+
+
+def test_a_recalled_kernel_is_named_by_the_strategy_that_made_it() -> None:
+    from actors.brains.rules import recalled_name
+
+    assert recalled_name("template:rowblock", "2fa10ac1aaaabbbbcccc") == "recall:template:rowblock"
+    assert recalled_name("recall:recall:rewrite:a+b", "2fa10ac1") == "recall:rewrite:a+b"  # recalled again
+    assert recalled_name("", "2fa10ac1aaaabbbbcccc") == "recall:2fa10ac1aaaa"  # nothing better to say
