@@ -508,3 +508,15 @@ def test_a_recalled_kernel_is_named_by_the_strategy_that_made_it() -> None:
     assert recalled_name("template:rowblock", "2fa10ac1aaaabbbbcccc") == "recall:template:rowblock"
     assert recalled_name("recall:recall:rewrite:a+b", "2fa10ac1") == "recall:rewrite:a+b"  # recalled again
     assert recalled_name("", "2fa10ac1aaaabbbbcccc") == "recall:2fa10ac1aaaa"  # nothing better to say
+
+
+def test_optimize_says_its_verdict_once(capsys) -> None:  # type: ignore[no-untyped-def]
+    from maxkernel.commands.optimize import _print
+    from orchestrators.auto import AutoResult
+
+    note = "nothing beat the reference: the best candidate is the reference itself"
+    result = AutoResult(session_id="s" * 32, task_id=RMS, target="cpu", brain="rules", status="scored",
+                        stop_reason="time budget of 20.0 s spent", verdict=note, note=note, evaluations=1)
+    _print(result, None)
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count("nothing beat the reference") == 1 and "1 evaluation," in out

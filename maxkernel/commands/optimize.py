@@ -123,10 +123,13 @@ def _print(result: Any, kernel_path: Path | None) -> None:
     params = {k: v for k, v in result.best_params.items() if k not in ("rewrites", "source")}
     console.print(f"best: {escape(result.best_strategy or '-')} {escape(str(params or ''))} — "
                   f"[{colour}]{escape(result.verdict)}[/]" + (escape(basis) if result.beat_reference else ""))
-    if result.note:
+    if result.note and result.verdict not in result.note:  # the verdict is said once, on the line above
         console.print(result.note, highlight=False, markup=False)
+    elif result.beat_reference and result.baseline_speedup:
+        console.print(f"the reference itself, run as a candidate, scored {result.baseline_speedup:.2f}x",
+                      highlight=False, markup=False)
     console.print(f"session {result.session_id}: {result.status} ({result.stop_reason}); {result.evaluations} "
-                  f"evaluations, {result.seconds:.0f} s" + (f", tokens {result.tokens}, ${result.cost_usd:.4f}"
+                  f"evaluation{'' if result.evaluations == 1 else 's'}, {result.seconds:.0f} s" + (f", tokens {result.tokens}, ${result.cost_usd:.4f}"
                                                              if result.tokens else ""), highlight=False, markup=False)
     if kernel_path is not None:
         console.print(f"kernel written to {kernel_path}", highlight=False)
