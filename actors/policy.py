@@ -184,6 +184,21 @@ def confirmed(runs: Sequence[float], bar: float = 1.0) -> float:
     return sorted(runs)[1]
 
 
+def claimed_run(runs: Sequence[float], value: float) -> int:
+    """Which run's reading is the claimed figure once ``value`` (:func:`confirmed`) decided: a re-measurement,
+    never the first reading it re-measured (the first may be the lucky one): the re-run that is ``value``, else
+    the lowest re-run at or above it (one exists for every rule of :func:`confirmed`); the only run when
+    there was no re-run (a modelled, deterministic reading)."""
+    reruns = [(r, i) for i, r in enumerate(runs) if i > 0]
+    if not reruns:
+        return 0
+    exact = [i for r, i in reruns if r == value]
+    if exact:
+        return exact[0]
+    above = [(r, i) for r, i in reruns if r >= value]
+    return min(above)[1] if above else max(reruns)[1]
+
+
 def confirmation_label(runs: Sequence[float], bar: float = 1.0) -> str:
     if len(runs) == 3 and runs[0] <= bar:
         return "lower of two re-runs"
@@ -207,6 +222,24 @@ def to_confirm(candidates: Sequence[S], speedup_of: Callable[[S], float], bar: f
     lower end does not is re-measured too, after those that clear: fresh readings decide it."""
     ranked = sorted(candidates, key=speedup_of, reverse=True)
     return [c for c in ranked if speedup_of(c) > bar or (centre_of is not None and centre_of(c) > bar)][:CONFIRM_TOP]
+
+
+CONFIRM_RESERVE = 2  # evaluations kept for naming a winner: the top candidate's re-run and a deciding third
+
+
+def reserve_s(seconds_per_evaluation: float | None) -> float:
+    """Time the strategies leave for the re-measurements that name a winner (run after them, inside the budget)."""
+    return 0.0 if seconds_per_evaluation is None else CONFIRM_RESERVE * seconds_per_evaluation
+
+
+def can_start(left_s: float | None, seconds_per_evaluation: float | None) -> bool:
+    """Whether the time left pays for one more evaluation and the reserve: work the budget cannot cover is
+    never begun (an evaluation cannot be cut short once it runs)."""
+    if left_s is None:
+        return True
+    if seconds_per_evaluation is None:
+        return left_s > 0
+    return left_s >= seconds_per_evaluation + reserve_s(seconds_per_evaluation)
 
 
 def share(left: float | None, strategies_left: int) -> float | None:

@@ -46,13 +46,21 @@ class Services:
 
     def task(self, task_id: str) -> "Task":
         """A suite id or a task folder. A folder's task is kept under its id too: messages name tasks by id,
-        and the actors of this process must find a folder task by the id its messages carry."""
-        from jaxbench.task import load_task
+        and the actors of this process must find a folder task by the id its messages carry. So a folder may
+        not take a suite task's id unless it is that task's copy (``check_own_id``): else a daemon that ran
+        it would later serve the suite id with the folder's files."""
+        from jaxbench.task import TaskError, check_own_id, load_task
 
         with self._lock:
             if task_id not in self._tasks:
                 task = load_task(task_id)
-                self._tasks[task_id] = self._tasks[task.id] = task
+                check_own_id(task)
+                held = self._tasks.get(task.id)
+                if held is not None and held.source_digest != task.source_digest:
+                    raise TaskError(f"{task.path}: its task.yaml id {task.id} already names {held.path} in this "
+                                    f"process, a different task; give the folder an id of its own")
+                self._tasks[task_id] = task
+                self._tasks.setdefault(task.id, task)
             return self._tasks[task_id]
 
     @property

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         worker_args = ["--host", args.host, "--roles", args.roles, *(["--config", str(args.config)] if args.config else [])]
         return Supervisor(worker_args, args.count, spares=args.spares).run()
     from actors.config import ActorConfig
+    from maxkernel.auth import HostUnreachable
     from maxkernel.compile_cache import use_compile_cache
     from maxkernel.config import load_settings
 
@@ -100,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                           standby=args.standby))
     except KeyboardInterrupt:
         pass
+    except HostUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

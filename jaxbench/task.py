@@ -224,6 +224,19 @@ def load_task(name_or_path: str | Path) -> Task:
     return Task(_read_spec(folder), folder)
 
 
+def check_own_id(task: Task) -> None:
+    """Refuse a folder whose ``task.yaml`` id is a suite task's (or model layer's) but whose files differ: tasks
+    are named by id in messages, the store and the memory, so it would be taken for that task, or it for it."""
+    for folder in (SUITE_DIR, MODELS_DIR):
+        known = folder / task.id
+        if not (known / "task.yaml").is_file() or known.resolve() == task.path.resolve():
+            continue
+        if load_task(known).source_digest != task.source_digest:
+            kind = "suite task" if folder == SUITE_DIR else "model layer"
+            raise TaskError(f"{task.path}: its task.yaml id {task.id} is the id of a {kind} with a different "
+                            f"task.yaml or reference.py; give the folder an id of its own")
+
+
 def _suite_order(path: Path) -> tuple[int, str]:
     digits = "".join(ch for ch in path.name.split("_")[0] if ch.isdigit())
     return (int(digits) if digits else 10**6, path.name)

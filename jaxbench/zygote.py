@@ -129,10 +129,13 @@ def serve(module: str, fd: int) -> int:
     sock.send(json.dumps({"ready": os.getpid(), "threads": threads}).encode())
     while True:
         readable, _, _ = select.select([sock], [], [], 0.02)
-        _reap(sock)
-        if not readable:
-            continue
-        data, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST, MAX_FDS)
+        try:
+            _reap(sock)
+            if not readable:
+                continue
+            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST, MAX_FDS)
+        except (BrokenPipeError, ConnectionResetError):  # the owner closed its end while a child was reported
+            return 0
         if not data:  # the owner is gone or done
             return 0
         request = json.loads(data)
@@ -141,7 +144,10 @@ def serve(module: str, fd: int) -> int:
             return _child(program, request, fds, sock)
         for fd in fds:
             os.close(fd)
-        sock.send(json.dumps({"pid": pid}).encode())
+        try:
+            sock.send(json.dumps({"pid": pid}).encode())
+        except (BrokenPipeError, ConnectionResetError):  # the owner left meanwhile; the child dies with us
+            return 0
 
 
 # -- the supervisor's side ---------------------------------------------------------------------------

@@ -9,8 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from maxkernel.logging import configure_quiet_default
+
 __version__ = "0.1.0"
 __all__ = ["extract", "optimize"]
+
+configure_quiet_default()  # before any module of ours logs; `maxkernel.logging.configure("info")` shows more
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,12 @@ import ipaddress
 from typing import Any
 
 AGENT_PREFIX = "maxkernel-token/"
+
+
+class HostUnreachable(ConnectionError):
+    """The gRPC host a worker or client was pointed at is not there (or turned it away): the user's to fix."""
+
+
 LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
 
 

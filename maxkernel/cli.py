@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -64,16 +65,37 @@ def tasks_cmd(models: bool = typer.Option(False, "--models", help="list the mode
     from jaxbench.task import list_models, list_tasks
 
     suite = list_models() if models else list_tasks()
-    table = Table(title="JaxBench model layers" if models else "JaxBench")
-    # ids are copied into other commands: never cut, however narrow the terminal
-    table.add_column("id", no_wrap=True, min_width=max(len(t.id) for t in suite))
-    for col in ("category", "dtype", "cpu size", "tolerance"):
-        table.add_column(col, overflow="fold")
-    for task in suite:
-        tol = task.spec.tolerance
-        size = ", ".join(f"{k}={v}" for k, v in task.spec.sizes["cpu"].items())
-        table.add_row(task.id, task.spec.category, task.spec.dtype, size, f"{tol.atol:g}/{tol.rtol:g}")
-    console.print(table)
+    console.print(suite_view(suite, "JaxBench model layers" if models else "JaxBench", console.width))
+
+
+def suite_view(suite: list[Any], title: str, width: int) -> Any:
+    """A table where it fits the terminal; else one block per task (its id whole on a line of its own, the rest
+    wrapped beneath it), since a column squeezed to two characters stacks its words letter by letter."""
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.text import Text
+
+    rows = [(t.id, t.spec.category, t.spec.dtype, ", ".join(f"{k}={v}" for k, v in t.spec.sizes["cpu"].items()),
+             f"{t.spec.tolerance.atol:g}/{t.spec.tolerance.rtol:g}") for t in suite]
+    id_width = max(len(r[0]) for r in rows)
+    # id, category, dtype and tolerance whole, and room for the sizes to wrap at a reasonable width
+    needed = id_width + max(len(r[1]) for r in rows) + max(len(r[2]) for r in rows) + 30 + 11 + 16
+    if width >= needed:
+        table = Table(title=title)
+        table.add_column("id", no_wrap=True)  # ids are copied into other commands: never cut
+        for col in ("category", "dtype"):
+            table.add_column(col, no_wrap=True)
+        table.add_column("cpu size", overflow="fold", min_width=20)
+        table.add_column("tolerance", no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        return table
+    blocks: list[Any] = [Text(f"{title} ({len(rows)} tasks; atol/rtol tolerances)", style="bold")]
+    for task_id, category, dtype, size, tolerance in rows:
+        blocks.append(Text(task_id, style="bold cyan", no_wrap=True, overflow="ignore"))
+        blocks.append(Padding(Text(f"{category} · {dtype} · tol {tolerance} · cpu size {size}"), (0, 0, 0, 4),
+                              expand=False))
+    return Group(*blocks)
 
 
 @app.command("bench")
@@ -150,12 +172,12 @@ def eval_cmd(
 
 
 def print_report(report: Any) -> None:
-    checks = Table(title=f"{report.task} · {report.target} · {report.size}")
+    checks = Table(title=f"{report.task} · target {report.target} · {report.size} size")
     checks.add_column("check")
     checks.add_column("result")
     checks.add_column("detail", overflow="fold")
     for c in report.checks:
-        checks.add_row(c.name, "[green]pass[/]" if c.passed else "[red]FAIL[/]", c.detail)
+        checks.add_row(c.name, "[green]pass[/]" if c.passed else "[red]FAIL[/]", escape(c.detail))
     console.print(checks)
     colour = "green" if report.status == "ok" else "red"
     summary = Table(show_header=False)
@@ -163,7 +185,7 @@ def print_report(report: Any) -> None:
     summary.add_column("value", overflow="fold")
     summary.add_row("status", f"[{colour}]{report.status}[/]")
     if report.reason:
-        summary.add_row("reason", report.reason)
+        summary.add_row("reason", escape(report.reason))  # a reason may hold brackets: `pip install -e ".[gpu]"`
     summary.add_row("label", str(report.label or "-"))
     summary.add_row("max abs err", _fmt_sci(report.max_abs_err))
     basis = f" ({report.basis})" if report.basis else ""
@@ -173,7 +195,7 @@ def print_report(report: Any) -> None:
     summary.add_row("cv (kernel / ref)", f"{_fmt_opt(report.cv)} / {_fmt_opt(report.ref_cv)}")
     summary.add_row("FLOPs (ref / kernel)", f"{_fmt_sci(report.ref_flops)} / {_fmt_sci(report.kernel_flops)}")
     for flag in report.flags:
-        summary.add_row("flag", f"[yellow]{flag}[/]")
+        summary.add_row("flag", f"[yellow]{escape(flag)}[/]")
     console.print(summary)
 
 

@@ -42,11 +42,12 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from maxkernel.analysis.signature import SignatureError
     from maxkernel.config import ConfigError
     from maxkernel.llm.errors import LlmError
+    from maxkernel.auth import HostUnreachable
     from maxkernel.targets.names import TargetError
     from memory.errors import MemoryStoreError
 
     return (TaskError, ConfigError, UserError, TargetError, LlmError, MemoryStoreError, SignatureError,
-            ValidationError)
+            ValidationError, HostUnreachable)
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -64,6 +65,11 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(f"{exc.filename}: is a directory")
         except PermissionError as exc:
             fail(f"{exc.filename}: permission denied")
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the run recorded itself as interrupted first
+            name = str(exc) or "SIGINT"
+            Console(stderr=True).print(f"interrupted ({name}): what ran is stored, marked interrupted",
+                                       highlight=False, soft_wrap=True)
+            raise typer.Exit(getattr(exc, "exit_code", 130)) from None
 
     return wrapper
 

@@ -19,7 +19,7 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
-def configure(level: str = "info") -> None:
+def configure(level: str = "info", *, cache: bool = True) -> None:
     renderer = structlog.dev.ConsoleRenderer() if sys.stderr.isatty() else structlog.processors.JSONRenderer()
     structlog.configure(
         processors=[
@@ -29,8 +29,15 @@ def configure(level: str = "info") -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
         logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=cache,
     )
+
+
+def configure_quiet_default() -> None:
+    """Where nothing configured logging (a library user's ``import maxkernel``), warnings and errors only, on
+    stderr: structlog's own default prints every debug line to stdout, into the user's program's output."""
+    if not structlog.is_configured():
+        configure("warning", cache=False)  # not cached: a later configure (the CLI's --log-level) still applies
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:

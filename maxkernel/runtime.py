@@ -67,15 +67,26 @@ async def connect_worker(address: str, token: str | None = None) -> Any:
     it presents ``token`` (by default the settings' token) to a host that requires one."""
     from autogen_ext.runtimes.grpc import GrpcWorkerAgentRuntime
 
-    from maxkernel.auth import channel_options
+    from maxkernel.auth import HostUnreachable, channel_options
 
     if token is None:
         from maxkernel.config import load_settings
 
         token = load_settings().token
+    import grpc
+
     worker = GrpcWorkerAgentRuntime(host_address=address, extra_grpc_config=channel_options(token) or None)
     add_serializers(worker)
-    await worker.start()
+    try:
+        await worker.start()
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED,
+                              grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise
+        reason = "refused the token" if exc.code() in (grpc.StatusCode.UNAUTHENTICATED,
+                                                        grpc.StatusCode.PERMISSION_DENIED) else "cannot be reached"
+        raise HostUnreachable(f"gRPC host {address} {reason} ({exc.details()}); is `maxkernel host` running there?") \
+            from None
     return worker
 
 

@@ -104,6 +104,16 @@ def _note_row(table: Table, n: NoteRecord, score: float | None = None) -> None:
     table.add_row(n.id[:12], n.outcome, n.task_id or "-", n.target or "-", n.text, last)
 
 
+def _check_target(name: str) -> None:
+    """An unknown target matches nothing: said as an error, not as an empty table."""
+    from maxkernel.targets.names import TargetError, parse_target
+
+    try:
+        parse_target(name)
+    except TargetError as exc:
+        _fail(exc)
+
+
 @app.command("list")
 def list_(
     kind: Annotated[str, typer.Option(help="kernels, notes or all")] = "all",
@@ -114,6 +124,8 @@ def list_(
     """The newest kernels and notes."""
     if kind not in ("all", "kernels", "notes"):
         _fail(f"--kind must be kernels, notes or all, not {kind!r}")
+    if target is not None:
+        _check_target(target)
     with _memory() as memory:
         if kind in ("all", "kernels"):
             table = _kernel_table("kernels")

@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from actors import policy
 from actors.config import ActorConfig
 from actors.services import Services
+from orchestrators.interrupt import INTERRUPTED
 from jaxbench.report import EvalReport as JudgeReport, format_speedup
 from maxkernel.messages import (
     Budget,
@@ -64,16 +65,19 @@ class AutoBudget(BaseModel):
     cap each strategy's tuning trials, so an iteration can overshoot by its fix attempts; the baseline
     and confirmation runs count as evaluations too."""
 
-    time_s: float | None = 900.0
-    max_evaluations: int | None = 60
-    max_tokens: int | None = None
-    max_cost_usd: float | None = None
-    max_iterations: int | None = None
-    patience: int | None = Field(None, description="stop after this many iterations without a better kernel "
-                                                   "(None: only the budget and the planner end a run)")
-    max_fix_attempts: int = 2
-    tune_max_trials: int | None = Field(None, description="a cap on each strategy's tuning trials on top of its share")
-    tune_budget_s: float | None = Field(None, description="a cap on each strategy's tuning seconds on top of its share")
+    # every limit is positive: a negative or zero one would run (and be stored, and queued) as if it meant something
+    time_s: float | None = Field(900.0, gt=0)
+    max_evaluations: int | None = Field(60, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_cost_usd: float | None = Field(None, gt=0)
+    max_iterations: int | None = Field(None, ge=1)
+    patience: int | None = Field(None, ge=1, description="stop after this many iterations without a better kernel "
+                                                         "(None: only the budget and the planner end a run)")
+    max_fix_attempts: int = Field(2, ge=0)
+    tune_max_trials: int | None = Field(None, ge=1,
+                                        description="a cap on each strategy's tuning trials on top of its share")
+    tune_budget_s: float | None = Field(None, gt=0,
+                                        description="a cap on each strategy's tuning seconds on top of its share")
     baseline: bool = Field(True, description="judge the reference as a candidate first: the bar a winner must clear")
     confirm: bool = Field(True, description="measure the top candidates again before naming a winner")
     seed: int = 0
@@ -207,6 +211,11 @@ class AutoRun:
             return None
         return self.budget.time_s - self.carried_s - (time.monotonic() - self.started)
 
+    def seconds_per_evaluation(self) -> float | None:
+        """What one evaluation has cost this run so far, all overheads in: the estimate of the next one's."""
+        done = self.evaluations
+        return (time.monotonic() - self.started) / done if done else None
+
     def grace(self) -> float | None:
         """How long a step already started may take: the time left, plus the overrun a step in flight is let
         have (an evaluation cannot be cut short)."""
@@ -227,7 +236,9 @@ class AutoRun:
     def message_budget(self) -> Budget:
         """The budget the next strategy works under: its share of what is left (``actors.policy``)."""
         n = self.strategies_left()
-        time_share = policy.share(self.time_left(), n)
+        left = self.time_left()
+        # the strategies share what is left after the re-measurements that will name a winner
+        time_share = policy.share(None if left is None else left - policy.reserve_s(self.seconds_per_evaluation()), n)
         trials = policy.trial_cap(self.evaluations_left(), n)
         if self.budget.tune_max_trials is not None:
             trials = self.budget.tune_max_trials if trials is None else min(trials, self.budget.tune_max_trials)
@@ -244,6 +255,11 @@ class AutoRun:
         left = self.time_left()
         if left is not None and left <= 0:
             return f"time budget of {self.budget.time_s} s spent"
+        per = self.seconds_per_evaluation()
+        if not policy.can_start(left, per):
+            assert left is not None and per is not None
+            return (f"time budget of {self.budget.time_s} s nearly spent: {left:.0f} s left, less than one more "
+                    f"evaluation (~{per:.0f} s) and the re-measurements that name a winner")
         if self.budget.max_evaluations is not None and self.evaluations >= self.budget.max_evaluations:
             return f"evaluation budget spent ({self.evaluations} of {self.budget.max_evaluations})"
         if self.budget.max_iterations is not None and len(self.iterations) >= self.budget.max_iterations:
@@ -329,7 +345,7 @@ class AutoRun:
             value = policy.confirmed(runs)
             log.info("auto.confirm", session=self.session_id, strategy=candidate.strategy, runs=runs, bar=self.bar)
             if value > 1.0:
-                chosen = reports[runs.index(value)]
+                chosen = reports[policy.claimed_run(runs, value)]  # one figure: the re-measurement's reading
                 self.winner = candidate.model_copy(update={"report": chosen})
                 self.confirmed_speedup = chosen.speedup
                 self.confirmation = policy.confirmation_label(runs)
@@ -571,6 +587,9 @@ def summary_note(run: AutoRun) -> tuple[str, str]:
 def remember(run: AutoRun) -> tuple[str | None, str | None]:
     """Store the winner with its confirmed report (else the best correct kernel that is not the reference
     again: verified, though not faster) and the run's note."""
+    baseline = run.baseline
+    if baseline is not None and not baseline.passed:
+        return None, None  # the reference itself did not run: the session learned nothing of any strategy
     memory = run.services.memory
     kernel_id = None
     kernels = [c for c in run.scored if c.report.label != "reference-equivalent"]
@@ -637,6 +656,9 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
         try:
             status, reason = await run.run()
             interrupted = False
+        except asyncio.CancelledError:  # Ctrl-C, SIGTERM, a daemon's cancel: cut short, not failed
+            status, reason = INTERRUPTED, "interrupted"
+            raise
         except asyncio.TimeoutError:
             status, reason = ("scored" if run.best else "budget"), f"time budget of {budget.time_s} s spent"
             if run.best is None:
@@ -665,7 +687,9 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
         verdict=_verdict(run, report),
         iterations=run.iterations, attempts=list(run.history.values()), trials=trial_rows(messages),
         evaluations=run.evaluations, first_correct_at=run.first_correct_at,
-        best_at=evaluation_index(messages, _first_report(run, report)), tokens=ledger.tokens,
+        # the reference handed back was found by no one: no best_at (first_correct_at <= best_at where both are)
+        best_at=evaluation_index(messages, _first_report(run, report)) if strategy != REFERENCE else None,
+        tokens=ledger.tokens,
         cost_usd=round(ledger.cost_usd, 6), recalled=run.recalled, remembered_kernel=kernel_id,
         remembered_note=note_id, seconds=round(time.monotonic() - run.started, 3), resumed_evaluations=carried,
         resumed_seconds=round(run.carried_s, 3))

@@ -423,6 +423,7 @@ def spawn(settings: Settings, *, concurrency: int = 2, port: int = 0, wait_s: fl
     import urllib.request
 
     log_path = settings.data_path / "daemon.log"
+    start = log_path.stat().st_size if log_path.exists() else 0
     with log_path.open("ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "orchestrators.daemon", "--concurrency", str(concurrency),
                                  "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -430,7 +431,8 @@ def spawn(settings: Settings, *, concurrency: int = 2, port: int = 0, wait_s: fl
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the daemon exited with code {proc.returncode}; see {log_path}")
+            raise RuntimeError(f"the daemon exited with code {proc.returncode}{_last_words(log_path, start)}; "
+                               f"see {log_path}")
         state = read_state(settings)
         if state is not None and state.pid == proc.pid:
             try:
@@ -442,6 +444,14 @@ def spawn(settings: Settings, *, concurrency: int = 2, port: int = 0, wait_s: fl
                 pass
         time.sleep(0.2)
     raise RuntimeError(f"the daemon did not answer within {wait_s:.0f} s; see {log_path}")
+
+
+def _last_words(log_path: Path, start: int) -> str:
+    """The last line this start wrote to the log (a traceback's own last line names its error), as ": line"."""
+    with log_path.open("rb") as log:
+        log.seek(start)
+        lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+    return f": {lines[-1][:300]}" if lines else ""
 
 
 def stop(settings: Settings, wait_s: float = 120.0) -> int | None:

@@ -46,8 +46,8 @@ class Attempt(BaseModel):
         if self.status == "ok":
             tuned = f" tuned to {self.tuned_params}" if self.tuned_params else ""
             speed = format_speedup(self.speedup, self.speedup_ci)
-            return f"{self.strategy}: correct, {speed}{tuned} ({self.evaluations} evaluations)"
-        return f"{self.strategy}: {self.status} — {self.reason[:240]} ({self.evaluations} evaluations)"
+            return f"{self.strategy}: correct, {speed}{tuned} ({self.evaluations} evaluation{'' if self.evaluations == 1 else 's'})"
+        return f"{self.strategy}: {self.status} — {self.reason[:240]} ({self.evaluations} evaluation{'' if self.evaluations == 1 else 's'})"
 
 
 def attempts(messages: list[BusMessage]) -> list[Attempt]:

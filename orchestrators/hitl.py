@@ -434,7 +434,9 @@ class Chat:
             if refused:
                 self.write(f"not accepted: the reference must be measured as a candidate first, and the {refused}")
                 return False
-            plan = draft.plan.model_copy(update={"strategies": [reference_ref(self.target)], "message_id": new_id()})
+            # its own one-strategy plan, at its step 0 (the draft's plan may be at any step of its own list)
+            plan = draft.plan.model_copy(update={"strategies": [reference_ref(self.target)], "step": 0,
+                                                 "message_id": new_id()})
             baseline = draft.model_copy(update={"source": reference_source(self.task), "produced_by": policy.BASELINE,
                                                 "candidate_id": new_id(), "parent_id": None, "plan": plan,
                                                 "message_id": new_id(), "sender": "human"})

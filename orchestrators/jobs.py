@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from maxkernel.messages import new_id
 from memory.engine import describe
@@ -34,6 +34,21 @@ class JobSpec(BaseModel):
     brain: str = "rules"
     target: str = "cpu"
 
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _positive_limits(cls, value: Any) -> Any:
+        """A non-positive limit is refused in the CLI's words, whichever door (CLI, HTTP API, form) it came by."""
+        if isinstance(value, dict):
+            for key, flag, floor in (("time_s", "--budget", 0.0), ("max_evaluations", "--evals", 0.0)):
+                raw = value.get(key)
+                try:
+                    number = float(raw) if raw is not None else None
+                except (TypeError, ValueError):
+                    continue  # not a number: the model's own check names it
+                if number is not None and number <= floor:
+                    raise ValueError(f"{flag} {raw}: must be positive")
+        return value
+
 
 DAEMON_BRAINS = ("rules", "gemini", "openai")
 
@@ -46,7 +61,8 @@ def check_spec(spec: JobSpec) -> JobSpec:
     """Refuse a spec the daemon could never run, at the door; a task folder is kept as its full path."""
     from pathlib import Path
 
-    from jaxbench.task import TaskError, load_task
+    from jaxbench.task import TaskError, check_own_id, load_task
+    from maxkernel.analysis.signature import SignatureError, check_reference
     from maxkernel.targets.names import TargetError, parse_target
 
     if spec.brain not in DAEMON_BRAINS:
@@ -55,9 +71,15 @@ def check_spec(spec: JobSpec) -> JobSpec:
     if (time_s is not None and time_s <= 0) or (evals is not None and evals < 1):
         raise BadJob("--budget and --evals must be positive")
     try:
-        parse_target(spec.target)
+        kind, chip = parse_target(spec.target)
+        if kind == "gpu" and chip is not None:
+            from maxkernel.targets.gpu_lowering import require_plugin
+
+            require_plugin(spec.target)
         loaded = load_task(spec.task)
-    except (TaskError, TargetError) as exc:
+        check_own_id(loaded)
+        check_reference(loaded)  # a reference that does not import or trace is refused here, not by a run
+    except (TaskError, TargetError, SignatureError) as exc:
         raise BadJob(str(exc)) from exc
     ref = str(Path(spec.task).resolve()) if Path(spec.task).exists() else loaded.id
     return spec.model_copy(update={"task": ref})

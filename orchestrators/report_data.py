@@ -69,8 +69,8 @@ class Contribution(BaseModel):
         """The strategy in one line of a note."""
         if self.best is not None:
             at = f" at {self.best.params}" if self.best.params else ""
-            return f"{self.strategy}: correct, best {self.shown}{at} ({self.evaluations} evaluations)"
-        return f"{self.strategy}: {self.status} — {self.reason[:240]} ({self.evaluations} evaluations)"
+            return f"{self.strategy}: correct, best {self.shown}{at} ({self.evaluations} evaluation{'' if self.evaluations == 1 else 's'})"
+        return f"{self.strategy}: {self.status} — {self.reason[:240]} ({self.evaluations} evaluation{'' if self.evaluations == 1 else 's'})"
 
 
 def contributions(nodes: list[Node]) -> list[Contribution]:

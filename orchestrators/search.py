@@ -32,6 +32,7 @@ from memory import Store
 from memory.errors import RecordNotFoundError
 from orchestrators.auto import brain_label, reference_ref
 from orchestrators.bus import Bus
+from orchestrators.interrupt import INTERRUPTED, run_interruptible
 from orchestrators.graph import (
     Expansion,
     Node,
@@ -499,10 +500,11 @@ class Search:
 
 def claim_of(best: Node | None) -> str:
     """``faster`` only for a node whose confirmed value (re-measured against the baseline, or modelled)
-    clears 1.0."""
-    if best is None or best.confirmed is None or best.interval is None:
+    clears 1.0; ``slower`` for one whose interval lies wholly below 1.0; else ``at par``."""
+    if best is None or best.interval is None:
         return "at par"
-    return policy.claim(best.interval, best.confirmed)
+    # unconfirmed: never faster, but slower where its whole interval lies below 1.0 (the rule of actors.priors)
+    return policy.claim(best.interval, best.confirmed if best.confirmed is not None else 0.0)
 
 
 def result_of(graph: SearchGraph, reason: str, resumed: int = 0) -> SearchResult:
@@ -541,7 +543,12 @@ async def run_search(task_id: str, config: SearchConfig | None = None, actor_con
                 raise RecordNotFoundError(f"search {search_id} is a search of {stored_task}, not of {task.id}")
             config = (limits or SearchLimits()).applied(stored_config(store, search_id))
         async with Bus(services) as bus:
-            result = await Search(bus, store, search_id, task.id, config, on_event).run()
+            search = Search(bus, store, search_id, task.id, config, on_event)
+            try:
+                result = await search.run()
+            except asyncio.CancelledError:  # Ctrl-C or SIGTERM (``run_interruptible``): resumable, not running
+                search.set_status(INTERRUPTED)  # one quick write, done before anything else can cancel it
+                raise
         await asyncio.to_thread(remember_best, services, store, search_id)
         return result
     finally:
@@ -641,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
 
     configure("warning")
     config = SearchConfig(algorithm=args.algo, seed=args.seed, max_evaluations=args.evals)
-    result = asyncio.run(run_search(args.task, config, search_id=args.search_id))
+    result = run_interruptible(run_search(args.task, config, search_id=args.search_id))
     print(result.model_dump_json())
     return 0
 

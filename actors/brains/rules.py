@@ -40,8 +40,9 @@ class RulesBrain(Brain):
         same = [k for k in recall.kernels if k.task_id == task.id]
         if same:
             best = max(same, key=lambda k: k.low)  # by the lower end: a lucky reading is not the one recalled
-            strategies.insert(0, StrategyRef(name=f"recall:{best.id}", kind=RECALLED, params={"source": best.code},
-                                             rationale=f"verified before for this task "
+            strategies.insert(0, StrategyRef(name=recalled_name(best.strategy, best.id), kind=RECALLED,
+                                             params={"source": best.code},
+                                             rationale=f"verified before for this task as kernel {best.id[:12]} "
                                                        f"({format_speedup(best.speedup, best.speedup_ci)})"))
         # The one place memory orders the plan: strategies that won on the nearest measured tasks (same op
         # family first) go first, those that failed or lost there last, and each tunable one is drafted at
@@ -111,6 +112,15 @@ class RulesBrain(Brain):
         result = await asyncio.to_thread(tune, self.tools.task, _strategy(start), self.tools.target, evaluate,
                                          window, budget.seed, trials, order=order)
         return _outcome(self.tools.task, ref, result, profile)
+
+
+def recalled_name(strategy: str | None, kernel_id: str) -> str:
+    """``recall:<the strategy that made it>``: what reports and exports show a person, where a kernel id
+    says nothing (a kernel recalled again keeps its first strategy's name; the id is in the rationale)."""
+    base = strategy or ""
+    while base.startswith("recall:"):
+        base = base[len("recall:"):]
+    return f"recall:{base or kernel_id[:12]}"
 
 
 def tune_seconds(budget: Budget, trial_s: float) -> float:

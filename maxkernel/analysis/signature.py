@@ -225,6 +225,13 @@ def trace_signature(
     )
 
 
+def check_reference(task: Task) -> None:
+    """Raise TaskError or SignatureError, in one line, unless the task's reference imports, draws its inputs
+    and traces at the cpu size: what every door (the CLI, the daemon's queue) asks before a run starts."""
+    task.module  # noqa: B018  (TaskError: reference.py does not import, or lacks get_inputs/reference)
+    task_signature(task, "cpu")
+
+
 def task_signature(task: Task, size: str = "cpu") -> TaskSignature:
     """Trace a task's reference at ``size`` on abstract inputs drawn by ``jax.eval_shape``."""
     import jax

@@ -24,11 +24,14 @@ def analyze_command(
 def _analyze(task: str, target: str, size: str, json_out: Optional[Path]) -> None:
     from jaxbench.task import load_task
     from maxkernel.analysis import analyze_task
+    from maxkernel.commands.checks import check_writable
     from maxkernel.targets.names import parse_target
 
     parse_target(target)
     loaded = load_task(task)
     loaded.size(size)  # a bad size is one clear line (TaskError)
+    if json_out is not None:
+        check_writable(json_out, "--json")  # before the work, not after it
     console = Console()
     with Console(stderr=True).status(f"analyzing {loaded.id}"):
         analysis = analyze_task(loaded, target, size)

@@ -33,12 +33,12 @@ def _chat(task: str, brain: str, model: Optional[str], transcript: Optional[Path
     from actors.session import check_keys, config_for_brain
     from jaxbench.task import load_task
     from maxkernel.cli import UserError
-    from maxkernel.commands.checks import check_limits, check_target, resolve_resume
+    from maxkernel.commands.checks import check_limits, check_reference, check_target, resolve_resume
     from orchestrators.hitl import ChatLimits, run_chat
 
     check_limits(budget, evals)
     check_target(target)
-    load_task(task)
+    check_reference(load_task(task))
     try:
         config = config_for_brain(brain, model=model, transcript=transcript)
     except ValueError as exc:

@@ -38,19 +38,30 @@ def check_folder(path: Path, flag: str) -> None:
         raise UserError(f"{flag} {path}: {existing} is not writable")
 
 
-def check_limits(budget: Optional[float], evals: Optional[int]) -> None:
+def check_limits(budget: Optional[float], evals: Optional[int], evals_flag: str = "--evals") -> None:
     """``--budget SECONDS`` and ``--evals N``, the limits of every command that runs optimizations."""
     if budget is not None and budget <= 0:
         raise UserError(f"--budget {budget:g}: must be a positive number of seconds")
-    if evals is not None and evals < 1:
-        raise UserError(f"--evals {evals}: must be at least 1")
+    if evals is not None:
+        check_at_least(evals, evals_flag, 1)
+
+
+def check_at_least(value: int, flag: str, minimum: int) -> None:
+    """A count option (a width, a depth, a number of lanes) that below ``minimum`` means nothing."""
+    if value < minimum:
+        raise UserError(f"{flag} {value}: must be at least {minimum}")
 
 
 def check_target(name: str) -> str:
-    """A known target that this machine can run or model; the bare ``gpu`` needs a GPU JAX can see."""
+    """A known target that this machine can run or model: the bare ``gpu`` needs a GPU JAX can see, a
+    ``gpu-<chip>`` the optional CUDA plugin that lowers for it."""
     from maxkernel.targets.names import parse_target
 
-    parse_target(name)
+    kind, chip = parse_target(name)
+    if kind == "gpu" and chip is not None:
+        from maxkernel.targets.gpu_lowering import require_plugin
+
+        require_plugin(name)
     if name.strip().lower() == "gpu":
         import jax
 
@@ -62,6 +73,14 @@ def check_target(name: str) -> str:
             seen = ", ".join(sorted({f"{d.platform} ({d.device_kind})" for d in jax.devices()}))
             raise UserError(f"--target gpu: no GPU on this machine (JAX sees {seen}); use --target cpu here")
     return name
+
+
+def check_reference(task: "Task") -> None:
+    """The task's reference imports, draws its inputs and traces: a broken one is one line here, not a failed
+    session in the store (and a note in the memory that later plans would read as a prior)."""
+    from maxkernel.analysis.signature import check_reference as check
+
+    check(task)
 
 
 def check_store() -> None:
@@ -84,6 +103,7 @@ def check_run(task: str, brain: str, budget: Optional[float], evals: Optional[in
     check_limits(budget, evals)
     check_target(target)
     loaded = load_task(task)
+    check_reference(loaded)
     check_folder(out, "--out")
     if json_out is not None:
         check_writable(json_out, "--json")

@@ -52,6 +52,7 @@ def _daemon(action: str, concurrency: int, port: int, foreground: bool) -> None:
             raise UserError(f"a daemon is already running (pid {running.pid}, port {running.port})")
         if concurrency < 1:
             raise UserError(f"--concurrency {concurrency}: must be at least 1")
+        _check_port(port)
         if foreground:
             raise typer.Exit(daemon.main(["--concurrency", str(concurrency), "--port", str(port)]))
         try:
@@ -81,6 +82,20 @@ def _daemon(action: str, concurrency: int, port: int, foreground: bool) -> None:
         raise UserError(f"daemon {action!r}: choose start, stop or status")
 
 
+def _check_port(port: int) -> None:
+    """A port out of range or already taken is said here, not as a traceback in daemon.log."""
+    from maxkernel.cli import UserError
+    from maxkernel.commands.checks import check_port_free
+
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port {port}: choose 1-65535, or 0 for any free port")
+    if port:
+        try:
+            check_port_free("127.0.0.1", port)
+        except UserError as exc:
+            raise UserError(f"--port {port}: {exc}") from None
+
+
 def submit_command(
     task: str = typer.Argument(..., help="suite id or task folder"),
     priority: int = typer.Option(0, help="higher runs first"),
@@ -97,10 +112,11 @@ def submit_command(
 
 def _submit(task: str, priority: int, budget: float, evals: int, brain: str, target: str) -> None:
     from maxkernel.cli import UserError
-    from maxkernel.commands.checks import check_target
+    from maxkernel.commands.checks import check_limits, check_target
     from orchestrators.auto import AutoBudget
     from orchestrators.jobs import BadJob, JobSpec, check_spec
 
+    check_limits(budget, evals)
     check_target(target)  # the daemon runs here: a bare gpu target needs a GPU here
     try:
         spec = check_spec(JobSpec(task=task, priority=priority, budget=AutoBudget(time_s=budget, max_evaluations=evals),

@@ -22,6 +22,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from jaxbench.report import format_speedup
+
 if TYPE_CHECKING:
     from jaxbench.task import Task
     from memory import Store
@@ -47,8 +49,13 @@ class Exported(BaseModel):
     function: str
     module: str
     strategy: str
-    speedup: float | None
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
     supports: Supports
+
+    def speed(self) -> str:
+        """The kernel's reading with its interval: the figure said everywhere else of the same kernel."""
+        return format_speedup(self.speedup, self.speedup_ci)
 
 
 def export_command(
@@ -145,7 +152,8 @@ def write_package(store: "Store", chosen: list[tuple["Task", "KernelRecord"]], o
         (package / f"_reference_{module}.py").write_text(task.reference_path.read_text())
         (package / f"test_{module}.py").write_text(test_module(task, module, supports))
         done.append(Exported(task_id=task.id, function=module, module=f"{package_name}.{module}",
-                             strategy=record.strategy, speedup=_rank(record), supports=supports))
+                             strategy=record.strategy, speedup=record.speedup, speedup_ci=record.report.interval,
+                             supports=supports))
     lines = [f'"""Kernels exported by MaxKernel: {", ".join(e.task_id for e in done)}."""', ""]
     lines += [f"from .{e.function} import {e.function}" for e in done]
     lines += ["", f"__all__ = {[e.function for e in done]!r}", ""]
@@ -236,7 +244,7 @@ def kernel_module(task: "Task", record: "KernelRecord", function: str, tuned: di
         f'"""{task.id}: {doc.splitlines()[0] if doc else task.spec.name}',
         "",
         f"Exported by MaxKernel from a verified {record.strategy} kernel ({record.target}; "
-        f"speedup {_rank(record):.2f}x at its lower end).",
+        f"speedup {format_speedup(record.speedup, record.report.interval)}).",
         f"Shapes: {supports.shapes}.",
         f"Dtypes: {', '.join(supports.dtypes)}. Chips: {', '.join(supports.chips)}. "
         "Forward only: no gradient rule is defined.",
@@ -335,7 +343,7 @@ def _print(package: Path, done: list[Exported]) -> None:
         table.add_column("what", no_wrap=True)
         table.add_column("value", overflow="fold")
         for what, value in (("task", e.task_id), ("function", e.module), ("strategy", e.strategy),
-                            ("speedup", f"{e.speedup:.2f}x" if e.speedup else "-"), ("shapes", s.shapes),
+                            ("speedup", e.speed()), ("shapes", s.shapes),
                             ("dtypes", ", ".join(s.dtypes)), ("chips", ", ".join(s.chips)),
                             ("gradients", "forward only")):
             table.add_row(what, escape(value))

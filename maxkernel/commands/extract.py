@@ -25,13 +25,15 @@ def extract_command(
 def _extract(task: str, target: str, out: Path, json_out: Optional[Path]) -> None:
     from jaxbench.task import load_task
     from maxkernel.cli import UserError
+    from maxkernel.commands.checks import check_folder, check_writable
     from maxkernel.extract import ExtractError, extract_task
     from maxkernel.targets.names import parse_target
 
     parse_target(target)
     loaded = load_task(task)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a folder")
+    check_folder(out, "--out")
+    if json_out is not None:
+        check_writable(json_out, "--json")  # before any region folder is written
     try:
         with Console(stderr=True).status(f"extracting {loaded.id}"):
             extraction = extract_task(loaded, out, target=target)
@@ -48,7 +50,8 @@ def print_regions(extraction: object) -> None:
 
     assert isinstance(extraction, Extraction)
     basis = extraction.regions[0].basis if extraction.regions else "measured"
-    table = Table(title=f"{extraction.layer}: {len(extraction.regions)} regions ({extraction.target}, {basis})")
+    table = Table(title=f"{extraction.layer}: {len(extraction.regions)} region{'' if len(extraction.regions) == 1 else 's'} "
+                        f"({extraction.target}, {basis})")
     for col, justify in (("region", "left"), ("kind", "left"), ("share", "right"), ("ms", "right"),
                          ("GFLOP (cpu size)", "right"), ("MB (cpu size)", "right"), ("folder", "left")):
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]

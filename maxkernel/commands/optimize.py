@@ -97,25 +97,43 @@ class _Progress:
         self.progress.__exit__(*exc)  # type: ignore[arg-type]
 
 
-def _print(result: Any, kernel_path: Path | None) -> None:
-    console = Console()
+def trials_table(result: Any) -> Table:
+    """One row per trial. Words from a fixed set (role, status, label) are never split; what is free text
+    (strategy, params) folds, and a speedup breaks only at the space before its interval."""
     table = Table(title=f"{result.task_id} · {result.target} · {result.brain} brain · session {result.session_id[:12]}")
-    for col in ("strategy", "role", "params", "status", "speedup", "label"):
-        table.add_column(col, overflow="fold")
+    table.add_column("strategy", overflow="fold", ratio=2)
+    table.add_column("role", no_wrap=True)
+    table.add_column("params", overflow="fold", ratio=2)
+    table.add_column("status", no_wrap=True)
+    table.add_column("speedup", min_width=len("0.00x"), ratio=1)
+    table.add_column("label", no_wrap=True)
     for row in result.trials:
         table.add_row(escape(row.strategy), row.role, escape(str(row.params or "")), row.status,
                       format_speedup(row.speedup, row.speedup_ci), row.label or "-")
-    console.print(table)
+    return table
+
+
+def _print(result: Any, kernel_path: Path | None) -> None:
+    console = Console()
+    console.print(trials_table(result))
     report = result.best_report
-    basis = f" ({report.basis}, {result.confirmation})" if report is not None and report.basis else ""
+    basis = ""
+    if report is not None and report.basis:  # "modelled, deterministic" already names its basis: said once
+        confirmation = result.confirmation or ""
+        said = confirmation if confirmation.startswith(report.basis) else \
+            ", ".join(x for x in (report.basis, confirmation) if x)
+        basis = f" ({said})"
     colour = "green" if result.claim == "faster" else "yellow"
     params = {k: v for k, v in result.best_params.items() if k not in ("rewrites", "source")}
     console.print(f"best: {escape(result.best_strategy or '-')} {escape(str(params or ''))} — "
                   f"[{colour}]{escape(result.verdict)}[/]" + (escape(basis) if result.beat_reference else ""))
-    if result.note:
+    if result.note and result.verdict not in result.note:  # the verdict is said once, on the line above
         console.print(result.note, highlight=False, markup=False)
+    elif result.beat_reference and result.baseline_speedup:
+        console.print(f"the reference itself, run as a candidate, scored {result.baseline_speedup:.2f}x",
+                      highlight=False, markup=False)
     console.print(f"session {result.session_id}: {result.status} ({result.stop_reason}); {result.evaluations} "
-                  f"evaluations, {result.seconds:.0f} s" + (f", tokens {result.tokens}, ${result.cost_usd:.4f}"
+                  f"evaluation{'' if result.evaluations == 1 else 's'}, {result.seconds:.0f} s" + (f", tokens {result.tokens}, ${result.cost_usd:.4f}"
                                                              if result.tokens else ""), highlight=False, markup=False)
     if kernel_path is not None:
         console.print(f"kernel written to {kernel_path}", highlight=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any, List, Optional
@@ -52,14 +51,17 @@ def _search(tasks: list[str], algo: str, seed: int, evals: Optional[int], budget
     from actors.session import check_keys, config_for_brain
     from jaxbench.task import list_tasks, load_task
     from maxkernel.cli import UserError
-    from maxkernel.commands.checks import check_limits, check_store, check_target, check_writable, resolve_resume
+    from maxkernel.commands.checks import check_at_least, check_limits, check_reference, check_store, check_target, check_writable, resolve_resume
+    from orchestrators.interrupt import run_interruptible
     from orchestrators.search import DECIDERS, SearchConfig, SearchLimits, run_search, run_suite
 
     if algo not in DECIDERS:
         raise UserError(f"--algo {algo}: choose parallel, beam or evolve")
     check_limits(budget, evals)
-    if global_evals is not None:
-        check_limits(None, global_evals)
+    check_limits(None, global_evals, "--global-evals")
+    for flag, value in (("--width", width), ("--branching", branching), ("--depth", depth), ("--lanes", lanes),
+                        ("--islands", islands)):
+        check_at_least(value, flag, 1)
     check_target(target)
     if json_out is not None:
         check_writable(json_out, "--json")
@@ -74,7 +76,7 @@ def _search(tasks: list[str], algo: str, seed: int, evals: Optional[int], budget
     if brain == "replay" and transcript is None:
         raise UserError("--brain replay needs --transcript PATH")
     for t in tasks:
-        load_task(t)  # a bad name fails here, in one line; a folder is passed on as its path
+        check_reference(load_task(t))  # a bad name or reference fails here, in one line; a folder goes on as its path
     if resume:
         _check_resumed_task(resume, load_task(tasks[0]).id)
     loaded = list(tasks)
@@ -90,11 +92,11 @@ def _search(tasks: list[str], algo: str, seed: int, evals: Optional[int], budget
     with _progress(err) as (progress, on_event):
         if len(loaded) == 1:
             limits = SearchLimits(max_evaluations=evals, time_s=budget)  # a resume runs on to the limits given
-            results = [asyncio.run(run_search(loaded[0], config, config_actor, search_id=resume, limits=limits,
-                                              on_event=on_event))]
+            results = [run_interruptible(run_search(loaded[0], config, config_actor, search_id=resume, limits=limits,
+                                                    on_event=on_event))]
         else:
-            results = asyncio.run(run_suite(loaded, config, config_actor, global_evaluations=global_evals,
-                                            on_event=on_event)).results
+            results = run_interruptible(run_suite(loaded, config, config_actor, global_evaluations=global_evals,
+                                                  on_event=on_event)).results
     table = results_table(results, algo, seed)
     Console().print(table)
     if json_out:

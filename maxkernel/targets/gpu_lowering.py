@@ -23,6 +23,7 @@ from maxkernel.targets.gpu_spec import GpuSpec, load_gpu_spec
 from maxkernel.targets.jaxpr_walk import find_pallas_calls
 from maxkernel.targets.loader import CandidateLoadError, candidate_filename, eqn_line, load_candidate
 from maxkernel.targets.lowering import _candidate_line, _kernel_line, _verbose_pallas_errors
+from maxkernel.targets.names import TargetError
 
 GpuStage = Literal["plugin", "load", "trace", "lowering", "backend", "smem"]
 PLUGIN_MODULE = "jax_plugins.xla_cuda12"
@@ -59,6 +60,17 @@ def plugin_available() -> bool:
         return False
 
 
+PLUGIN_FIX = 'pip install -e ".[gpu]"'
+
+
+def require_plugin(target: str) -> None:
+    """Refuse a ``gpu-<chip>`` target up front where the plugin that lowers for it is missing: without it
+    every candidate would be rejected, one by one, after the run had started."""
+    if not plugin_available():
+        raise TargetError(f"--target {target}: lowering for GPU needs the optional CUDA plugin; install it with "
+                          f"{PLUGIN_FIX}")
+
+
 def export_for_gpu(fn: Any, *arg_shapes: Any) -> Any:
     """``jax.export`` for CUDA, allowing Triton's custom call (lowering is what is checked, not serialization)."""
     checks = [jax.export.DisabledSafetyCheck.custom_call(_TRITON_CALL)]
@@ -88,7 +100,7 @@ def validate_gpu(candidate_source: str, task: Task, chip: str) -> GpuLoweringRes
                                  duration_s=time.perf_counter() - start, **extra)
 
     if not plugin_available():
-        return fail("plugin", "lowering for GPU needs the CUDA plugin: pip install -e \".[gpu]\"", None)
+        return fail("plugin", f"lowering for GPU needs the CUDA plugin: {PLUGIN_FIX}", None)
     try:
         module = load_candidate(candidate_source)
     except CandidateLoadError as exc:
