@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ def test_tasks_lists_the_whole_suite():
         assert tid in proc.stdout
 
 
+@pytest.mark.slow
 def test_eval_prints_checks_writes_json_and_exits_zero_when_correct(tmp_path: Path):
     out = tmp_path / "report.json"
     proc = run("eval", "41k_Gemm_Add_ReLU", str(EXAMPLES / "gemm_add_relu_41k.py"), "--json", str(out))
@@ -36,6 +38,7 @@ def test_eval_prints_checks_writes_json_and_exits_zero_when_correct(tmp_path: Pa
     assert {c["name"] for c in report["checks"]} >= {"static", "deterministic", "timed_what_was_checked"}
 
 
+@pytest.mark.slow
 def test_eval_exits_one_for_an_incorrect_candidate(tmp_path: Path):
     bad = tmp_path / "bad.py"
     bad.write_text("import jax.numpy as jnp\n\ndef kernel(x, weight, bias):\n    return jnp.zeros((x.shape[0], weight.shape[0]), x.dtype)\n")

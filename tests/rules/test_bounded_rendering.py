@@ -41,6 +41,7 @@ print(json.dumps({"rendered": names, "peak_rss_kib": peak}))
 """
 
 
+@pytest.mark.slow
 def test_rendering_for_tpu_stays_small() -> None:
     done = subprocess.run([sys.executable, "-c", RENDER_ALL, TASK, "15p_RetNet_Retention"], capture_output=True,
                           text=True, timeout=300)

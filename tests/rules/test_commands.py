@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import json
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def test_bad_input_is_one_line_and_nonzero() -> None:
         assert result.output.strip().startswith("error:") and len(result.output.strip().splitlines()) == 1, result.output
 
 
+@pytest.mark.slow
 def test_optimize_on_a_folder_is_a_session_in_the_log_memory_report_and_search(tmp_path: Path) -> None:
     """A new user's path: optimize a task folder, then memory stats, the session's report, a search."""
     import shutil

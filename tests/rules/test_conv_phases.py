@@ -29,6 +29,7 @@ def _numbers(nd: int) -> tuple[str, str, str]:
     ((2, 2, 2), 4, (2, 2), 3),   # 28k's transposed 3-D convolution
     ((2, 1, 2), 3, (2, 0), 3),   # one axis not dilated
 ])
+@pytest.mark.slow
 def test_the_phases_convolution_interleaved_is_jaxs_transposed_convolution(
         strides: tuple[int, ...], k: int, pads: tuple[int, int], size: int) -> None:
     nd = len(strides)

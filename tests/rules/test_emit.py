@@ -25,6 +25,7 @@ def _load(source: str) -> types.ModuleType:
 
 @pytest.mark.parametrize("task_id", ["12p_RMSNorm", "13p_Cross_Entropy", "4p_Sparse_Attention", "24k_Matmul_Scale_ResidualAdd_Clamp_LogSumExp_Mish",
                                      "7p_Ragged_Paged_Attention", "16p_Mamba2_SSD", "3p_MLA_Attention"])
+@pytest.mark.slow
 def test_emitted_reference_is_bit_identical(task_id: str) -> None:
     task = load_task(task_id)
     source = jax_candidate({"cpu": trace_program(task, "cpu").dce()}, "round trip")
@@ -54,6 +55,7 @@ def test_unsupported_primitive_is_refused_not_mistranslated() -> None:
 
 
 @pytest.mark.parametrize("task_id", ["12p_RMSNorm", "21k_Gemm_Divide_Sum_Scaling", "13p_Cross_Entropy"])
+@pytest.mark.slow
 def test_emitted_code_reads_its_shapes_from_its_inputs(task_id: str) -> None:
     # Traced at the cpu size, run at a size drawn from the task's free sizes: no traced shape is baked in.
     task = load_task(task_id)
@@ -86,6 +88,7 @@ def test_specializations_that_differ_refuse_or_fall_back_by_shape() -> None:
 
 
 @pytest.mark.parametrize("task_id", ["3p_MLA_Attention", "16p_Mamba2_SSD"])
+@pytest.mark.slow
 def test_extents_are_read_as_what_they_follow_at_the_probe_size(task_id: str) -> None:
     # 3p: a batch of one, and heads * v_dim == seq; 16p: batch == groups, and the chunk count seq // 128.
     # At one size each reads as something else; beside the probe size each is read as what it follows.

@@ -3,6 +3,7 @@ rewrite stated where it acts, and still exactly the reference's computation."""
 
 from __future__ import annotations
 
+import pytest
 import functools
 import importlib.util
 import re
@@ -95,6 +96,7 @@ def test_input_dimensions_are_read_once_into_named_locals() -> None:
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_mean_divides_by_the_dimensions_it_summed_not_by_the_traced_count() -> None:
     # 31k's batch-norm statistics average over the batch: a traced `/ 1024.0` would be wrong at another batch.
     task = load_task("31k_Gemm_BatchNorm_GELU_ReLU")

@@ -47,6 +47,7 @@ def _run(source: str, task: object, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("layer", MOE_LAYERS)
 @pytest.mark.parametrize("form", ["loop", "pairs"])
+@pytest.mark.slow
 def test_routed_experts_match_the_region_on_its_inputs(regions: dict[str, Path], layer: str, form: str) -> None:
     task = load_task(regions[layer])
     assert ROUTED_EXPERTS.applies(task, None) is None  # type: ignore[arg-type]
@@ -61,6 +62,7 @@ def test_routed_experts_match_the_region_on_its_inputs(regions: dict[str, Path],
         np.testing.assert_allclose(got, want, atol=tol.atol, rtol=tol.rtol)
 
 
+@pytest.mark.slow
 def test_the_candidate_does_a_quarter_of_the_dense_expert_flops(regions: dict[str, Path]) -> None:
     task = load_task(regions["mixtral_8x7b_moe"])
     source = ROUTED_EXPERTS.render(task, {"form": "pairs", "tile": 64, "widen": False}, ("cpu",))
@@ -75,6 +77,7 @@ def test_the_candidate_does_a_quarter_of_the_dense_expert_flops(regions: dict[st
     assert flops(namespace["kernel"]) < 0.6 * flops(task.reference)
 
 
+@pytest.mark.slow
 def test_top_k_is_read_at_each_size(regions: dict[str, Path]) -> None:
     task = load_task(regions["qwen3_moe_layer"])  # top-2 of 8 at cpu, top-8 of 128 at full, no static argument
     assert (moe_roles(task, "cpu").k, moe_roles(task, "full").k) == (2, 8)  # type: ignore[union-attr]

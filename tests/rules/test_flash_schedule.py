@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import types
 
 import jax
@@ -20,6 +21,7 @@ def _module(source: str) -> types.ModuleType:
     return module
 
 
+@pytest.mark.slow
 def test_masks_are_recovered_as_formulas_that_match_the_reference_at_every_size() -> None:
     causal = plan(load_task("1p_Flash_Attention"), ("cpu", "full"))
     assert not isinstance(causal, str) and causal.mask is CAUSAL

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import types
 
 import numpy as np
@@ -33,6 +34,7 @@ def test_metadata_visits_every_tile_and_group_that_share_a_row_in_order() -> Non
     assert starts.tolist() == bounds[:-1].tolist() and ends.tolist() == bounds[1:].tolist()
 
 
+@pytest.mark.slow
 def test_grouped_matmul_is_correct_across_group_boundaries_and_lowers(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("14p_Ragged_Dot")  # very unequal groups, one always empty, boundaries off the tiles
     assert GROUPED_MATMUL.applies(task, analyze_task(task)) is None
@@ -48,6 +50,7 @@ def test_grouped_matmul_is_correct_across_group_boundaries_and_lowers(declared_s
     assert result.vmem_bytes is not None and result.vmem_bytes <= result.vmem_budget_bytes
 
 
+@pytest.mark.slow
 def test_tpu_default_tiles_have_a_checkable_twin_and_the_estimate_matches_the_check_size() -> None:
     """Tiles whose smallest twin needs more than CHECK_FLOPS would be refused: the default must not be one."""
     from maxkernel.targets.check_size import CHECK_FLOPS, derive_check_size
@@ -96,6 +99,7 @@ def test_the_expert_tiles_are_checked_where_megablox_is_checked() -> None:
     assert check.values == {"m": 512, "k": 2048, "n": 1792, "num_groups": 8} and check.grid_steps <= steps
 
 
+@pytest.mark.slow
 def test_the_grid_runs_only_the_real_visits() -> None:
     """14p always has an empty group, so its full inputs make fewer visits than the bound tiles + groups - 1:
     the modelled grid must run the real count (a static bound pays a step and a block fetch per padding visit)."""
@@ -124,6 +128,7 @@ def _interpreted(source: str) -> types.ModuleType:
     return module
 
 
+@pytest.mark.slow
 def test_odd_row_counts_keep_the_tuned_tiles_over_padded_rows_and_match_the_reference() -> None:
     """No legal divisor near BLOCK_M divides 902, 518 or 37 rows: the rows are padded to whole tiles (a
     group boundary may fall anywhere, so padded rows are rows no group owns) instead of shrinking the tile."""

@@ -29,6 +29,7 @@ def _names(task, target: str) -> list[str]:  # type: ignore[no-untyped-def]
     return [s.name for s in propose_strategies(task, analyze_task(task, target), target)]
 
 
+@pytest.mark.slow
 def test_offered_on_tpu_targets_only_before_the_general_templates(paged) -> None:  # type: ignore[no-untyped-def]
     names = _names(paged, "tpu-v5e")
     templates = [n for n in names if n.startswith("template:")]
@@ -50,6 +51,7 @@ def test_tpu_space_is_the_dividing_power_of_two_blocks(paged) -> None:  # type: 
     assert space.defaults == {"pages_per_block": 256}
 
 
+@pytest.mark.slow
 def test_rendered_kernel_lowers_for_v5e_and_is_modelled_at_least_as_fast_as_the_expert(paged) -> None:  # type: ignore[no-untyped-def]
     source = render(paged, Strategy(name="template:paged_attention", kind="template", target="tpu-v5e",
                                     params={"pages_per_block": 128}))

@@ -19,6 +19,7 @@ def _dots(program):  # type: ignore[no-untyped-def]
     return [n for n in program.nodes if n.prim == "dot_general"]
 
 
+@pytest.mark.slow
 def test_sum_after_matmul_becomes_matrix_vector_product(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("21k_Gemm_Divide_Sum_Scaling")
     result = apply_rewrites(trace_program(task), ["sum_after_matmul"])
@@ -31,6 +32,7 @@ def test_sum_after_matmul_becomes_matrix_vector_product(quick_evaluator) -> None
     assert report.label == "jax"
 
 
+@pytest.mark.slow
 def test_size_one_reductions_and_idle_logsumexp_vanish(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("23k_Matmul_Sum_Max_AvgPool_LogSumExp_LogSumExp")
     combined = propose_rewrites(task)[0]
@@ -89,6 +91,7 @@ def test_conv_as_matmul_matches_the_convolution(strides, padding, dilation) -> N
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_transposed_3d_conv_becomes_a_matmul_and_passes(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("28k_ConvTranspose3d_LayerNorm_GELU_Scaling")
     result = apply_rewrites(trace_program(task), ["conv_as_matmul"])
@@ -106,6 +109,7 @@ def test_conv_as_matmul_leaves_wide_convolutions_alone() -> None:
     assert propose_rewrites(narrow, target="tpu-v5e") == []
 
 
+@pytest.mark.slow
 def test_bf16_matmuls_widen_on_cpu_only(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("9p_SwiGLU_MLP")
     result = apply_rewrites(trace_program(task), ["widen_matmuls"])
@@ -126,6 +130,7 @@ def test_average_pooling_after_a_matmul_folds_into_the_weights(quick_evaluator) 
     assert report.passed, report.reason
 
 
+@pytest.mark.slow
 def test_mish_is_recomputed_with_one_exp_and_stays_correct(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("27k_Matmul_Mish_Mish")
     result = apply_rewrites(trace_program(task), ["cheaper_activations"])
@@ -146,6 +151,7 @@ def test_a_plain_tanh_is_not_mistaken_for_mish_and_gelu_uses_erf(quick_evaluator
     assert report.passed, report.reason
 
 
+@pytest.mark.slow
 def test_independent_loop_iterations_are_batched_and_open_to_widening(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("7p_Ragged_Paged_Attention")
     result = apply_rewrites(trace_program(task), ["vectorize_maps", "widen_matmuls"])

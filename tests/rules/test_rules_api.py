@@ -3,6 +3,7 @@ actors) with the real evaluator: the reference returned when nothing beats it, t
 
 from __future__ import annotations
 
+import pytest
 from pathlib import Path
 
 from jaxbench import static_checks
@@ -68,6 +69,7 @@ def reference(x):
 """
 
 
+@pytest.mark.slow
 def test_the_engine_returns_the_reference_and_says_so_when_nothing_beats_it(evaluator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from orchestrators.auto import AutoBudget
 
@@ -95,6 +97,7 @@ def test_the_engine_returns_the_reference_and_says_so_when_nothing_beats_it(eval
     assert {t.role for t in result.trials} == {"baseline"} and result.first_correct_at is None
 
 
+@pytest.mark.slow
 def test_tpu_target_works_pallas_first_and_ranks_by_the_cost_model(evaluator) -> None:  # type: ignore[no-untyped-def]
     from orchestrators.auto import AutoBudget
 

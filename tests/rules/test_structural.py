@@ -47,6 +47,7 @@ def test_grouped_matmul_recognises_both_reference_forms_and_nothing_else() -> No
     assert isinstance(match_grouped(trace_program(load_task("8p_GEMM")).dce()), str)
 
 
+@pytest.mark.slow
 def test_grouped_and_routed_candidates_pass_the_evaluator(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     for task_id, rewrite, params in (("11p_Megablox_GMM", GROUPED_MATMUL, {"form": "pairs", "tile": 64}),
                                      ("10p_Sparse_MoE", ROUTED_EXPERTS, {"tile": 32})):
@@ -81,6 +82,7 @@ def test_blocked_attention_plans_only_visible_spans() -> None:
 
 
 @pytest.mark.parametrize("task_id", ["4p_Sparse_Attention", "5p_Flex_Attention", "2p_GQA_Attention", "15p_RetNet_Retention"])
+@pytest.mark.slow
 def test_blocked_attention_is_correct_with_masks_biases_and_gqa(task_id: str, quick_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task(task_id)
     plan = match_attention(trace_program(task).dce())
@@ -94,6 +96,7 @@ def test_blocked_attention_is_correct_with_masks_biases_and_gqa(task_id: str, qu
     assert report.check("correct_unseen_size").passed  # another batch and sequence, drawn by the evaluator
 
 
+@pytest.mark.slow
 def test_blocked_attention_plans_a_partial_last_block_and_refuses_other_heads() -> None:
     task = load_task("2p_GQA_Attention")
     kernel = _load(BLOCKED_ATTENTION.render(task, {"block_q": 64}, ("cpu",)))["kernel"]

@@ -187,6 +187,7 @@ def test_flex_attention_bias_tiles_reproduce_the_dense_bias_and_the_kernel_is_co
 
 
 @pytest.mark.parametrize("task_id", ["31k_Gemm_BatchNorm_GELU_ReLU", "38k_Matmul_Dropout_Softmax", "22k_Conv2d_InstanceNorm_Divide"])
+@pytest.mark.slow
 def test_fused_tail_kernel_covers_batch_statistics_dropout_and_convs(task_id: str, quick_evaluator) -> None:  # type: ignore[no-untyped-def]
     from maxkernel.templates.epilogue import FUSED_TAIL
 

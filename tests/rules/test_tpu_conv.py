@@ -51,6 +51,7 @@ def test_2d_convolution_with_its_bias_relu_epilogue_fused_is_correct_and_lowers(
     assert result.vmem_bytes is not None and result.vmem_bytes <= result.vmem_budget_bytes
 
 
+@pytest.mark.slow
 def test_3d_convolution_at_full_precision_is_correct_and_lowers(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("33k_Conv3d_Mish_Tanh")
     source = TPU_CONV.render(task, {"block_n": 16, "block_c": 8, "block_d": 2, "passes": 6}, ("cpu", "full"))
@@ -85,6 +86,7 @@ def _tail_and_finish(task_id: str) -> tuple[object, ...]:
 
 @pytest.mark.parametrize("task_id", ["25k_Conv3d_GroupNorm_Mean",
                                      "46k_Conv2d_GroupNorm_Tanh_HardSwish_ResidualAdd_LogSumExp"])
+@pytest.mark.slow
 def test_a_group_norm_finishes_from_per_channel_sums_as_the_reference_does(task_id: str) -> None:
     import jax.numpy as jnp
 
@@ -151,6 +153,7 @@ def test_an_instance_norm_finish_runs_at_a_batch_it_was_not_written_at() -> None
     assert names["_epilogue"](y, stats * 15.0, stats * 30.0, stats * 15.0).shape == y.shape
 
 
+@pytest.mark.slow
 def test_a_batch_norm_is_fused_as_channel_sums_and_correct_in_interpret_mode(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("34k_Conv2d_Activation_BatchNorm")  # Mish, then statistics over batch and positions
     full = plan(task, ("full",))
@@ -167,6 +170,7 @@ def test_a_batch_norm_is_fused_as_channel_sums_and_correct_in_interpret_mode(dec
     assert result.ok, result.reason
 
 
+@pytest.mark.slow
 def test_a_global_pool_needs_only_the_sums_and_writes_no_output() -> None:
     task = load_task("39k_Conv2d_GELU_GlobalAvgPool")
     full = plan(task, ("cpu", "full"))
@@ -179,6 +183,7 @@ def test_a_global_pool_needs_only_the_sums_and_writes_no_output() -> None:
     assert result.ok, result.reason
 
 
+@pytest.mark.slow
 def test_an_epilogue_that_reads_a_square_image_is_written_per_extent() -> None:
     task = load_task("28k_ConvTranspose3d_LayerNorm_GELU_Scaling")  # a layer norm over the width; H == W
     full = plan(task, ("cpu", "full"))
@@ -193,6 +198,7 @@ def test_an_epilogue_that_reads_a_square_image_is_written_per_extent() -> None:
         module._epilogue_for((full.o, 32, 64, 62, 1, 2))
 
 
+@pytest.mark.slow
 def test_a_transposed_convolution_runs_as_its_phases_convolution_and_is_correct(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("28k_ConvTranspose3d_LayerNorm_GELU_Scaling")
     cpu = plan(task, ("cpu",))
@@ -216,6 +222,7 @@ def test_a_transposed_convolution_runs_as_its_phases_convolution_and_is_correct(
     assert result.ok, result.reason
 
 
+@pytest.mark.slow
 def test_the_template_is_offered_on_tpu_targets_only() -> None:
     task = load_task("46k_Conv2d_GroupNorm_Tanh_HardSwish_ResidualAdd_LogSumExp")
     on_tpu = [s.name for s in propose_strategies(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")]

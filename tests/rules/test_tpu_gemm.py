@@ -21,6 +21,7 @@ def _module(source: str) -> types.ModuleType:
     return module
 
 
+@pytest.mark.slow
 def test_row_epilogue_in_three_bf16_passes_is_correct_and_lowers(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("50k_Matmul_GELU_Softmax")  # softmax over the features: the epilogue needs whole rows
     assert TPU_GEMM.applies(task, analyze_task(task)) is None
@@ -66,6 +67,7 @@ def test_an_epilogue_whose_constants_follow_the_row_width_is_written_per_width()
         module._epilogue_for((4096, 32))  # another group count: its reshape differs
 
 
+@pytest.mark.slow
 def test_dropout_draws_are_made_whole_in_xla_and_the_softmax_runs_on_row_blocks(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     """38k: random bits drawn per row block would not be the reference's draws, so the draws (bits, uniform,
     keep mask) run in XLA over the whole product, the mask travels as int8, and the rest of the tail (the

@@ -3,6 +3,7 @@ with two or more steps on every grid axis, and lowering for tpu-v6e at its defau
 
 from __future__ import annotations
 
+import pytest
 from jaxbench.task import load_task
 from maxkernel.analysis import analyze_task
 from maxkernel.rules.strategy import propose_strategies
@@ -60,6 +61,7 @@ def test_the_chain_template_refuses_what_it_does_not_compute() -> None:
     assert "template:tpu_mlp" in on_tpu and "template:tpu_mlp" not in on_cpu
 
 
+@pytest.mark.slow
 def test_moe_runs_each_token_through_its_chosen_experts_only(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("10p_Sparse_MoE")
     assert TPU_MOE.applies(task, analyze_task(task)) is None

@@ -3,6 +3,7 @@ TPU interpret mode at the cpu size; lowering for v6e at full size."""
 
 from __future__ import annotations
 
+import pytest
 import types
 
 import jax
@@ -29,6 +30,7 @@ def test_it_applies_to_ragged_paged_attention_only() -> None:
     assert TPU_RAGGED_PAGED.space(task, None, "cpu").space["pages_per_block"] == []  # manual DMAs: TPU only
 
 
+@pytest.mark.slow
 def test_the_kernel_matches_the_reference_in_tpu_interpret_mode() -> None:
     task = load_task(TASK)
     source = TPU_RAGGED_PAGED.render(task, {"pages_per_block": 8}, ("cpu",))
@@ -52,6 +54,7 @@ def test_the_default_lowers_for_v6e_at_full_size() -> None:
     assert result.vmem_bytes is not None and result.vmem_bytes <= result.vmem_budget_bytes
 
 
+@pytest.mark.slow
 def test_query_and_kv_heads_are_halved_together_for_a_cheaper_check(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Halving the query heads or the kv heads alone changes the kernel's query block (the group folded into
     its rows); halved together they keep it, and the check runs a quarter of the interpreted operations."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import types
 
 
@@ -11,6 +12,7 @@ from maxkernel.targets import validate_tpu
 from maxkernel.templates.tpu_rows import TPU_ROWS
 
 
+@pytest.mark.slow
 def test_rmsnorm_rows_are_correct_and_lower_with_one_body_for_every_row_width(declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     task = load_task("12p_RMSNorm")  # three axes, two of them rows; the mean divides by the row width
     assert TPU_ROWS.applies(task, analyze_task(task)) is None

@@ -47,6 +47,7 @@ def _analysed(task_id: str) -> tuple[Task, TaskAnalysis]:
 # Each template, its own task, and a task that computes something else in a similar form.
 @pytest.mark.parametrize(("template", "own", "other"), [(TPU_RETENTION, RETENTION, "1p_Flash_Attention"),
                                                          (TPU_MLA, MLA, RETENTION), (TPU_SSD, SSD, RETENTION)])
+@pytest.mark.slow
 def test_each_template_applies_to_its_computation_only(template, own, other) -> None:
     assert template.applies(*_analysed(own)) is None
     assert template.applies(*_analysed(other)) is not None
@@ -78,6 +79,7 @@ def test_retention_passes_follow_the_gemm_rule() -> None:
     assert "Precision.HIGHEST" in highest and "_split" not in highest
 
 
+@pytest.mark.slow
 def test_mla_matches_the_reference_on_shifted_inputs_in_tpu_interpret_mode() -> None:
     task = load_task(MLA)
     module = _module(TPU_MLA.render(task, {"block_q": 128, "block_k": 128}, ("cpu",)))
@@ -91,6 +93,7 @@ def test_mla_matches_the_reference_on_shifted_inputs_in_tpu_interpret_mode() -> 
     np.testing.assert_allclose(got, expected, rtol=3e-2, atol=6e-2)
 
 
+@pytest.mark.slow
 def test_ssd_matches_the_reference_across_chunks_in_tpu_interpret_mode() -> None:
     task = load_task(SSD)
     module = _module(TPU_SSD.render(task, {"chunk": 64, "block_h": 4, "passes": 3}, ("cpu",)))
@@ -102,6 +105,7 @@ def test_ssd_matches_the_reference_across_chunks_in_tpu_interpret_mode() -> None
 
 
 @pytest.mark.parametrize(("template", "task_id"), [(TPU_RETENTION, RETENTION), (TPU_MLA, MLA), (TPU_SSD, SSD)])
+@pytest.mark.slow
 def test_default_blocks_lower_for_tpu_v6e(template, task_id) -> None:
     task = load_task(task_id)
     space = template.space(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")

@@ -4,6 +4,7 @@ are priced for the trips each cell really makes on the model's drawn inputs."""
 
 from __future__ import annotations
 
+import pytest
 import jax
 import numpy as np
 
@@ -36,6 +37,7 @@ def test_paged_decode_is_charged_for_the_pages_below_each_length() -> None:
     assert kernel.bytes < 2 * 8 * 10240 * 16 * 128 * 2 / 2
 
 
+@pytest.mark.slow
 def test_grouped_matmul_multiplies_each_tile_once_per_group_it_touches() -> None:
     task = load_task("11p_Megablox_GMM")
     space = GPU_GROUPED_MATMUL.space(task, analyze_task(task), "gpu-h100")

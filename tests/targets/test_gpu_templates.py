@@ -49,6 +49,7 @@ def _task(task_id: str, size: str) -> Task:
     return task if size == "cpu" else task.with_size(size, INTERPRET_SIZES[task_id])
 
 
+@pytest.mark.slow
 def test_gpu_templates_match_exactly_the_listed_suite_tasks() -> None:
     """One pass over the suite (each task analysed once): what each GPU template applies to is listed above,
     so the tests below cover every task it matches."""
@@ -63,6 +64,7 @@ def test_gpu_templates_match_exactly_the_listed_suite_tasks() -> None:
 
 
 @pytest.mark.parametrize(("template", "task_id"), CASES)
+@pytest.mark.slow
 def test_gpu_template_is_correct_in_interpret_mode(template: str, task_id: str, declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
     size = "interpret" if task_id in INTERPRET_SIZES else "cpu"
     source = _source(template, task_id, size)

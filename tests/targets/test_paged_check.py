@@ -117,6 +117,7 @@ def test_a_check_with_too_many_interpreted_operations_is_refused(paged_task: Tas
 # --- end to end through evaluate_candidate (sandboxed lowering and check size, TPU interpret mode) ---------
 
 
+@pytest.mark.slow
 def test_paged_template_is_checked_and_priced(paged_task: Task, evaluator) -> None:  # type: ignore[no-untyped-def]
     report = evaluate_candidate(paged_task, _template_source(paged_task), target="tpu-v5e", evaluator=evaluator)
     assert report.status == "ok" and report.correct, report.reason
@@ -125,6 +126,7 @@ def test_paged_template_is_checked_and_priced(paged_task: Task, evaluator) -> No
     assert "batch=2" in checked.detail and "pages_per_seq=16" in checked.detail
 
 
+@pytest.mark.slow
 def test_paged_kernel_wrong_only_past_its_first_block_is_not_ok(paged_task: Task, evaluator) -> None:  # type: ignore[no-untyped-def]
     report = evaluate_candidate(paged_task, _unrescaled(_template_source(paged_task)), target="tpu-v5e",
                                 evaluator=evaluator)

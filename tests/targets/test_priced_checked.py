@@ -198,6 +198,7 @@ def test_kernel_wrong_only_at_full_size_is_not_ok(rmsnorm_task: Task, evaluator)
     assert "checked at check(rows=4096, hidden=1024); smaller sizes differ: rows=2048: XLA code" in branchy.reason
 
 
+@pytest.mark.slow
 def test_off_by_one_that_needs_two_grid_steps_is_caught(matmul_task: Task, evaluator) -> None:  # type: ignore[no-untyped-def]
     # It passes at cpu size in TPU interpret mode (what used to be checked), not at the check size.
     at_cpu = evaluator.evaluate(matmul_task, N_OFF_BY_ONE, target="tpu-v5e", size="cpu")
@@ -216,6 +217,7 @@ def test_priced_code_only_a_huge_size_runs_is_rejected(tmp_path: Path, evaluator
 
 
 @pytest.mark.parametrize("kind", ["pallas", "plain-jax"])
+@pytest.mark.slow
 def test_honest_candidates_are_checked_and_priced(kind: str, matmul_task: Task, rmsnorm_task: Task, evaluator) -> None:  # type: ignore[no-untyped-def]
     task, source = (matmul_task, matmul_source(256, 256, 512)) if kind == "pallas" else (rmsnorm_task, PLAIN_JAX_RMSNORM)
     report = evaluate_candidate(task, source, target="tpu-v5e", evaluator=evaluator)

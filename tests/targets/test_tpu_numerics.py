@@ -178,6 +178,7 @@ def test_rewrite_reaches_pallas_kernel_bodies() -> None:
     np.testing.assert_allclose(out, _rounded(x) @ _rounded(y), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_default_precision_f32_matmul_is_incorrect_on_tpu_and_ok_on_cpu(task: Path) -> None:
     loaded = load_task(task)
     tpu = evaluate_candidate(loaded, PLAIN_DEFAULT, target="tpu-v6e")
@@ -200,6 +201,7 @@ def test_highest_precision_f32_matmul_is_ok_on_tpu(task: Path) -> None:
     assert report.basis == "modelled"
 
 
+@pytest.mark.slow
 def test_pallas_kernel_default_precision_dot_is_rounded(task: Path) -> None:
     loaded = load_task(task)
     default = evaluate_candidate(loaded, PALLAS_TEMPLATE.format(precision=""), target="tpu-v6e")
