@@ -247,19 +247,23 @@ class Evaluator:
         interpret: InterpretMode | None = None,
         filename: str = "candidate.py",
         progress: Callable[[str], None] | None = None,
+        expected_program: str | None = None,
     ) -> EvalReport:
+        """``expected_program``: the fingerprint (``jaxbench.fingerprint``) of the program a cost model priced
+        at this size; the worker's trace must have it, or the candidate is ``rejected``."""
         started = time.monotonic()
         task = task if isinstance(task, Task) else load_task(task)
         report = EvalReport(task=task.id, target=target, size=size, status="ok", candidate_sha=source_sha(candidate_source))
         note = progress or (lambda _msg: None)
         try:
-            self._evaluate(task, candidate_source, report, interpret or default_mode(target), filename, note)
+            self._evaluate(task, candidate_source, report, interpret or default_mode(target), filename, note,
+                           expected_program)
         finally:
             report.duration_s = round(time.monotonic() - started, 3)
         return report
 
     def _evaluate(self, task: Task, source: str, report: EvalReport, interpret: InterpretMode,
-                  filename: str, note: Callable[[str], None]) -> None:
+                  filename: str, note: Callable[[str], None], expected_program: str | None = None) -> None:
         cfg = self.config
         findings, claims_pallas = static_checks.scan(source)
         if not cfg.static_checks:
@@ -292,6 +296,14 @@ class Evaluator:
                 recycle = bool(loaded.get("poisoned"))
                 return _fail(report, loaded.get("status", "runtime_error"), loaded.get("reason", ""))
             report.kernel_flops, report.kernel_bytes = loaded.get("flops"), loaded.get("bytes")
+            if expected_program is not None:
+                same = loaded.get("fingerprint") == expected_program
+                report.checks.append(CheckResult(
+                    name="checked_is_priced", passed=same,
+                    detail="" if same else "the program traced for checking differs from the priced one"))
+                if not same:
+                    return _fail(report, "rejected", "the program traced for checking differs from the priced one "
+                                 "traced at the same size: the candidate traces differently when it is checked")
             is_pallas = "pallas_call" in loaded.get("primitives", [])
             if claims_pallas and not is_pallas:
                 report.checks.append(CheckResult(name="pallas_runs", passed=False, detail="imports Pallas but no pallas_call is traced"))

@@ -149,6 +149,7 @@ class Worker:
     def op_load(self, request: dict[str, Any]) -> dict[str, Any]:
         """Load the candidate, trace and compile it for the given input shapes."""
         from jaxbench.candidate import CandidateError, check_signature, load_candidate
+        from jaxbench.fingerprint import program_fingerprint
         from jaxbench.interpret import force_interpret
 
         self._drop_candidate()
@@ -190,6 +191,7 @@ class Worker:
             "primitives": prims,
             "grid_steps": steps,
             "jaxpr": str(closed.jaxpr),
+            "fingerprint": program_fingerprint(closed),
             "flops": cost.get("flops"),
             "bytes": cost.get("bytes accessed"),
             "out_dtypes": [str(s.dtype) for s in out_shapes],

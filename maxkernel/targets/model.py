@@ -94,22 +94,27 @@ class ModelEstimate(BaseModel):
         return self.model_dump(mode="json")
 
 
-def model_candidate(candidate_source: str, task: Task, generation: str) -> ModelEstimate:
-    """Modelled cost of a candidate at the task's ``full`` size on ``generation``.
+def model_candidate(candidate_source: str, task: Task, generation: str,
+                    program: core.ClosedJaxpr | None = None) -> ModelEstimate:
+    """Modelled cost of a candidate at the task's ``full`` size on ``generation``. ``program``: the candidate
+    already traced at ``full`` (the very program whose twin is checked); traced here when not given.
 
     Raises (all TargetError, one-line messages): CandidateLoadError if the source does not load, ModelError
     if it does not trace at full size or cannot be priced, VmemBudgetError if a kernel does not fit in VMEM.
     """
     spec = load_tpu_spec(generation)
-    module = load_candidate(candidate_source)
     arg_shapes, static, out_shapes = full_shapes(task, "full")
-    fn = partial(module.kernel, **static)
-    with tpu_device(spec):
-        try:
-            closed = jax.jit(fn).trace(*arg_shapes).jaxpr
-        except Exception as exc:
-            raise ModelError(f"candidate does not trace at full size: {type(exc).__name__}: "
-                             f"{_first_line(exc)}") from exc
+    if program is None:
+        fn = partial(load_candidate(candidate_source).kernel, **static)
+        with tpu_device(spec):
+            try:
+                closed = jax.jit(fn).trace(*arg_shapes).jaxpr
+            except Exception as exc:
+                raise ModelError(f"candidate does not trace at full size: {type(exc).__name__}: "
+                                 f"{_first_line(exc)}") from exc
+    else:
+        closed = program
+        fn = _program_function(program)
     calls = find_pallas_calls(closed.jaxpr)
     io_bytes = _io_bytes(arg_shapes, out_shapes)
     if not calls:
@@ -129,13 +134,16 @@ def model_candidate(candidate_source: str, task: Task, generation: str) -> Model
         glue = glue_cost(closed, calls, partial(small_inputs, task, arg_shapes))
     except UnboundedLoopError:
         raise
-    except Exception as exc:  # pricing the surrounding code is best effort: say so rather than fail
-        notes.append(f"the XLA code around kernels is not priced ({type(exc).__name__}: {_first_line(exc)})")
-        glue = XlaCost(0.0, OpCounts(), 0.0)
-    if glue is None:
-        notes.append("a kernel runs inside a loop or branch: the XLA code around kernels is not priced")
-        glue = XlaCost(0.0, OpCounts(), 0.0)
+    except Exception as exc:  # code the model cannot price is refused, never counted as free
+        raise ModelError(f"the XLA code around the kernels cannot be priced: {type(exc).__name__}: "
+                         f"{_first_line(exc)}") from exc
     return _combine(kernels, glue, spec, io_bytes, notes)
+
+
+def _program_function(program: core.ClosedJaxpr) -> Any:
+    """A traced program as a function of the task's arguments (pytrees flattened as the trace did)."""
+    run = core.jaxpr_as_fun(program)
+    return lambda *args: run(*jax.tree_util.tree_leaves(args))
 
 
 def model_reference(task: Task, generation: str) -> ModelEstimate:

@@ -175,7 +175,8 @@ def test_kernel_inside_a_loop_counts_every_run(rmsnorm_task: Task) -> None:
     # Three kernel runs in one program: the program's dispatch is paid once.
     assert thrice.time_ms - DISPATCH * 1e3 == pytest.approx(3 * (once.time_ms - DISPATCH * 1e3), rel=1e-9)
     assert thrice.grid_steps == 3 * once.grid_steps
-    assert any("inside a loop" in note for note in thrice.notes)
+    # The code around a kernel in a loop is priced per trip (here there is none beyond the carry).
+    assert not any("not priced" in note for note in thrice.notes)
 
 
 def test_plain_jax_candidate_and_references_use_the_xla_roofline(rmsnorm_task: Task, matmul_task: Task) -> None:
