@@ -30,7 +30,8 @@ from maxkernel.targets.jaxpr_walk import PallasCall, find_pallas_calls
 from maxkernel.targets.loader import load_candidate
 from maxkernel.targets.names import TargetError
 from maxkernel.targets.ops import OpCounts, UnboundedLoopError
-from maxkernel.targets.prefetch import call_operands
+from maxkernel.targets.control import UNKNOWN
+from maxkernel.targets.prefetch import PRICING_SEEDS, call_operands, drawn_with
 from maxkernel.targets.specs import ModelConstants, TpuSpec, load_model_constants, load_tpu_spec
 from maxkernel.targets.work import kernel_axes, step_work
 from maxkernel.targets.xla_cost import XlaCost, glue_cost, small_inputs, xla_cost
@@ -115,6 +116,37 @@ def model_candidate(candidate_source: str, task: Task, generation: str,
     else:
         closed = program
         fn = _program_function(program)
+    depends = _depends_on_draws(closed, task, arg_shapes)
+    return _dearest(lambda: _price_program(closed, fn, task, spec, arg_shapes, out_shapes), depends)
+
+
+def _depends_on_draws(closed: core.ClosedJaxpr, task: Task, arg_shapes: Any) -> bool:
+    """Whether the price can change with the inputs' values: a kernel with scalar-prefetch operands or a
+    dynamic grid, or small integer inputs (group sizes, lengths) that loops and branches may follow."""
+    for call in find_pallas_calls(closed.jaxpr):
+        grid_mapping = call.eqn.params["grid_mapping"]
+        if grid_mapping.num_dynamic_grid_bounds + grid_mapping.num_index_operands:
+            return True
+    return any(v is not UNKNOWN for v in small_inputs(task, arg_shapes))
+
+
+def _dearest(price: Any, depends: bool) -> ModelEstimate:
+    """``price()`` on one draw of the inputs, or where it depends on them, on each of ``PRICING_SEEDS``
+    and the dearest."""
+    if not depends:
+        return price()
+    estimates = []
+    for seed in PRICING_SEEDS:
+        with drawn_with(seed):
+            estimates.append(price())
+    worst = max(estimates, key=lambda e: e.time_ms)
+    times = ", ".join(f"{e.time_ms:.4g}" for e in estimates)
+    worst.notes.append(f"data-dependent: priced at the dearest of {len(estimates)} draws at full ({times} ms)")
+    return worst
+
+
+def _price_program(closed: core.ClosedJaxpr, fn: Any, task: Task, spec: TpuSpec, arg_shapes: Any,
+                   out_shapes: Any) -> ModelEstimate:
     calls = find_pallas_calls(closed.jaxpr)
     io_bytes = _io_bytes(arg_shapes, out_shapes)
     if not calls:
@@ -151,8 +183,12 @@ def model_reference(task: Task, generation: str) -> ModelEstimate:
     spec = load_tpu_spec(generation)
     arg_shapes, static, out_shapes = full_shapes(task, "full")
     fn = partial(task.reference, **static)
-    cost = xla_cost(fn, arg_shapes, partial(small_inputs, task, arg_shapes))
-    return _xla_estimate(cost, spec, _io_bytes(arg_shapes, out_shapes), ["reference: XLA roofline"])
+
+    def price() -> ModelEstimate:
+        cost = xla_cost(fn, arg_shapes, partial(small_inputs, task, arg_shapes))
+        return _xla_estimate(cost, spec, _io_bytes(arg_shapes, out_shapes), ["reference: XLA roofline"])
+
+    return _dearest(price, any(v is not UNKNOWN for v in small_inputs(task, arg_shapes)))
 
 
 def _first_line(exc: BaseException) -> str:

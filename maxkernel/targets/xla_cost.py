@@ -30,7 +30,7 @@ from maxkernel.targets.control import UNKNOWN, Interpreter, Path, has_sites, sit
 from maxkernel.targets.interpret import evaluate
 from maxkernel.targets.jaxpr_walk import CALL_PRIMITIVES, PallasCall, sub_jaxprs
 from maxkernel.targets.ops import OpCounts, UnboundedLoopError, count_ops
-from maxkernel.targets.prefetch import PREFETCH_SEED
+from maxkernel.targets.prefetch import pricing_key
 
 
 @dataclass
@@ -168,7 +168,7 @@ def small_inputs(task: Task, arg_shapes: Sequence[Any]) -> list[Any]:
         flat = jax.tree_util.tree_leaves(args)
         return [flat[i] for i in wanted]
 
-    values = dict(zip(wanted, (np.asarray(v) for v in jax.jit(draw)(jax.random.key(PREFETCH_SEED)))))
+    values = dict(zip(wanted, (np.asarray(v) for v in jax.jit(draw)(pricing_key()))))
     return [values.get(i, UNKNOWN) for i in range(len(leaves))]
 
 
