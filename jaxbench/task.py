@@ -6,7 +6,6 @@ A task may be named by its suite id (``12p_RMSNorm``) or by any folder path; bot
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import random
 import sys
 from functools import cached_property
@@ -128,21 +127,21 @@ class Task:
     @cached_property
     def module(self) -> ModuleType:
         """Import ``reference.py`` under a name unique to this folder."""
+        from jaxbench.candidate import CandidateError, load_module, unload_module
+
         name = f"jaxbench_ref_{self.spec.id}_{self.source_digest}"
         if name in sys.modules:
             return sys.modules[name]
-        spec = importlib.util.spec_from_file_location(name, self.reference_path)
-        if spec is None or spec.loader is None:
-            raise TaskError(f"{self.reference_path}: cannot be imported")
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:  # a broken reference is the task's fault: say where
-            raise TaskError(f"{self.reference_path}: import failed: {type(exc).__name__}: {exc}") from exc
+        try:  # the candidates' loader: a reference is written as people write kernels
+            module = load_module(self.reference_path.read_text(), str(self.reference_path), name)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TaskError(f"{self.reference_path}: cannot be read: {exc}") from exc
+        except CandidateError as exc:  # a broken reference is the task's fault: say where
+            raise TaskError(f"{self.reference_path}: import failed: {exc.reason.split(': ', 1)[-1]}") from exc
         for attr in ("get_inputs", "reference"):
             if not callable(getattr(module, attr, None)):
+                unload_module(module)
                 raise TaskError(f"{self.reference_path}: does not define {attr}()")
-        sys.modules[name] = module
         return module
 
     def get_inputs(self, key: Any, size: str = "cpu") -> tuple[tuple[Any, ...], dict[str, Any]]:

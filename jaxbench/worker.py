@@ -237,6 +237,11 @@ class Worker:
         return {"ok": True}
 
     def _drop_candidate(self) -> None:
+        from jaxbench.candidate import unload_module
+
+        module = self.state.get("module")
+        if module is not None:
+            unload_module(module)
         tmp = self.state.pop("tmpdir", None)
         self.state.clear()
         if tmp:

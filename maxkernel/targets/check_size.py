@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 from jaxbench.fingerprint import program_fingerprint
 from jaxbench.task import Task
 from jaxbench.task_check import full_shapes
+from maxkernel.targets.coverage import coverage_difference
 from maxkernel.targets.device import tpu_device
 from maxkernel.targets.jaxpr_walk import find_pallas_calls, sub_jaxprs
 from maxkernel.targets.specs import TpuSpec
@@ -198,7 +199,8 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec, interpreted
         if isinstance(jaxpr, str):
             return jaxpr
         return (configuration_difference(configuration, Configuration.of(jaxpr))
-                or scratch_difference(priced, jaxpr) or twin_difference(priced, jaxpr, filename))
+                or scratch_difference(priced, jaxpr) or twin_difference(priced, jaxpr, filename)
+                or coverage_difference(priced, jaxpr))
 
     cpu = task.size("cpu")
     chosen = dict(full)
