@@ -331,6 +331,9 @@ class Evaluator:
             if self.config.timing:
                 note("timing")
                 self._time(ref, worker, sets, report, deadline, executable, flops_reliable)
+            if report.status == "ok" and cfg.unseen_size and task.spec.statics:
+                note("redrawn statics")
+                self._check_statics(task, report.size, source, filename, interpret, worker, report, deadline)
             if report.status == "ok" and cfg.unseen_size and task.spec.free:
                 note("unseen size")
                 self._check_unseen_size(task, report.size, source, filename, interpret, worker, report, deadline,
@@ -411,16 +414,37 @@ class Evaluator:
         report.checks.append(CheckResult(name="correct_unseen_size", passed=False, detail=detail))
         _fail(report, "rejected", detail)
 
-    def _judge_unseen(self, task: Task, report: EvalReport, shown: str, expected: Any, ran: dict[str, Any]) -> None:
+    def _check_statics(self, task: Task, size: str, source: str, filename: str, interpret: InterpretMode,
+                       worker: WorkerHandle, report: EvalReport, deadline: float) -> None:
+        """Run the candidate with the task's declared numeric statics redrawn in their ranges (``statics`` in
+        task.yaml): a kernel that hard-codes the usual value is ``incorrect`` with the values named. Replaces
+        the worker's executable, so it runs after timing."""
+        judging = time.monotonic()
+        _, static, _ = full_shapes(task, size)
+        drawn = task.draw_statics(static, random.Random(secrets.randbits(63)))
+        shown = "redrawn statics " + ", ".join(f"{name}={value}" for name, value in drawn.items())
+        ref = _compile_reference(task.with_statics(drawn), size)
+        inputs = ref.inputs(secrets.randbits(31))
+        expected = ref.run(inputs)
+        deadline = _judged(deadline, judging)
+        try:
+            loaded = worker.request(self._load_request(ref, source, filename, interpret), _left(deadline))
+            ran = worker.request({"op": "run", "inputs": [inputs]}, _left(deadline)) if loaded.get("ok") else loaded
+        except WorkerFailure as failure:
+            raise WorkerFailure(failure.status, f"{shown}: {failure.reason}") from failure
+        self._judge_unseen(task, report, shown, expected, ran, check="correct_redrawn_statics")
+
+    def _judge_unseen(self, task: Task, report: EvalReport, shown: str, expected: Any, ran: dict[str, Any],
+                      check: str = "correct_unseen_size") -> None:
         if not ran.get("ok"):
             if ran.get("poisoned"):
                 raise WorkerFailure("incorrect", f"{shown}: {ran.get('reason', '')}")
             detail = f"{shown}: {ran.get('status', 'runtime_error')}: {ran.get('reason', '')}"
-            report.checks.append(CheckResult(name="correct_unseen_size", passed=False, detail=detail))
+            report.checks.append(CheckResult(name=check, passed=False, detail=detail))
             return _fail(report, "incorrect", detail)
         tol = task.spec.tolerance
         cmp = compare_outputs(expected, ran["outputs"][0], tol.atol, tol.rtol)
-        report.checks.append(CheckResult(name="correct_unseen_size", passed=cmp.ok,
+        report.checks.append(CheckResult(name=check, passed=cmp.ok,
                                          detail=f"{shown}: {cmp.reason}" if cmp.reason else shown))
         if not cmp.ok:
             report.max_abs_err = max(report.max_abs_err or 0.0, cmp.max_abs_err)

@@ -52,6 +52,16 @@ class FreeSize(BaseModel):
     max: int | None = Field(default=None, ge=1, description="the largest value the task's inputs allow")
 
 
+class StaticRange(BaseModel):
+    """A numeric static argument the reference is valid for anywhere in ``[min, max]``: a kernel must take it
+    as given, so the evaluator redraws it as it redraws free sizes."""
+
+    model_config = ConfigDict(extra="forbid")
+    min: float
+    max: float
+    integer: bool = Field(default=False, description="the static is an integer (drawn as one)")
+
+
 class TaskSpec(BaseModel):
     """The content of ``task.yaml``."""
 
@@ -67,14 +77,18 @@ class TaskSpec(BaseModel):
     free: dict[str, FreeSize] = Field(
         default_factory=dict, description="size parameters a kernel must serve at any value (batch, tokens, ...)"
     )
+    statics: dict[str, StaticRange] = Field(
+        default_factory=dict, description="numeric static arguments a kernel must serve at any value in a range"
+    )
 
 
 class Task:
     """A loaded task: its spec, its folder, and (lazily) its reference module."""
 
-    def __init__(self, spec: TaskSpec, path: Path) -> None:
+    def __init__(self, spec: TaskSpec, path: Path, static_overrides: dict[str, Any] | None = None) -> None:
         self.spec = spec
         self.path = path
+        self.static_overrides = dict(static_overrides or {})  # statics redrawn by the evaluator
 
     def __repr__(self) -> str:
         return f"Task({self.id!r}, path={str(self.path)!r})"
@@ -103,11 +117,35 @@ class Task:
     def with_size(self, name: str, values: dict[str, Any]) -> "Task":
         """The same task (same folder, same reference) with one more named size, e.g. a derived check size."""
         sizes = {**self.spec.sizes, name: dict(values)}
-        task = Task(self.spec.model_copy(update={"sizes": sizes}), self.path)
+        task = Task(self.spec.model_copy(update={"sizes": sizes}), self.path, self.static_overrides)
         for cached in ("source_digest", "module"):  # already read: a sandboxed process may not read them again
             if cached in self.__dict__:
                 task.__dict__[cached] = self.__dict__[cached]
         return task
+
+    def with_statics(self, values: dict[str, Any]) -> "Task":
+        """The same task whose ``get_inputs`` returns these static values instead of its own."""
+        task = Task(self.spec, self.path, {**self.static_overrides, **values})
+        for cached in ("source_digest", "module"):
+            if cached in self.__dict__:
+                task.__dict__[cached] = self.__dict__[cached]
+        return task
+
+    def draw_statics(self, current: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+        """A value for every declared static, drawn in its range and away from ``current`` (by at least a
+        tenth of the range), so that a kernel that hard-codes the usual value is wrong there."""
+        drawn: dict[str, Any] = {}
+        for name, bounds in self.spec.statics.items():
+            if name not in current:
+                raise TaskError(f"{self.path}/task.yaml: static {name!r} is not returned by get_inputs()")
+            value = float(current[name])
+            for _ in range(64):
+                pick = rng.uniform(bounds.min, bounds.max)
+                pick = float(round(pick)) if bounds.integer else float(f"{pick:.4g}")
+                if abs(pick - value) >= 0.1 * (bounds.max - bounds.min):
+                    break
+            drawn[name] = int(pick) if bounds.integer else pick
+        return drawn
 
     def draw_unseen(self, base: str, rng: random.Random) -> dict[str, Any]:
         """Size ``base`` with every free parameter redrawn: a size no kernel was tuned on.
@@ -157,6 +195,11 @@ class Task:
         args, static = result
         if not isinstance(args, tuple) or not isinstance(static, dict):
             raise TaskError(f"{self.reference_path}: get_inputs must return (tuple, dict)")
+        if self.static_overrides:
+            missing = sorted(set(self.static_overrides) - set(static))
+            if missing:
+                raise TaskError(f"{self.reference_path}: get_inputs() returns no static {missing[0]!r}")
+            static = {**static, **self.static_overrides}
         return args, static
 
     @property
@@ -197,6 +240,9 @@ def _read_spec(folder: Path) -> TaskSpec:
     for required in ("cpu", "full"):
         if required not in spec.sizes:
             raise TaskError(f"{yaml_path}: sizes must include {required!r}")
+    for name, bounds in spec.statics.items():
+        if not bounds.min < bounds.max:
+            raise TaskError(f"{yaml_path}: statics.{name}: min must be below max")
     for name in spec.free:
         missing = [size for size, values in spec.sizes.items() if name not in values]
         if missing:
