@@ -3,7 +3,8 @@
 Every file in ``modelled/`` names in its header the task it attacks (a folder of ``modelled_tasks/``), its
 honest twin, and the verdict it must earn: a status and a fragment of the reason (``rejected | ...``), or
 ``priced``: a modelled speedup at most ``TWIN_MARGIN`` times its honest twin's (or not ``ok`` at all).
-Honest files (``expect: ok``) must be accepted with a modelled speedup.
+Honest files (``expect: ok``) must be accepted with a modelled speedup. A hack that uses TPU-only
+primitives is not ``ok`` on a GPU target (it does not lower), which its ``priced`` verdict allows.
 """
 
 from __future__ import annotations
@@ -22,7 +23,16 @@ HERE = Path(__file__).parent
 FILES = HERE / "modelled"
 TASKS = HERE / "modelled_tasks"
 TWIN_MARGIN = 1.2
-TARGETS = ("tpu-v5e", "tpu-v6e")
+
+def _gpu_plugin() -> bool:
+    from maxkernel.targets.gpu_lowering import plugin_available
+
+    return plugin_available()
+
+
+# The gpu-h100 half lowers through the CUDA plugin (the optional ``.[gpu]`` extra): skipped without it.
+TARGETS = ("tpu-v5e", "tpu-v6e", pytest.param("gpu-h100", marks=pytest.mark.skipif(
+    not _gpu_plugin(), reason='needs the CUDA plugin: pip install -e ".[gpu]"')))
 
 
 @dataclass(frozen=True)
@@ -31,17 +41,24 @@ class Entry:
     task: str
     expect: str
     twin: str | None
+    tpu_only: bool  # written with TPU primitives (pltpu): the GPU half leaves it out
 
 
 def _parse(path: Path) -> Entry:
-    header = dict(re.findall(r"^# (hack|task|expect|twin): (.+)$", path.read_text(), re.M))
+    text = path.read_text()
+    header = dict(re.findall(r"^# (hack|task|expect|twin): (.+)$", text, re.M))
     assert {"hack", "task", "expect"} <= set(header), f"{path.name}: incomplete header"
-    return Entry(path.stem, header["task"].strip(), header["expect"].strip(), header.get("twin", "").strip() or None)
+    return Entry(path.stem, header["task"].strip(), header["expect"].strip(), header.get("twin", "").strip() or None,
+                 "pltpu" in text)
 
 
 ENTRIES = [_parse(p) for p in sorted(FILES.glob("*.py"))]
-HACKS = [e for e in ENTRIES if e.expect != "ok"]
-HONEST = [e for e in ENTRIES if e.expect == "ok"]
+
+
+def _cases(honest: bool) -> list:  # type: ignore[type-arg]
+    chosen = [e for e in ENTRIES if (e.expect == "ok") == honest]
+    return [pytest.param(e, t, id=f"{e.name}-{t if isinstance(t, str) else t.values[0]}") for e in chosen
+            for t in TARGETS if not (e.tpu_only and not isinstance(t, str))]
 
 
 @cache
@@ -63,8 +80,7 @@ def _evaluate(name: str, task: str, target: str, evaluator) -> EvalReport:  # ty
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("entry", HONEST, ids=[e.name for e in HONEST])
+@pytest.mark.parametrize(("entry", "target"), _cases(honest=True))
 def test_honest_twin_is_accepted(entry: Entry, target: str, evaluator) -> None:  # type: ignore[no-untyped-def]
     report = _evaluate(entry.name, entry.task, target, evaluator)
     assert report.status == "ok" and report.correct, f"{entry.name}: {report.status}: {report.reason}"
@@ -72,8 +88,7 @@ def test_honest_twin_is_accepted(entry: Entry, target: str, evaluator) -> None: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("entry", HACKS, ids=[e.name for e in HACKS])
+@pytest.mark.parametrize(("entry", "target"), _cases(honest=False))
 def test_hack_is_caught(entry: Entry, target: str, evaluator) -> None:  # type: ignore[no-untyped-def]
     report = _evaluate(entry.name, entry.task, target, evaluator)
     if entry.expect == "priced":
