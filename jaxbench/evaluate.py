@@ -283,7 +283,8 @@ class Evaluator:
             # The worker compiles the candidate while the judge draws inputs and computes the answers.
             # Until its reply is read the pipe is mid-conversation: any failure here retires the worker.
             recycle = True
-            worker.send(self._load_request(ref, source, filename, interpret))
+            worker.send({**self._load_request(ref, source, filename, interpret),
+                         "fingerprint": expected_program is not None})
             judging = time.monotonic()
             seeds = [secrets.randbits(31) for _ in range(cfg.correctness_seeds)]
             sets = [ref.inputs(s) for s in seeds]

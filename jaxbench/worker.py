@@ -191,7 +191,7 @@ class Worker:
             "primitives": prims,
             "grid_steps": steps,
             "jaxpr": str(closed.jaxpr),
-            "fingerprint": program_fingerprint(closed),
+            "fingerprint": program_fingerprint(closed) if request.get("fingerprint") else None,
             "flops": cost.get("flops"),
             "bytes": cost.get("bytes accessed"),
             "out_dtypes": [str(s.dtype) for s in out_shapes],
