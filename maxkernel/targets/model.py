@@ -169,7 +169,25 @@ def _price_program(closed: core.ClosedJaxpr, fn: Any, task: Task, spec: TpuSpec,
     except Exception as exc:  # code the model cannot price is refused, never counted as free
         raise ModelError(f"the XLA code around the kernels cannot be priced: {type(exc).__name__}: "
                          f"{_first_line(exc)}") from exc
+    copied = _alias_copy_bytes(closed, calls)
+    if copied:
+        glue.bytes += copied
+        notes.append(f"aliased program inputs are copied before the kernels write them: {copied:.4g} bytes")
     return _combine(kernels, glue, spec, io_bytes, notes)
+
+
+def _alias_copy_bytes(closed: core.ClosedJaxpr, calls: list[PallasCall]) -> float:
+    """HBM bytes of the copies XLA makes of program inputs a kernel aliases to an output: the evaluator never
+    donates its arguments, so each such input is read and written once more before the kernel runs (the copy
+    is not in the traced program)."""
+    inputs = set(closed.jaxpr.invars)
+    copied = 0.0
+    for call in calls:
+        for operand, _ in call.eqn.params.get("input_output_aliases", ()):
+            var = call.eqn.invars[operand]
+            if isinstance(var, core.Var) and var in inputs:
+                copied += 2.0 * math.prod(var.aval.shape) * np.dtype(var.aval.dtype).itemsize * call.count
+    return copied
 
 
 def _program_function(program: core.ClosedJaxpr) -> Any:

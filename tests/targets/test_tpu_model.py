@@ -431,3 +431,51 @@ def test_random_draws_are_priced_as_the_tpu_lowers_them() -> None:
         pass
     after = float(jax.jit(mask).lower(key).compile().cost_analysis()["bytes accessed"])
     assert after == rolled  # running it here afterwards lowers it for this CPU again
+
+
+def test_code_around_a_kernel_in_a_data_bound_loop_is_refused_not_free(rmsnorm_task: Task) -> None:
+    """A kernel inside a while loop whose trips depend on tensor data: the loop's code (and the kernel's
+    runs) cannot be counted, so the candidate is refused; it used to be priced with that code at zero."""
+    source = rmsnorm_source(256).replace("def kernel(x, w, *, eps):", "def _once(x, w, *, eps):") + '''
+
+def kernel(x, w, *, eps):
+    def step(y):
+        return _once(y, w, eps=eps) * 2.0 + jnp.tanh(y)
+
+    return jax.lax.while_loop(lambda y: jnp.max(y) < 100.0, step, x)
+'''
+    with pytest.raises(TargetError, match=r"while loop holding a kernel .*cannot bound"):
+        model_candidate(source, rmsnorm_task, "v5e")
+
+
+def test_code_around_a_kernel_in_a_scan_is_priced_per_trip(rmsnorm_task: Task) -> None:
+    """The plain-JAX work beside a kernel in a loop counts once per trip (it used to count nothing)."""
+    base = rmsnorm_source(256).replace("def kernel(x, w, *, eps):", "def _once(x, w, *, eps):")
+
+    def looped(trips: int) -> str:
+        return base + f'''
+
+def kernel(x, w, *, eps):
+    def step(carry, _):
+        return _once(jnp.tanh(carry), w, eps=eps), None
+
+    out, _ = jax.lax.scan(step, x, None, length={trips})
+    return out
+'''
+
+    once, thrice = (model_candidate(looped(n), rmsnorm_task, "v5e") for n in (1, 3))
+    rows, hidden = 4096, 1024
+    assert once.transcendentals >= rows * hidden  # the tanh outside the kernel is counted
+    assert thrice.transcendentals == pytest.approx(3 * once.transcendentals)
+    assert thrice.bytes == pytest.approx(3 * once.bytes, rel=0.05)
+
+
+def test_an_aliased_program_input_pays_for_its_copy(rmsnorm_task: Task) -> None:
+    """Writing into an aliased input: XLA copies an input the caller does not donate before the kernel may
+    write it, and that copy is not in the traced program; the model adds it (read and write)."""
+    plain = rmsnorm_source(256)
+    aliased = plain.replace("out_shape=jax.ShapeDtypeStruct(", "input_output_aliases={0: 0},\n        out_shape=jax.ShapeDtypeStruct(")
+    assert aliased != plain
+    honest, writes_input = (model_candidate(s, rmsnorm_task, "v5e") for s in (plain, aliased))
+    assert writes_input.bytes == pytest.approx(honest.bytes + 2 * 4096 * 1024 * 4)
+    assert any("aliased program inputs" in note for note in writes_input.notes)
