@@ -247,19 +247,23 @@ class Evaluator:
         interpret: InterpretMode | None = None,
         filename: str = "candidate.py",
         progress: Callable[[str], None] | None = None,
+        expected_program: str | None = None,
     ) -> EvalReport:
+        """``expected_program``: the fingerprint (``jaxbench.fingerprint``) of the program a cost model priced
+        at this size; the worker's trace must have it, or the candidate is ``rejected``."""
         started = time.monotonic()
         task = task if isinstance(task, Task) else load_task(task)
         report = EvalReport(task=task.id, target=target, size=size, status="ok", candidate_sha=source_sha(candidate_source))
         note = progress or (lambda _msg: None)
         try:
-            self._evaluate(task, candidate_source, report, interpret or default_mode(target), filename, note)
+            self._evaluate(task, candidate_source, report, interpret or default_mode(target), filename, note,
+                           expected_program)
         finally:
             report.duration_s = round(time.monotonic() - started, 3)
         return report
 
     def _evaluate(self, task: Task, source: str, report: EvalReport, interpret: InterpretMode,
-                  filename: str, note: Callable[[str], None]) -> None:
+                  filename: str, note: Callable[[str], None], expected_program: str | None = None) -> None:
         cfg = self.config
         findings, claims_pallas = static_checks.scan(source)
         if not cfg.static_checks:
@@ -279,7 +283,8 @@ class Evaluator:
             # The worker compiles the candidate while the judge draws inputs and computes the answers.
             # Until its reply is read the pipe is mid-conversation: any failure here retires the worker.
             recycle = True
-            worker.send(self._load_request(ref, source, filename, interpret))
+            worker.send({**self._load_request(ref, source, filename, interpret),
+                         "fingerprint": expected_program is not None})
             judging = time.monotonic()
             seeds = [secrets.randbits(31) for _ in range(cfg.correctness_seeds)]
             sets = [ref.inputs(s) for s in seeds]
@@ -292,6 +297,14 @@ class Evaluator:
                 recycle = bool(loaded.get("poisoned"))
                 return _fail(report, loaded.get("status", "runtime_error"), loaded.get("reason", ""))
             report.kernel_flops, report.kernel_bytes = loaded.get("flops"), loaded.get("bytes")
+            if expected_program is not None:
+                same = loaded.get("fingerprint") == expected_program
+                report.checks.append(CheckResult(
+                    name="checked_is_priced", passed=same,
+                    detail="" if same else "the program traced for checking differs from the priced one"))
+                if not same:
+                    return _fail(report, "rejected", "the program traced for checking differs from the priced one "
+                                 "traced at the same size: the candidate traces differently when it is checked")
             is_pallas = "pallas_call" in loaded.get("primitives", [])
             if claims_pallas and not is_pallas:
                 report.checks.append(CheckResult(name="pallas_runs", passed=False, detail="imports Pallas but no pallas_call is traced"))
@@ -319,6 +332,9 @@ class Evaluator:
             if self.config.timing:
                 note("timing")
                 self._time(ref, worker, sets, report, deadline, executable, flops_reliable)
+            if report.status == "ok" and cfg.unseen_size and task.spec.statics:
+                note("redrawn statics")
+                self._check_statics(task, report.size, source, filename, interpret, worker, report, deadline)
             if report.status == "ok" and cfg.unseen_size and task.spec.free:
                 note("unseen size")
                 self._check_unseen_size(task, report.size, source, filename, interpret, worker, report, deadline,
@@ -399,16 +415,37 @@ class Evaluator:
         report.checks.append(CheckResult(name="correct_unseen_size", passed=False, detail=detail))
         _fail(report, "rejected", detail)
 
-    def _judge_unseen(self, task: Task, report: EvalReport, shown: str, expected: Any, ran: dict[str, Any]) -> None:
+    def _check_statics(self, task: Task, size: str, source: str, filename: str, interpret: InterpretMode,
+                       worker: WorkerHandle, report: EvalReport, deadline: float) -> None:
+        """Run the candidate with the task's declared numeric statics redrawn in their ranges (``statics`` in
+        task.yaml): a kernel that hard-codes the usual value is ``incorrect`` with the values named. Replaces
+        the worker's executable, so it runs after timing."""
+        judging = time.monotonic()
+        _, static, _ = full_shapes(task, size)
+        drawn = task.draw_statics(static, random.Random(secrets.randbits(63)))
+        shown = "redrawn statics " + ", ".join(f"{name}={value}" for name, value in drawn.items())
+        ref = _compile_reference(task.with_statics(drawn), size)
+        inputs = ref.inputs(secrets.randbits(31))
+        expected = ref.run(inputs)
+        deadline = _judged(deadline, judging)
+        try:
+            loaded = worker.request(self._load_request(ref, source, filename, interpret), _left(deadline))
+            ran = worker.request({"op": "run", "inputs": [inputs]}, _left(deadline)) if loaded.get("ok") else loaded
+        except WorkerFailure as failure:
+            raise WorkerFailure(failure.status, f"{shown}: {failure.reason}") from failure
+        self._judge_unseen(task, report, shown, expected, ran, check="correct_redrawn_statics")
+
+    def _judge_unseen(self, task: Task, report: EvalReport, shown: str, expected: Any, ran: dict[str, Any],
+                      check: str = "correct_unseen_size") -> None:
         if not ran.get("ok"):
             if ran.get("poisoned"):
                 raise WorkerFailure("incorrect", f"{shown}: {ran.get('reason', '')}")
             detail = f"{shown}: {ran.get('status', 'runtime_error')}: {ran.get('reason', '')}"
-            report.checks.append(CheckResult(name="correct_unseen_size", passed=False, detail=detail))
+            report.checks.append(CheckResult(name=check, passed=False, detail=detail))
             return _fail(report, "incorrect", detail)
         tol = task.spec.tolerance
         cmp = compare_outputs(expected, ran["outputs"][0], tol.atol, tol.rtol)
-        report.checks.append(CheckResult(name="correct_unseen_size", passed=cmp.ok,
+        report.checks.append(CheckResult(name=check, passed=cmp.ok,
                                          detail=f"{shown}: {cmp.reason}" if cmp.reason else shown))
         if not cmp.ok:
             report.max_abs_err = max(report.max_abs_err or 0.0, cmp.max_abs_err)

@@ -78,6 +78,7 @@ class _Scanner(ast.NodeVisitor):
         self.pallas_aliases: set[str] = set()  # names bound to a Pallas module: its ``load`` is a masked ref read
         self.imports_pallas = False
         self.depth = 0
+        self.constant_tables: set[int] = set()  # module-level assignments of tables never written after import
 
     def add(self, rule: str, node: ast.AST, detail: str) -> None:
         self.findings.append(Finding(rule, getattr(node, "lineno", 0), detail))
@@ -170,6 +171,8 @@ class _Scanner(ast.NodeVisitor):
         self.generic_visit(node)
 
     def _check_module_value(self, value: ast.AST, node: ast.AST) -> None:
+        if id(node) in self.constant_tables:
+            return
         mutable = isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp))
         if isinstance(value, ast.Call):
             name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", "")
@@ -214,5 +217,77 @@ def scan(source: str) -> tuple[list[Finding], bool]:
         # Said here, at the first stage, rather than found later by the worker's compile.
         return [Finding(SYNTAX_RULE, exc.lineno or 0, f"syntax error at line {exc.lineno}: {exc.msg}")], False
     scanner = _Scanner()
+    scanner.constant_tables = constant_tables(tree)
     scanner.visit(tree)
     return scanner.findings, scanner.imports_pallas
+
+
+# Uses of a constant table that only read it: its elements are immutable, so what these return cannot
+# carry anything from one call to the next.
+READ_METHODS = {"get", "keys", "values", "items", "index", "count", "copy"}
+READ_CALLS = {"len", "sorted", "tuple", "list", "dict", "set", "frozenset", "enumerate", "zip", "max", "min", "sum",
+              "any", "all", "iter", "reversed"}
+
+
+def _immutable(node: ast.AST) -> bool:
+    """A literal whose value can never change: constants, and tuples of them (a negative number included)."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return _immutable(node.operand)
+    if isinstance(node, ast.Tuple):
+        return all(_immutable(e) for e in node.elts)
+    return False
+
+
+def _table_literal(node: ast.AST) -> bool:
+    if isinstance(node, ast.Dict):
+        return all(k is not None and _immutable(k) and _immutable(v) for k, v in zip(node.keys, node.values))
+    if isinstance(node, (ast.List, ast.Set)):
+        return all(_immutable(e) for e in node.elts)
+    return False
+
+
+def _reads_only(name: ast.Name, parent: ast.AST | None, grandparent: ast.AST | None) -> bool:
+    if isinstance(parent, ast.Subscript) and parent.value is name:
+        return isinstance(parent.ctx, ast.Load)
+    if isinstance(parent, ast.Attribute) and parent.value is name:
+        return parent.attr in READ_METHODS and isinstance(grandparent, ast.Call) and grandparent.func is parent
+    if isinstance(parent, ast.Call) and name in parent.args:
+        return isinstance(parent.func, ast.Name) and parent.func.id in READ_CALLS
+    if isinstance(parent, ast.Compare):
+        return name in parent.comparators and all(isinstance(op, (ast.In, ast.NotIn)) for op in parent.ops)
+    if isinstance(parent, (ast.For, ast.comprehension)):
+        return parent.iter is name
+    return False
+
+
+def constant_tables(tree: ast.Module) -> set[int]:
+    """Module-level assignments (their node ids) of a dict, list or set literal of immutable values to a name
+    that is bound nowhere else and that every other use only reads (see ``_reads_only``): a table of block
+    sizes or a configuration, not a cache."""
+    candidates: dict[str, ast.AST] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+            node.target if isinstance(node, ast.AnnAssign) else None
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and value is not None and _table_literal(value):
+            candidates[target.id] = node
+    if not candidates:
+        return set()
+    parents: dict[int, ast.AST] = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[id(child)] = node
+    spoiled: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Global, ast.Nonlocal)):
+            spoiled.update(node.names)
+        if not isinstance(node, ast.Name) or node.id not in candidates:
+            continue
+        parent = parents.get(id(node))
+        if isinstance(node.ctx, ast.Store) and parent is candidates[node.id]:
+            continue  # the one binding
+        if not isinstance(node.ctx, ast.Load) or not _reads_only(node, parent, parents.get(id(parent))):
+            spoiled.add(node.id)
+    return {id(node) for name, node in candidates.items() if name not in spoiled}

@@ -6,7 +6,6 @@ A task may be named by its suite id (``12p_RMSNorm``) or by any folder path; bot
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import random
 import sys
 from functools import cached_property
@@ -53,6 +52,16 @@ class FreeSize(BaseModel):
     max: int | None = Field(default=None, ge=1, description="the largest value the task's inputs allow")
 
 
+class StaticRange(BaseModel):
+    """A numeric static argument the reference is valid for anywhere in ``[min, max]``: a kernel must take it
+    as given, so the evaluator redraws it as it redraws free sizes."""
+
+    model_config = ConfigDict(extra="forbid")
+    min: float
+    max: float
+    integer: bool = Field(default=False, description="the static is an integer (drawn as one)")
+
+
 class TaskSpec(BaseModel):
     """The content of ``task.yaml``."""
 
@@ -68,14 +77,18 @@ class TaskSpec(BaseModel):
     free: dict[str, FreeSize] = Field(
         default_factory=dict, description="size parameters a kernel must serve at any value (batch, tokens, ...)"
     )
+    statics: dict[str, StaticRange] = Field(
+        default_factory=dict, description="numeric static arguments a kernel must serve at any value in a range"
+    )
 
 
 class Task:
     """A loaded task: its spec, its folder, and (lazily) its reference module."""
 
-    def __init__(self, spec: TaskSpec, path: Path) -> None:
+    def __init__(self, spec: TaskSpec, path: Path, static_overrides: dict[str, Any] | None = None) -> None:
         self.spec = spec
         self.path = path
+        self.static_overrides = dict(static_overrides or {})  # statics redrawn by the evaluator
 
     def __repr__(self) -> str:
         return f"Task({self.id!r}, path={str(self.path)!r})"
@@ -104,11 +117,35 @@ class Task:
     def with_size(self, name: str, values: dict[str, Any]) -> "Task":
         """The same task (same folder, same reference) with one more named size, e.g. a derived check size."""
         sizes = {**self.spec.sizes, name: dict(values)}
-        task = Task(self.spec.model_copy(update={"sizes": sizes}), self.path)
+        task = Task(self.spec.model_copy(update={"sizes": sizes}), self.path, self.static_overrides)
         for cached in ("source_digest", "module"):  # already read: a sandboxed process may not read them again
             if cached in self.__dict__:
                 task.__dict__[cached] = self.__dict__[cached]
         return task
+
+    def with_statics(self, values: dict[str, Any]) -> "Task":
+        """The same task whose ``get_inputs`` returns these static values instead of its own."""
+        task = Task(self.spec, self.path, {**self.static_overrides, **values})
+        for cached in ("source_digest", "module"):
+            if cached in self.__dict__:
+                task.__dict__[cached] = self.__dict__[cached]
+        return task
+
+    def draw_statics(self, current: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+        """A value for every declared static, drawn in its range and away from ``current`` (by at least a
+        tenth of the range), so that a kernel that hard-codes the usual value is wrong there."""
+        drawn: dict[str, Any] = {}
+        for name, bounds in self.spec.statics.items():
+            if name not in current:
+                raise TaskError(f"{self.path}/task.yaml: static {name!r} is not returned by get_inputs()")
+            value = float(current[name])
+            for _ in range(64):
+                pick = rng.uniform(bounds.min, bounds.max)
+                pick = float(round(pick)) if bounds.integer else float(f"{pick:.4g}")
+                if abs(pick - value) >= 0.1 * (bounds.max - bounds.min):
+                    break
+            drawn[name] = int(pick) if bounds.integer else pick
+        return drawn
 
     def draw_unseen(self, base: str, rng: random.Random) -> dict[str, Any]:
         """Size ``base`` with every free parameter redrawn: a size no kernel was tuned on.
@@ -128,24 +165,21 @@ class Task:
     @cached_property
     def module(self) -> ModuleType:
         """Import ``reference.py`` under a name unique to this folder."""
+        from jaxbench.candidate import CandidateError, load_module, unload_module
+
         name = f"jaxbench_ref_{self.spec.id}_{self.source_digest}"
         if name in sys.modules:
             return sys.modules[name]
-        spec = importlib.util.spec_from_file_location(name, self.reference_path)
-        if spec is None or spec.loader is None:
-            raise TaskError(f"{self.reference_path}: cannot be imported")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while it loads
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:  # a broken reference is the task's fault: say where
-            sys.modules.pop(name, None)
-            raise TaskError(f"{self.reference_path}: import failed: {type(exc).__name__}: {exc}") from exc
+        try:  # the candidates' loader: a reference is written as people write kernels
+            module = load_module(self.reference_path.read_text(), str(self.reference_path), name)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TaskError(f"{self.reference_path}: cannot be read: {exc}") from exc
+        except CandidateError as exc:  # a broken reference is the task's fault: say where
+            raise TaskError(f"{self.reference_path}: import failed: {exc.reason.split(': ', 1)[-1]}") from exc
         for attr in ("get_inputs", "reference"):
             if not callable(getattr(module, attr, None)):
-                sys.modules.pop(name, None)
+                unload_module(module)
                 raise TaskError(f"{self.reference_path}: does not define {attr}()")
-        sys.modules[name] = module
         return module
 
     def get_inputs(self, key: Any, size: str = "cpu") -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -161,6 +195,11 @@ class Task:
         args, static = result
         if not isinstance(args, tuple) or not isinstance(static, dict):
             raise TaskError(f"{self.reference_path}: get_inputs must return (tuple, dict)")
+        if self.static_overrides:
+            missing = sorted(set(self.static_overrides) - set(static))
+            if missing:
+                raise TaskError(f"{self.reference_path}: get_inputs() returns no static {missing[0]!r}")
+            static = {**static, **self.static_overrides}
         return args, static
 
     @property
@@ -201,6 +240,9 @@ def _read_spec(folder: Path) -> TaskSpec:
     for required in ("cpu", "full"):
         if required not in spec.sizes:
             raise TaskError(f"{yaml_path}: sizes must include {required!r}")
+    for name, bounds in spec.statics.items():
+        if not bounds.min < bounds.max:
+            raise TaskError(f"{yaml_path}: statics.{name}: min must be below max")
     for name in spec.free:
         missing = [size for size, values in spec.sizes.items() if name not in values]
         if missing:

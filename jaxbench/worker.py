@@ -149,6 +149,7 @@ class Worker:
     def op_load(self, request: dict[str, Any]) -> dict[str, Any]:
         """Load the candidate, trace and compile it for the given input shapes."""
         from jaxbench.candidate import CandidateError, check_signature, load_candidate
+        from jaxbench.fingerprint import program_fingerprint
         from jaxbench.interpret import force_interpret
 
         self._drop_candidate()
@@ -190,6 +191,7 @@ class Worker:
             "primitives": prims,
             "grid_steps": steps,
             "jaxpr": str(closed.jaxpr),
+            "fingerprint": program_fingerprint(closed) if request.get("fingerprint") else None,
             "flops": cost.get("flops"),
             "bytes": cost.get("bytes accessed"),
             "out_dtypes": [str(s.dtype) for s in out_shapes],
@@ -235,6 +237,11 @@ class Worker:
         return {"ok": True}
 
     def _drop_candidate(self) -> None:
+        from jaxbench.candidate import unload_module
+
+        module = self.state.get("module")
+        if module is not None:
+            unload_module(module)
         tmp = self.state.pop("tmpdir", None)
         self.state.clear()
         if tmp:

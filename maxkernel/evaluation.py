@@ -171,7 +171,7 @@ def _check_and_price(task: "Task", source: str, target: str, filename: str, ev: 
     note(f"checking at {check.name}")
     try:
         report = ev.evaluate(task.with_size(check.name, check.values), source, target=target, size=check.name,
-                             filename=filename, progress=progress)
+                             filename=filename, progress=progress, expected_program=check.fingerprint)
     finally:
         ev.config.timing, ev.config.timeout_s = previous_timing, previous_timeout
     report.size = "check"  # the values are in the priced_is_checked detail; sizes are short names in the store
@@ -184,7 +184,11 @@ def _check_and_price(task: "Task", source: str, target: str, filename: str, ev: 
     if report.status == "incorrect":
         report.reason += f" (checked at {check.name}{why_this_size})"
     if stage.model is None:
-        if stage.model_error:
+        if stage.model_error and report.correct and not on_device:
+            # What the model cannot price is refused: a figure that left it out would be cheaper than the code.
+            report.checks.append(CheckResult(name="priced", passed=False, detail=stage.model_error))
+            report.status, report.reason, report.correct = "rejected", f"cost model: {stage.model_error}", False
+        elif stage.model_error:
             report.flags.append(f"cost model: {stage.model_error}")
         return report
     report.model = {"candidate": stage.model, "reference": reference_model()}

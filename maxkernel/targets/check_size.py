@@ -27,8 +27,10 @@ import jax
 from jax._src import core
 from pydantic import BaseModel, Field
 
+from jaxbench.fingerprint import program_fingerprint
 from jaxbench.task import Task
 from jaxbench.task_check import full_shapes
+from maxkernel.targets.coverage import coverage_difference
 from maxkernel.targets.device import tpu_device
 from maxkernel.targets.jaxpr_walk import find_pallas_calls, sub_jaxprs
 from maxkernel.targets.specs import TpuSpec
@@ -72,6 +74,8 @@ class CheckSize(BaseModel):
     reference_flops: float | None = Field(default=None, description="reference FLOPs at the check size (XLA:CPU)")
     refusal: str | None = Field(default=None, description="why the priced code cannot be checked")
     smaller: list[str] = Field(default_factory=list, description="what differs at the next smaller size, per parameter")
+    fingerprint: str | None = Field(default=None, description="the program traced at the check size "
+                                    "(jaxbench.fingerprint): the checking worker must trace the same")
 
 
 def size_name(values: dict[str, Any]) -> str:
@@ -80,10 +84,16 @@ def size_name(values: dict[str, Any]) -> str:
 
 def trace_at(module: ModuleType, task: Task, values: dict[str, Any], spec: TpuSpec) -> core.Jaxpr:
     """The candidate's program at the size ``values``, traced from abstract inputs (nothing is allocated)."""
+    return trace_closed_at(module, task, values, spec).jaxpr
+
+
+def trace_closed_at(module: ModuleType, task: Task, values: dict[str, Any], spec: TpuSpec) -> core.ClosedJaxpr:
+    """As :func:`trace_at`, with the program's constants (what the cost model prices and the fingerprint
+    covers)."""
     name = size_name(values)
     arg_shapes, static, _ = full_shapes(task.with_size(name, values), name)
     with tpu_device(spec):
-        return jax.jit(partial(module.kernel, **static)).trace(*arg_shapes).jaxpr.jaxpr
+        return jax.jit(partial(module.kernel, **static)).trace(*arg_shapes).jaxpr
 
 
 def _ladder(value: Any, floor: Any, multiple_of: int = 1) -> list[int]:
@@ -153,26 +163,33 @@ def _halve_pairs(chosen: dict[str, Any], full: dict[str, Any], task: Task, cpu: 
         chosen = taken
 
 
-def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec, interpreted: bool = False) -> CheckSize:
+def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec, interpreted: bool = False,
+                      priced_program: core.ClosedJaxpr | None = None) -> CheckSize:
     """The check size of this candidate (see the module docstring); ``refusal`` says why there is none.
 
     ``interpreted``: the check runs in TPU interpret mode, whose memory operations are host callbacks: they
-    are estimated (``interpreted_ops``) and bound the check's time."""
+    are estimated (``interpreted_ops``) and bound the check's time. ``priced_program``: the ``full`` trace
+    the cost model prices (traced here when not given); each size is traced once."""
     full = task.size("full")
-    priced = trace_at(module, task, full, spec)
+    closed_full = priced_program if priced_program is not None else trace_closed_at(module, task, full, spec)
+    priced = closed_full.jaxpr
     configuration = Configuration.of(priced)
-    traces: dict[str, core.Jaxpr | str] = {size_name(full): priced}
+    programs: dict[str, core.ClosedJaxpr | str] = {size_name(full): closed_full}
+
+    def traced_program(values: dict[str, Any]) -> core.ClosedJaxpr | str:
+        key = size_name(values)
+        if key not in programs:
+            try:
+                programs[key] = trace_closed_at(module, task, values, spec)
+            except Exception as exc:  # the candidate or the task does not work at this size: not a check size
+                first = (str(exc).strip().splitlines() or [""])[0][:200]
+                programs[key] = f"it does not trace there ({type(exc).__name__}: {first})"
+        return programs[key]
 
     def traced(values: dict[str, Any]) -> core.Jaxpr | str:
         """The trace at ``values``, or why there is none."""
-        key = size_name(values)
-        if key not in traces:
-            try:
-                traces[key] = trace_at(module, task, values, spec)
-            except Exception as exc:  # the candidate or the task does not work at this size: not a check size
-                first = (str(exc).strip().splitlines() or [""])[0][:200]
-                traces[key] = f"it does not trace there ({type(exc).__name__}: {first})"
-        return traces[key]
+        found = traced_program(values)
+        return found if isinstance(found, str) else found.jaxpr
 
     filename = getattr(module, "__file__", "") or ""
 
@@ -182,7 +199,8 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec, interpreted
         if isinstance(jaxpr, str):
             return jaxpr
         return (configuration_difference(configuration, Configuration.of(jaxpr))
-                or scratch_difference(priced, jaxpr) or twin_difference(priced, jaxpr, filename))
+                or scratch_difference(priced, jaxpr) or twin_difference(priced, jaxpr, filename)
+                or coverage_difference(priced, jaxpr))
 
     cpu = task.size("cpu")
     chosen = dict(full)
@@ -230,6 +248,9 @@ def derive_check_size(module: ModuleType, task: Task, spec: TpuSpec, interpreted
     # Why each parameter could not shrink further (a rung above the chosen value proves nothing).
     stopped = [f"{name}={value}: {why}" for name, value, why in failed if value < chosen[name]]
     result = CheckSize(name=size_name(chosen), values=chosen, grid_steps=steps, interpreted_ops=ops, smaller=stopped)
+    checked = traced_program(chosen)
+    assert not isinstance(checked, str)
+    result.fingerprint = program_fingerprint(checked)
     result.reference_bytes, result.reference_flops = reference_cost(task, chosen)
     over = []
     if result.reference_bytes > CHECK_MEMORY_BYTES:

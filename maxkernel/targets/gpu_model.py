@@ -32,6 +32,7 @@ from maxkernel.targets.gpu_work import gpu_step_work, small_operands
 from maxkernel.targets.grid import GridSample
 from maxkernel.targets.jaxpr_walk import PallasCall, find_pallas_calls
 from maxkernel.targets.loader import load_candidate
+from maxkernel.targets.names import TargetError
 from maxkernel.targets.model import ModelError, _first_line, _io_bytes
 from maxkernel.targets.ops import OpCounts, UnboundedLoopError
 from maxkernel.targets.xla_cost import XlaCost, glue_cost, small_inputs, xla_cost
@@ -248,10 +249,13 @@ def model_gpu_candidate(candidate_source: str, task: Task, chip: str) -> GpuMode
         return _xla_estimate(xla_cost(fn, arg_shapes, known), spec, io_bytes, ["plain JAX: XLA roofline"])
     notes: list[str] = []
     kernels = [_kernel_estimate(call, spec, notes, known=_known_operands(closed, call, task, notes)) for call in calls]
-    glue = glue_cost(closed, calls, known)
-    if glue is None:
-        notes.append("a kernel runs inside a loop or branch: the XLA code around kernels is not priced")
-        glue = XlaCost(0.0, OpCounts(), 0.0)
+    try:
+        glue = glue_cost(closed, calls, known)
+    except TargetError:
+        raise
+    except Exception as exc:  # code the model cannot price is refused, never counted as free
+        raise ModelError(f"the XLA code around the kernels cannot be priced: {type(exc).__name__}: "
+                         f"{_first_line(exc)}") from exc
     glue_compute, glue_memory = _xla_parts(glue, spec)
     dispatch = _constants().dispatch_overhead_s.value
     time_s = sum(k.time_ms for k in kernels) / 1e3 + max(glue_compute, glue_memory) + dispatch

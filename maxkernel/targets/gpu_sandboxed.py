@@ -44,7 +44,7 @@ def _gpu_stage(request: dict[str, Any], task: "Task", result: GpuStageResult) ->
     lowering = validate_gpu(request["source"], task, request["chip"])
     result.lowering = lowering.model_dump(mode="json")
     if lowering.ok:
-        result.check = _check_size(request["source"], task, TRACE_GENERATION)
+        result.check, _ = _check_size(request["source"], task, TRACE_GENERATION)
     if lowering.ok and result.check is not None and result.check.refusal is None:
         try:
             result.model = model_gpu_candidate(request["source"], task, request["chip"]).as_report_fields()

@@ -24,7 +24,7 @@ from maxkernel.targets.grid import GridSample
 from maxkernel.targets.interpret import evaluate, pallas_dependent_inputs
 from maxkernel.targets.jaxpr_walk import PallasCall
 from maxkernel.targets.ops import charges
-from maxkernel.targets.prefetch import PREFETCH_SEED
+from maxkernel.targets.prefetch import pricing_key
 from maxkernel.targets.work import KERNEL_SMALL, StepWork, kernel_axes, step_work
 
 SMALL_OPERAND = 1 << 16  # elements of an integer operand worth computing (page tables, lengths, group sizes)
@@ -54,7 +54,7 @@ def small_operands(closed: core.ClosedJaxpr, call: PallasCall, task: Task) -> di
         evaluate(closed.jaxpr, closed.consts, list(args), {"pallas_call": on_pallas})
         return captured[0]
 
-    values = jax.jit(program)(jax.random.key(PREFETCH_SEED))
+    values = jax.jit(program)(pricing_key())
     return {i: np.asarray(v) for i, v in zip(wanted, values)}
 
 

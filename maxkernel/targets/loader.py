@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import linecache
-import sys
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from jaxbench.candidate import CandidateError
+from jaxbench.candidate import load_candidate as jaxbench_load
 from maxkernel.targets.names import TargetError
 
 if TYPE_CHECKING:
@@ -31,32 +31,20 @@ def candidate_filename(source: str) -> str:
 
 
 def load_candidate(source: str) -> ModuleType:
-    """Execute ``source`` as a new module and return it; it must define a callable ``kernel``.
-
-    The code is compiled under :func:`candidate_filename` and its lines are registered with ``linecache``,
-    so tracebacks and JAX's source locations point into the candidate. Every call gives a new module.
-    """
+    """Load ``source`` with JaxBench's loader (:func:`jaxbench.candidate.load_candidate`) as a new module named
+    after :func:`candidate_filename`, so tracebacks and JAX's source locations point into the candidate.
+    Every call gives a new module."""
     filename = candidate_filename(source)
-    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     name = f"maxkernel_candidate_{filename[11:-1]}_{next(_serial)}"
-    module = ModuleType(name)
-    module.__file__ = filename
-    sys.modules[name] = module  # dataclasses and pickling look their module up here
     try:
-        code = compile(source, filename, "exec")
-        exec(code, module.__dict__)
-    except SyntaxError as exc:
-        del sys.modules[name]
-        raise CandidateLoadError(f"candidate line {exc.lineno}: SyntaxError: {exc.msg}", exc.lineno) from exc
-    except Exception as exc:
-        del sys.modules[name]
-        line = next((ln for fr, ln in _frames(exc) if fr.f_code.co_filename == filename), None)
-        where = f"candidate line {line}: " if line else "candidate: "
-        raise CandidateLoadError(f"{where}import failed: {type(exc).__name__}: {exc}", line) from exc
-    if not callable(getattr(module, "kernel", None)):
-        del sys.modules[name]
-        raise CandidateLoadError("candidate does not define a callable kernel()")
-    return module
+        return jaxbench_load(source, filename, name).module
+    except CandidateError as exc:
+        if exc.line is None and not exc.reason.startswith("module failed"):  # no kernel, or not a function
+            raise CandidateLoadError("candidate does not define a callable kernel()") from exc
+        where = f"candidate line {exc.line}: " if exc.line else "candidate: "
+        cause = exc.reason.split(": ", 1)[-1]  # "Type: message" (a syntax error's own message)
+        what = "SyntaxError: " if exc.reason.startswith("syntax error") else "import failed: "
+        raise CandidateLoadError(f"{where}{what}{cause}", exc.line) from exc
 
 
 def eqn_line(eqn: "core.JaxprEqn", filename: str) -> int | None:
@@ -66,10 +54,3 @@ def eqn_line(eqn: "core.JaxprEqn", filename: str) -> int | None:
         if frame.file_name == filename:
             return int(frame.line_num)
     return None
-
-
-def _frames(exc: BaseException):  # type: ignore[no-untyped-def]
-    tb = exc.__traceback__
-    while tb is not None:
-        yield tb.tb_frame, tb.tb_lineno
-        tb = tb.tb_next

@@ -30,7 +30,8 @@ from maxkernel.targets.jaxpr_walk import PallasCall, find_pallas_calls
 from maxkernel.targets.loader import load_candidate
 from maxkernel.targets.names import TargetError
 from maxkernel.targets.ops import OpCounts, UnboundedLoopError
-from maxkernel.targets.prefetch import call_operands
+from maxkernel.targets.control import UNKNOWN
+from maxkernel.targets.prefetch import PRICING_SEEDS, call_operands, drawn_with
 from maxkernel.targets.specs import ModelConstants, TpuSpec, load_model_constants, load_tpu_spec
 from maxkernel.targets.work import StepWork, kernel_axes, step_work
 from maxkernel.targets.xla_cost import XlaCost, glue_cost, small_inputs, xla_cost
@@ -98,22 +99,58 @@ class ModelEstimate(BaseModel):
         return self.model_dump(mode="json")
 
 
-def model_candidate(candidate_source: str, task: Task, generation: str) -> ModelEstimate:
-    """Modelled cost of a candidate at the task's ``full`` size on ``generation``.
+def model_candidate(candidate_source: str, task: Task, generation: str,
+                    program: core.ClosedJaxpr | None = None) -> ModelEstimate:
+    """Modelled cost of a candidate at the task's ``full`` size on ``generation``. ``program``: the candidate
+    already traced at ``full`` (the very program whose twin is checked); traced here when not given.
 
     Raises (all TargetError, one-line messages): CandidateLoadError if the source does not load, ModelError
     if it does not trace at full size or cannot be priced, VmemBudgetError if a kernel does not fit in VMEM.
     """
     spec = load_tpu_spec(generation)
-    module = load_candidate(candidate_source)
     arg_shapes, static, out_shapes = full_shapes(task, "full")
-    fn = partial(module.kernel, **static)
-    with tpu_device(spec):
-        try:
-            closed = jax.jit(fn).trace(*arg_shapes).jaxpr
-        except Exception as exc:
-            raise ModelError(f"candidate does not trace at full size: {type(exc).__name__}: "
-                             f"{_first_line(exc)}") from exc
+    if program is None:
+        fn = partial(load_candidate(candidate_source).kernel, **static)
+        with tpu_device(spec):
+            try:
+                closed = jax.jit(fn).trace(*arg_shapes).jaxpr
+            except Exception as exc:
+                raise ModelError(f"candidate does not trace at full size: {type(exc).__name__}: "
+                                 f"{_first_line(exc)}") from exc
+    else:
+        closed = program
+        fn = _program_function(program)
+    depends = _depends_on_draws(closed, task, arg_shapes)
+    return _dearest(lambda: _price_program(closed, fn, task, spec, arg_shapes, out_shapes), depends)
+
+
+def _depends_on_draws(closed: core.ClosedJaxpr, task: Task, arg_shapes: Any) -> bool:
+    """Whether the price can change with the inputs' values: a kernel with scalar-prefetch operands or a
+    dynamic grid, or small integer inputs (group sizes, lengths) that loops and branches may follow."""
+    for call in find_pallas_calls(closed.jaxpr):
+        grid_mapping = call.eqn.params["grid_mapping"]
+        if grid_mapping.num_dynamic_grid_bounds + grid_mapping.num_index_operands:
+            return True
+    return any(v is not UNKNOWN for v in small_inputs(task, arg_shapes))
+
+
+def _dearest(price: Any, depends: bool) -> ModelEstimate:
+    """``price()`` on one draw of the inputs, or where it depends on them, on each of ``PRICING_SEEDS``
+    and the dearest."""
+    if not depends:
+        return price()
+    estimates = []
+    for seed in PRICING_SEEDS:
+        with drawn_with(seed):
+            estimates.append(price())
+    worst = max(estimates, key=lambda e: e.time_ms)
+    times = ", ".join(f"{e.time_ms:.4g}" for e in estimates)
+    worst.notes.append(f"data-dependent: priced at the dearest of {len(estimates)} draws at full ({times} ms)")
+    return worst
+
+
+def _price_program(closed: core.ClosedJaxpr, fn: Any, task: Task, spec: TpuSpec, arg_shapes: Any,
+                   out_shapes: Any) -> ModelEstimate:
     calls = find_pallas_calls(closed.jaxpr)
     io_bytes = _io_bytes(arg_shapes, out_shapes)
     if not calls:
@@ -133,13 +170,34 @@ def model_candidate(candidate_source: str, task: Task, generation: str) -> Model
         glue = glue_cost(closed, calls, partial(small_inputs, task, arg_shapes), tpu_generation=spec.name)
     except UnboundedLoopError:
         raise
-    except Exception as exc:  # pricing the surrounding code is best effort: say so rather than fail
-        notes.append(f"the XLA code around kernels is not priced ({type(exc).__name__}: {_first_line(exc)})")
-        glue = XlaCost(0.0, OpCounts(), 0.0)
-    if glue is None:
-        notes.append("a kernel runs inside a loop or branch: the XLA code around kernels is not priced")
-        glue = XlaCost(0.0, OpCounts(), 0.0)
+    except Exception as exc:  # code the model cannot price is refused, never counted as free
+        raise ModelError(f"the XLA code around the kernels cannot be priced: {type(exc).__name__}: "
+                         f"{_first_line(exc)}") from exc
+    copied = _alias_copy_bytes(closed, calls)
+    if copied:
+        glue.bytes += copied
+        notes.append(f"aliased program inputs are copied before the kernels write them: {copied:.4g} bytes")
     return _combine(kernels, glue, spec, io_bytes, notes)
+
+
+def _alias_copy_bytes(closed: core.ClosedJaxpr, calls: list[PallasCall]) -> float:
+    """HBM bytes of the copies XLA makes of program inputs a kernel aliases to an output: the evaluator never
+    donates its arguments, so each such input is read and written once more before the kernel runs (the copy
+    is not in the traced program)."""
+    inputs = set(closed.jaxpr.invars)
+    copied = 0.0
+    for call in calls:
+        for operand, _ in call.eqn.params.get("input_output_aliases", ()):
+            var = call.eqn.invars[operand]
+            if isinstance(var, core.Var) and var in inputs:
+                copied += 2.0 * math.prod(var.aval.shape) * np.dtype(var.aval.dtype).itemsize * call.count
+    return copied
+
+
+def _program_function(program: core.ClosedJaxpr) -> Any:
+    """A traced program as a function of the task's arguments (pytrees flattened as the trace did)."""
+    run = core.jaxpr_as_fun(program)
+    return lambda *args: run(*jax.tree_util.tree_leaves(args))
 
 
 def model_reference(task: Task, generation: str) -> ModelEstimate:
@@ -147,8 +205,12 @@ def model_reference(task: Task, generation: str) -> ModelEstimate:
     spec = load_tpu_spec(generation)
     arg_shapes, static, out_shapes = full_shapes(task, "full")
     fn = partial(task.reference, **static)
-    cost = xla_cost(fn, arg_shapes, partial(small_inputs, task, arg_shapes), tpu_generation=spec.name)
-    return _xla_estimate(cost, spec, _io_bytes(arg_shapes, out_shapes), ["reference: XLA roofline"])
+
+    def price() -> ModelEstimate:
+        cost = xla_cost(fn, arg_shapes, partial(small_inputs, task, arg_shapes), tpu_generation=spec.name)
+        return _xla_estimate(cost, spec, _io_bytes(arg_shapes, out_shapes), ["reference: XLA roofline"])
+
+    return _dearest(price, any(v is not UNKNOWN for v in small_inputs(task, arg_shapes)))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -46,8 +46,7 @@ REDUCTIONS = frozenset({
     "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "reduce",
 })
 FREE = frozenset({
-    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "slice", "dynamic_slice",
-    "dynamic_update_slice", "concatenate", "pad", "rev", "gather", "iota", "copy", "copy_p",
+    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "slice", "dynamic_slice", "iota",
     "bitcast_convert_type", "get", "swap", "masked_swap", "program_id", "num_programs", "device_put", "split",
     "dma_wait", "semaphore_signal", "semaphore_wait", "semaphore_read", "multiple_of", "debug_callback",
     "sharding_constraint", "optimization_barrier", "stop_gradient", "random_bits", "random_seed",
@@ -203,8 +202,12 @@ def count_eqn(eqn: core.JaxprEqn, counts: OpCounts) -> None:
         window = flops / (2.0 * max(pixels * out_features, 1.0))
         counts.mxu_xla[cls] = counts.mxu_xla.get(cls, 0.0) + xla_matmul_flops(pixels, out_features, window)
     elif name == "dma_start":
-        counts.dma_bytes += _dma_bytes(eqn)
+        hbm_bytes, on_chip = _dma_bytes(eqn)
+        counts.dma_bytes += hbm_bytes
         counts.dma_count += 1
+        counts.vpu += on_chip  # a copy between on-chip buffers moves its elements through the vector units
+    elif name == "dynamic_update_slice":  # a value written into a window of another: the window's elements
+        counts.vpu += _size(eqn.invars[1].aval)
     elif name in ("get", "masked_load") and eqn.outvars:  # ref indexing and pl.load
         aval = eqn.outvars[0].aval
         counts.ref_load_bytes += int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize  # a scalar: one element
@@ -255,12 +258,18 @@ def _memory_space(ref: object) -> str:
     return str(getattr(space, "value", space)).lower()
 
 
-def _dma_bytes(eqn: core.JaxprEqn) -> float:
-    """Bytes of a local DMA between HBM and on-chip memory (zero for on-chip copies)."""
+def _dma_bytes(eqn: core.JaxprEqn) -> tuple[float, float]:
+    """(HBM bytes, on-chip elements) of a local DMA. Between HBM and on-chip memory it moves its window once
+    through HBM; from HBM to HBM it reads and writes it (twice); between on-chip buffers it moves no HBM
+    bytes but its elements still pass through the core."""
     parts = tree_util.tree_unflatten(eqn.params["tree"], eqn.invars)
     src, dst = parts[0], parts[1]
-    spaces = {_memory_space(src), _memory_space(dst)}
-    if not spaces & {"any", "hbm"} or spaces <= {"any", "hbm"}:
-        return 0.0
-    window = _window_aval(dst if _memory_space(dst) not in ("any", "hbm") else src)
-    return float(math.prod(window.shape) * np.dtype(window.dtype).itemsize)
+    in_hbm = [_memory_space(ref) in ("any", "hbm") for ref in (src, dst)]
+    window = _window_aval(dst if not in_hbm[1] else src)
+    elements = float(math.prod(window.shape))
+    nbytes = elements * np.dtype(window.dtype).itemsize
+    if all(in_hbm):
+        return 2.0 * nbytes, 0.0
+    if any(in_hbm):
+        return nbytes, 0.0
+    return 0.0, elements

@@ -1,13 +1,15 @@
 """Values of a kernel's scalar-prefetch operands and dynamic grid extents at ``full`` size, so data-dependent
 index maps, conditions and grids (megablox's number of active tiles) can be evaluated.
 
-The task draws its inputs with ``jax.random.key(PREFETCH_SEED)``; the program is re-run under ``jax.jit``
+The task draws its inputs with the model's key (:func:`pricing_key`, one of ``PRICING_SEEDS``); the program is re-run under ``jax.jit``
 with every pallas_call stubbed out, returning only the prefetch operands, so XLA drops everything else
 (large tensors are never materialised unless the prefetch values are computed from them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import jax
@@ -20,6 +22,26 @@ from maxkernel.targets.interpret import evaluate, pallas_dependent_inputs
 from maxkernel.targets.jaxpr_walk import PallasCall
 
 PREFETCH_SEED = 0
+# A program whose cost depends on its inputs' values (scalar prefetch, dynamic grids, loops over group
+# sizes) is priced on each of these draws at ``full`` and at the dearest: one draw may be a lucky one.
+PRICING_SEEDS = (0, 1, 2, 3)
+_seed: list[int] = [PREFETCH_SEED]
+
+
+@contextmanager
+def drawn_with(seed: int) -> Iterator[None]:
+    """Inside this block the model draws the task's ``full`` inputs with ``seed``."""
+    before = _seed[0]
+    _seed[0] = seed
+    try:
+        yield
+    finally:
+        _seed[0] = before
+
+
+def pricing_key() -> jax.Array:
+    """The key the model draws the task's inputs with now (see :func:`drawn_with`)."""
+    return jax.random.key(_seed[0])
 
 
 def prefetch_values(closed: core.ClosedJaxpr, call: PallasCall, task: Task) -> list[np.ndarray] | None:
@@ -56,5 +78,5 @@ def call_operands(closed: core.ClosedJaxpr, call: PallasCall,
         evaluate(closed.jaxpr, closed.consts, list(args), {"pallas_call": on_pallas})
         return captured[0]
 
-    values = [np.asarray(v) for v in jax.jit(program)(jax.random.key(PREFETCH_SEED))]
+    values = [np.asarray(v) for v in jax.jit(program)(pricing_key())]
     return [int(np.asarray(v).reshape(-1)[0]) for v in values[:n_dyn]], values[n_dyn:]

@@ -23,6 +23,8 @@ from pydantic import BaseModel
 from maxkernel.targets.check_size import CheckSize
 
 if TYPE_CHECKING:
+    from jax.core import ClosedJaxpr
+
     from jaxbench.task import Task
 
 SANDBOX_MEMORY_BYTES = 16 << 30
@@ -106,27 +108,34 @@ def _tpu_stage(request: dict[str, Any], task: "Task", result: TpuStageResult) ->
 
     lowering = validate_tpu(request["source"], task, request["generation"])
     result.lowering = lowering.model_dump(mode="json")
+    priced = None
     if lowering.ok:
-        result.check = _check_size(request["source"], task, request["generation"], interpreted=True)
+        result.check, priced = _check_size(request["source"], task, request["generation"], interpreted=True)
     if lowering.ok and result.check is not None and result.check.refusal is None:
-        try:
-            result.model = model_candidate(request["source"], task, request["generation"]).as_report_fields()
+        try:  # the model prices the very full-size trace whose twin is checked
+            result.model = model_candidate(request["source"], task, request["generation"],
+                                           program=priced).as_report_fields()
         except TargetError as exc:
             result.model_error = str(exc)
 
 
-def _check_size(source: str, task: "Task", generation: str, interpreted: bool = False) -> CheckSize:
-    """The candidate's check size; ``interpreted`` when the check runs in TPU interpret mode."""
-    from maxkernel.targets.check_size import derive_check_size
+def _check_size(source: str, task: "Task", generation: str,
+                interpreted: bool = False) -> tuple[CheckSize, "ClosedJaxpr | None"]:
+    """The candidate's check size (``interpreted`` when the check runs in TPU interpret mode) and its
+    ``full`` trace, the program to price; the candidate is loaded and traced at each size once."""
+    from maxkernel.targets.check_size import derive_check_size, trace_closed_at
     from maxkernel.targets.loader import load_candidate
     from maxkernel.targets.specs import load_tpu_spec
 
+    spec = load_tpu_spec(generation)
     try:
-        return derive_check_size(load_candidate(source), task, load_tpu_spec(generation), interpreted)
+        module = load_candidate(source)
+        priced = trace_closed_at(module, task, task.size("full"), spec)
+        return derive_check_size(module, task, spec, interpreted, priced_program=priced), priced
     except Exception as exc:  # the candidate lowered at full size, so this is its own doing at another size
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return CheckSize(name="check", values={}, grid_steps=0,
-                         refusal=f"no check size could be derived: {type(exc).__name__}: {first}")
+                         refusal=f"no check size could be derived: {type(exc).__name__}: {first}"), None
 
 
 if __name__ == "__main__":

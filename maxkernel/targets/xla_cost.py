@@ -26,11 +26,11 @@ from jax._src.interpreters import pxla as _pxla
 from jax._src.random import threefry2x32 as _threefry
 
 from jaxbench.task import Task
-from maxkernel.targets.control import UNKNOWN, Interpreter, Path, has_sites
+from maxkernel.targets.control import UNKNOWN, Interpreter, Path, has_sites, site_name
 from maxkernel.targets.interpret import evaluate
 from maxkernel.targets.jaxpr_walk import CALL_PRIMITIVES, PallasCall, sub_jaxprs
-from maxkernel.targets.ops import OpCounts, count_ops
-from maxkernel.targets.prefetch import PREFETCH_SEED
+from maxkernel.targets.ops import OpCounts, UnboundedLoopError, count_ops
+from maxkernel.targets.prefetch import pricing_key
 from maxkernel.targets.xla_tpu import CompiledCost, program_cost, tpu_compiler
 
 
@@ -177,7 +177,7 @@ def small_inputs(task: Task, arg_shapes: Sequence[Any]) -> list[Any]:
         flat = jax.tree_util.tree_leaves(args)
         return [flat[i] for i in wanted]
 
-    values = dict(zip(wanted, (np.asarray(v) for v in jax.jit(draw)(jax.random.key(PREFETCH_SEED)))))
+    values = dict(zip(wanted, (np.asarray(v) for v in jax.jit(draw)(pricing_key()))))
     return [values.get(i, UNKNOWN) for i in range(len(leaves))]
 
 
@@ -185,20 +185,30 @@ LAYOUT_ONLY = ("reshape", "squeeze", "expand_dims")
 
 
 def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall], known: Known | None = None,
-              tpu_generation: str | None = None) -> XlaCost | None:
-    """Bytes and work of everything outside the pallas_calls, or None when a kernel sits inside a loop.
+              tpu_generation: str | None = None) -> XlaCost:
+    """Bytes and work of everything outside the pallas_calls, wherever it sits.
 
     The program is re-traced with each kernel's outputs turned into inputs and each kernel's computed
-    operands turned into outputs, so XLA prices exactly the surrounding code.
+    operands turned into outputs, so XLA prices exactly the surrounding code. A loop or branch that holds a
+    kernel is taken out the same way and priced on its own (:func:`_flow_cost`): its body's code around the
+    kernels times its trips, a branch at its counted or dearer side. ``calls`` is kept for callers' sake.
     """
-    if any(call.in_control_flow for call in calls):
-        return None
-    kernel_outs = [[jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in call.eqn.outvars] for call in calls]
-    arg_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in closed.in_avals]
+    return _region_cost(closed, known, tpu_generation)
 
-    def glue(args: list[Any], pallas_outs: list[list[Any]]) -> list[Any]:
-        sources = {id(x) for x in jax.tree_util.tree_leaves((args, pallas_outs))}
-        results = iter(pallas_outs)
+
+def _region_cost(closed: core.ClosedJaxpr, known: Known | None, tpu_generation: str | None = None) -> XlaCost:
+    """The code of ``closed`` outside its kernels and outside the loops and branches that hold kernels,
+    plus each of those priced by :func:`_flow_cost`."""
+    held = _held_flows(closed.jaxpr)
+    records = program_records(closed, known or (lambda: [UNKNOWN] * len(closed.in_avals))) if held else {}
+    hoisted = _hoisted(closed.jaxpr, ())
+    outs_of = [[jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.outvars] for eqn, _ in hoisted]
+    arg_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in closed.in_avals]
+    hooked = {id(eqn) for eqn, _ in hoisted}
+
+    def glue(args: list[Any], hoisted_outs: list[list[Any]]) -> list[Any]:
+        sources = {id(x) for x in jax.tree_util.tree_leaves((args, hoisted_outs))}
+        results = iter(hoisted_outs)
         kept: dict[int, Any] = {}
 
         def on_layout(eqn: core.JaxprEqn, invals: list[Any]) -> list[Any]:
@@ -215,26 +225,96 @@ def glue_cost(closed: core.ClosedJaxpr, calls: list[PallasCall], known: Known | 
                 if isinstance(value, jax.core.Tracer) and id(value) not in sources:
                     kept.setdefault(id(value), value)
 
-        def on_pallas(eqn: core.JaxprEqn, invals: list[Any]) -> list[Any]:
+        def on_hoisted(eqn: core.JaxprEqn, invals: list[Any]) -> list[Any]:
+            if id(eqn) not in hooked:  # a loop or branch with no kernel inside: ordinary XLA code
+                params = eqn.primitive.get_bind_params(eqn.params)
+                out = eqn.primitive.bind(*invals, **params)
+                return list(out) if eqn.primitive.multiple_results else [out]
             keep(invals)
             return list(next(results))
 
-        hooks = {"pallas_call": on_pallas, **{name: on_layout for name in LAYOUT_ONLY}}
+        hooks = {"pallas_call": on_hoisted, "while": on_hoisted, "scan": on_hoisted, "cond": on_hoisted,
+                 **{name: on_layout for name in LAYOUT_ONLY}}
         keep(evaluate(closed.jaxpr, closed.consts, args, hooks))
         return list(kept.values())
 
-    traced = jax.jit(glue).trace(arg_shapes, kernel_outs)
-    if not traced.jaxpr.jaxpr.eqns:
-        return XlaCost(0.0, OpCounts(), 0.0)
-    n_outs = sum(len(outs) for outs in kernel_outs)
-    def inputs() -> list[Any]:
-        return [*(known() if known is not None else [UNKNOWN] * len(arg_shapes)), *[UNKNOWN] * n_outs]
+    total = XlaCost(0.0, OpCounts(), 0.0)
+    traced = jax.jit(glue).trace(arg_shapes, outs_of)
+    if traced.jaxpr.jaxpr.eqns:
+        n_outs = sum(len(outs) for outs in outs_of)
 
-    records = program_records(traced.jaxpr, inputs)
-    counts = count_ops(traced.jaxpr.jaxpr, records)
-    device = tpu_compiler(tpu_generation) if tpu_generation else None
-    if device is not None:
-        tpu = program_cost(traced.jaxpr, records, device)
-        return XlaCost(tpu.bytes, counts, tpu.flops, tpu)
-    nbytes, xla_flops = _cost_analysis(traced)
-    return XlaCost(nbytes + loop_bytes(traced.jaxpr.jaxpr, records), counts, xla_flops)
+        def inputs() -> list[Any]:
+            return [*(known() if known is not None else [UNKNOWN] * len(arg_shapes)), *[UNKNOWN] * n_outs]
+
+        inner = program_records(traced.jaxpr, inputs)
+        counts = count_ops(traced.jaxpr.jaxpr, inner)
+        device = tpu_compiler(tpu_generation) if tpu_generation else None
+        if device is not None:
+            tpu = program_cost(traced.jaxpr, inner, device)
+            total = XlaCost(tpu.bytes, counts, tpu.flops, tpu)
+        else:
+            nbytes, xla_flops = _cost_analysis(traced)
+            total = XlaCost(nbytes + loop_bytes(traced.jaxpr.jaxpr, inner), counts, xla_flops)
+    for eqn, path in hoisted:
+        if eqn.primitive.name != "pallas_call":
+            _add(total, _flow_cost(eqn, records.get(path), tpu_generation))
+    return total
+
+
+def _add(total: XlaCost, part: XlaCost, times: float = 1.0) -> None:
+    total.bytes += times * part.bytes
+    total.counts.add(part.counts, times)
+    total.xla_flops += times * part.xla_flops
+    if part.tpu is not None:  # XLA:TPU's figures add up the same way, where the TPU compiler priced both
+        base = total.tpu or CompiledCost(0.0, 0.0, 0.0, 0)
+        total.tpu = CompiledCost(base.seconds + times * part.tpu.seconds, base.bytes + times * part.tpu.bytes,
+                                 base.flops + times * part.tpu.flops, max(base.temp_bytes, part.tpu.temp_bytes))
+
+
+def _flow_cost(eqn: core.JaxprEqn, record: Any, tpu_generation: str | None = None) -> XlaCost:
+    """A loop or branch that holds a kernel: its body's code around the kernels times its trips (a ``while``
+    whose trips the model cannot bound is refused), a branch weighted by how often each side runs where the
+    predicate is known, else at its dearer side. Values inside the body are priced as unknown."""
+    name = eqn.primitive.name
+    total = XlaCost(0.0, OpCounts(), 0.0)
+    if name == "cond":
+        branches = [_region_cost(b, None, tpu_generation) for b in eqn.params["branches"]]
+        if record is not None:
+            for j, branch in enumerate(branches):
+                _add(total, branch, float(np.sum(np.asarray(record)[..., j])))
+        else:
+            _add(total, max(branches, key=lambda c: c.bytes + c.counts.flops))
+        return total
+    if name == "scan":
+        _add(total, _region_cost(eqn.params["jaxpr"], None, tpu_generation), float(eqn.params["length"]))
+        return total
+    if record is None:
+        raise UnboundedLoopError(f"a while loop holding a kernel at {site_name(eqn)} has a trip count the model "
+                                 "cannot bound from the task's inputs; it is refused rather than priced once")
+    trips = float(np.sum(record))
+    _add(total, _region_cost(eqn.params["body_jaxpr"], None, tpu_generation), trips)
+    _add(total, _region_cost(eqn.params["cond_jaxpr"], None, tpu_generation), trips + 1.0)
+    return total
+
+
+def _holds_kernel(eqn: core.JaxprEqn) -> bool:
+    return any(e.primitive.name == "pallas_call" or _holds_kernel(e)
+               for _, sub in sub_jaxprs(eqn) for e in sub.eqns)
+
+
+def _held_flows(jaxpr: core.Jaxpr) -> bool:
+    return any(eqn.primitive.name in ("while", "scan", "cond") and _holds_kernel(eqn) for eqn, _ in _hoisted(jaxpr, ()))
+
+
+def _hoisted(jaxpr: core.Jaxpr, path: Path) -> list[tuple[core.JaxprEqn, Path]]:
+    """The kernels, and the loops and branches holding kernels, that :func:`evaluate` meets in ``jaxpr`` (calls
+    inlined), in order, with the path :class:`Interpreter` gives them."""
+    found: list[tuple[core.JaxprEqn, Path]] = []
+    for position, eqn in enumerate(jaxpr.eqns):
+        here, name = (*path, position), eqn.primitive.name
+        called = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        if name == "pallas_call" or (name in ("while", "scan", "cond") and _holds_kernel(eqn)):
+            found.append((eqn, here))
+        elif name in CALL_PRIMITIVES and isinstance(called, core.ClosedJaxpr):
+            found.extend(_hoisted(called.jaxpr, (*here, 0)))
+    return found

@@ -1,0 +1,13 @@
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, m, k, n):
+    kx, ky = jax.random.split(key)
+    x = jax.random.normal(kx, (m, k), jnp.float32).astype(jnp.bfloat16)
+    y = jax.random.normal(ky, (k, n), jnp.float32).astype(jnp.bfloat16)
+    return (x, y), {}
+
+
+def reference(x, y):
+    return jnp.dot(x, y, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
