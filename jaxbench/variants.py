@@ -308,8 +308,6 @@ class _MatmulForm(ast.NodeTransformer):
             self.changed.append("matmul -> einsum")
             call = ast.Call(ast.parse("jnp.einsum", mode="eval").body,
                             [ast.Constant("...ij,jk->...ik"), a, b], keywords)
-            guard = ast.parse("(_B.ndim == 2)", mode="eval").body
-            del guard
             # the einsum form serves a matrix right operand; a stacked one keeps the dot_general form
             cond = ast.Compare(ast.Attribute(b, "ndim", ast.Load()), [ast.Eq()], [ast.Constant(2)])
             other = ast.Call(ast.Name("_matmul_as_dot_general", ast.Load()), [a, b], keywords)
@@ -444,9 +442,6 @@ def derive(task: Task, kind: str, out: Path, seed: int = 0) -> Path:
     spec = task.spec.model_dump()
     spec["id"] = folder.name
     spec["description"] = f"{spec['description'].strip()} [variant {kind}: {detail}]"
-    if kind == "batch_added":
-        spec["free"] = {}  # the new leading axis is fixed; the original free sizes still vary inside it
-        spec["free"] = {k: v for k, v in task.spec.model_dump()["free"].items()}
     if kind == "dtype":
         spec["dtype"] = detail["dtype"]
     (folder / "task.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, width=110))
