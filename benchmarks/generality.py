@@ -192,6 +192,9 @@ def run_session(entry: dict[str, Any], target: str, evals: int, seed: int) -> di
         "strategy": result.best_strategy if won else "reference",
         "speedup": float(result.confirmed_speedup) if won else 1.0, "evaluations": result.evaluations,
         "template_errors": template_errors(result),
+        "baseline_speedup": result.baseline_speedup,
+        "report": f"{report.status}: {report.reason}"[:300] if report else None,
+        "iterations": [f"{it.status}: {it.reason}"[:200] for it in result.iterations],
         "trials": [f"{t.strategy}: {t.status}" + (f" {t.speedup:.2f}x" if t.speedup else f" {t.reason[:120]}")
                    for t in result.trials if t.role in ("draft", "fix", "tune")],
     })
