@@ -195,6 +195,7 @@ def run_session(entry: dict[str, Any], target: str, evals: int, seed: int) -> di
         "baseline_speedup": result.baseline_speedup,
         "report": f"{report.status}: {report.reason}"[:300] if report else None,
         "iterations": [f"{it.status}: {it.reason}"[:200] for it in result.iterations],
+        "baseline": [f"{t.status}: {t.reason}"[:300] for t in result.trials if t.role == "baseline"],
         "trials": [f"{t.strategy}: {t.status}" + (f" {t.speedup:.2f}x" if t.speedup else f" {t.reason[:120]}")
                    for t in result.trials if t.role in ("draft", "fix", "tune")],
     })
