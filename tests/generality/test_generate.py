@@ -62,17 +62,17 @@ def test_drawn_tasks_pass_task_check_with_tolerance_from_tpu_numerics(tmp_path: 
     from jaxbench.task_check import check_task
 
     # an f32 projection at default precision: its reference errs by a bf16 pass under TPU numerics
-    proj = FAMILIES["projection"](random.Random(3), "float32", True)
-    err = write_task(proj, tmp_path / "proj", "proj")
-    assert err > 1e-4
+    errors = {"proj": write_task(FAMILIES["projection"](random.Random(3), "float32", True), tmp_path / "proj", "proj")}
     # an f32 norm has no matmul: its error is float32 rounding
-    normed = FAMILIES["norm"](random.Random(3), "float32", False)
-    assert write_task(normed, tmp_path / "norm", "norm") < 1e-5
-    decode = FAMILIES["attention_decode"](random.Random(5), "bfloat16", True)
-    write_task(decode, tmp_path / "dec", "dec")
-    for name in ("proj", "norm", "dec"):
+    errors["norm"] = write_task(FAMILIES["norm"](random.Random(3), "float32", False), tmp_path / "norm", "norm")
+    errors["dec"] = write_task(FAMILIES["attention_decode"](random.Random(5), "bfloat16", True), tmp_path / "dec", "dec")
+    assert errors["proj"] > 1e-4 and errors["norm"] < 1e-5
+    floors = {"float32": 1e-5, "bfloat16": 8e-3}
+    for name, error in errors.items():
         task = load_task(tmp_path / name)
-        result = check_task(task, timing=False)  # the time window is this shared machine's: checked by hand
-        assert result.ok, (name, result.problems)
-        assert task.spec.tolerance.rtol >= 4 * 0.99 * 1e-5
-    assert load_task(tmp_path / "proj").spec.tolerance.rtol > 4e-4
+        result = check_task(task, timing=False)
+        # wall-clock limits (reference time, input generation time) are the machine's, not asserted here
+        problems = [p for p in result.problems if not p.startswith("get_inputs took")]
+        assert not problems, (name, problems)
+        assert task.spec.tolerance.rtol >= max(4 * error, floors[task.spec.dtype])
+        assert task.spec.tolerance.rtol <= 1.1 * max(4 * error, floors[task.spec.dtype])
