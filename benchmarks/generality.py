@@ -326,7 +326,9 @@ def print_tables(config: dict[str, Any], rows: list[dict[str, Any]], markdown: b
 
 
 def markdown_tables(config: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
-    lines = ["| task | family | dtype | winner | speedup | ref roofline | winner roofline | status | template errors |",
+    lines = [f"{config['mode']}, seed {config.get('seed')}, {config['target']}, {config['evals']} evaluations a task, "
+             f"cost model {config['cost_model']}, started {config.get('started')}, {config.get('machine')}", "",
+             "| task | family | dtype | winner | speedup | ref roofline | winner roofline | status | template errors |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['task']} | {r.get('family')} | {r.get('dtype')} | {r.get('winner')} | "
