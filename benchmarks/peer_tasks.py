@@ -3,9 +3,11 @@
 A trace file is one nested ``CodeCandidate(...)`` expression; it is parsed (``ast``), never executed. Its
 innermost node (``parent=None``) holds the starting program: ``CONFIG`` (the published shapes),
 ``create_inputs()`` and ``workload(...)``. Where that program is plain JAX (no ``pallas``), the folder built
-for it holds the program's own text, with its fixed ``jax.random.PRNGKey(...)`` replaced by the key the
-evaluator passes, and a short adapter: ``get_inputs`` sets ``CONFIG`` from the size and calls
-``create_inputs``; ``reference`` calls ``workload``. ``full`` is the published CONFIG; ``cpu`` shrinks the
+for it holds the program's own text with two changes: ``create_inputs`` takes the configuration and the key
+as arguments (its fixed ``jax.random.PRNGKey(...)`` becomes the key the evaluator passes), and ``CONFIG``
+is a tuple of its items (the evaluator refuses a candidate with module-level mutable state, and the
+reference is judged as a candidate too); and a short adapter: ``get_inputs`` calls ``create_inputs`` with
+``CONFIG`` updated by the size, ``reference`` calls ``workload``. ``full`` is the published CONFIG; ``cpu`` shrinks the
 sequence and head counts into ``task_check``'s time window. Folders are written at run time, outside the
 repository; the tolerance comes from the program's own error (``jaxbench.generate.tolerance``).
 """
@@ -38,14 +40,44 @@ def starting_program(trace: Path) -> str:
     raise ValueError(f"{trace}: no innermost CodeCandidate with a code string")
 
 
-class _KeyFromEvaluator(ast.NodeTransformer):
-    """``jax.random.PRNGKey(n)`` / ``jax.random.key(n)`` -> ``_evaluator_key()``."""
+class _ToContract(ast.NodeTransformer):
+    """``create_inputs`` takes the configuration and the key as arguments: ``CONFIG`` read inside it becomes
+    its ``config`` argument and a fixed ``jax.random.PRNGKey(n)`` / ``jax.random.key(n)`` its ``key`` one; the
+    module's ``CONFIG`` literal becomes a tuple of its items (the evaluator refuses module-level mutable state)."""
+
+    def __init__(self) -> None:
+        self.inside = False
+
+    def visit_Module(self, node: ast.Module) -> ast.AST:
+        self.generic_visit(node)
+        return node
+
+    def visit_Assign(self, node: ast.Assign) -> ast.AST:
+        self.generic_visit(node)
+        if not self.inside and any(isinstance(t, ast.Name) and t.id == "CONFIG" for t in node.targets):
+            node.value = ast.parse(f"tuple({ast.unparse(node.value)}.items())", mode="eval").body
+        return node
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+        if node.name != "create_inputs":
+            return node
+        self.inside = True
+        self.generic_visit(node)
+        self.inside = False
+        node.args.args = [ast.arg("config"), ast.arg("key")] + node.args.args
+        return node
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if self.inside and node.id == "CONFIG":
+            return ast.copy_location(ast.Name("config", node.ctx), node)
+        return node
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
         f = node.func
-        if isinstance(f, ast.Attribute) and f.attr in ("PRNGKey", "key") and ast.unparse(f.value) == "jax.random":
-            return ast.copy_location(ast.Call(func=ast.Name("_evaluator_key", ast.Load()), args=[], keywords=[]), node)
+        if (self.inside and isinstance(f, ast.Attribute) and f.attr in ("PRNGKey", "key")
+                and ast.unparse(f.value) == "jax.random"):
+            return ast.copy_location(ast.Name("key", ast.Load()), node)
         return node
 
 
@@ -76,25 +108,15 @@ def _cpu_size(full: dict[str, int]) -> dict[str, int]:
 
 
 def reference_source(program: str) -> str:
-    """The program with the evaluator's key, plus the adapter to the task contract."""
-    tree = _KeyFromEvaluator().visit(ast.parse(program))
+    """The program made to take the evaluator's key and sizes, plus the adapter to the task contract."""
+    tree = _ToContract().visit(ast.parse(program))
     ast.fix_missing_locations(tree)
     params = ", ".join(_workload_params(program))
     adapter = f'''
 
 # Adapter to the task contract (added by benchmarks/peer_tasks.py; the program above is the peer's).
-_KEY = None
-
-
-def _evaluator_key():
-    return _KEY
-
-
 def get_inputs(key, **size):
-    global _KEY
-    CONFIG.update(size)
-    _KEY = key
-    return tuple(create_inputs()), {{}}
+    return tuple(create_inputs({{**dict(CONFIG), **size}}, key)), {{}}
 
 
 def reference({params}):

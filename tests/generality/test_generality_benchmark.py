@@ -107,6 +107,9 @@ def test_peer_programs_become_task_folders_that_pass_task_check(tmp_path: Path) 
     for folder in folders:
         source = (folder / "reference.py").read_text()
         assert "CodeCandidate" not in source and "PRNGKey(42)" not in source
+        from jaxbench.static_checks import scan
+
+        assert scan(source)[0] == []  # the reference is judged as a candidate too: nothing it would be refused for
         task = load_task(folder)
         assert task.spec.sizes["full"]["seq_len"] == 2048
         result = check_task(task, timing=False)
