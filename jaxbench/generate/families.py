@@ -656,10 +656,12 @@ def loss(rng: random.Random, dtype: str, decode: bool) -> Draft:
     elif extra == "zloss":
         lines.append("nll = nll + z_weight * jnp.square(lse)")
         statics = "{\"z_weight\": 1e-4}"
-    lines.append("return (jnp.sum(jnp.where(valid, nll, 0.0)) / jnp.maximum(jnp.sum(valid), 1)).astype(" + lg + ".dtype)")
+    lines += ["per_token = jnp.where(valid, nll, 0.0)",
+              "mean = jnp.sum(per_token) / jnp.maximum(jnp.sum(valid), 1)",
+              f"return per_token.astype({lg}.dtype), mean"]
     kw = {"smoothing": ", *, eps", "zloss": ", *, z_weight", "plain": ""}[extra]
     src = code(f'''
-        """Mean token cross-entropy over non-ignored labels (-1 = ignore){', with label smoothing' if extra == 'smoothing' else ', with z-loss' if extra == 'zloss' else ''}."""
+        """Token cross-entropy over non-ignored labels (-1 = ignore): per-token losses and their float32 mean{', with label smoothing' if extra == 'smoothing' else ', with z-loss' if extra == 'zloss' else ''}."""
 
         import jax
         import jax.numpy as jnp
@@ -675,9 +677,9 @@ def loss(rng: random.Random, dtype: str, decode: bool) -> Draft:
         def reference({lg}, {lab}{kw}):
         {indent(lines)}
     ''')
-    cpu = {"tokens": 512, "vocab": 8192}
+    cpu = {"tokens": 1024, "vocab": 8192}
     full = {"tokens": 8192, "vocab": 128256}
-    return Draft("loss", f"CrossEntropy_{extra}", "reduction", "mean token cross-entropy from logits with an ignore index.",
+    return Draft("loss", f"CrossEntropy_{extra}", "reduction", "per-token cross-entropy from logits with an ignore index (in the logits' dtype) and its float32 mean.",
                  dtype, False, src, {"cpu": cpu, "full": full}, {"tokens": {}}, ["cross_entropy", extra])
 
 
