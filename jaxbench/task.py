@@ -174,8 +174,10 @@ class Task:
             module = load_module(self.reference_path.read_text(), str(self.reference_path), name)
         except (OSError, UnicodeDecodeError) as exc:
             raise TaskError(f"{self.reference_path}: cannot be read: {exc}") from exc
-        except CandidateError as exc:  # a broken reference is the task's fault: say where
-            raise TaskError(f"{self.reference_path}: import failed: {exc.reason.split(': ', 1)[-1]}") from exc
+        except CandidateError as exc:  # a broken reference is the task's fault: say where, and what was raised
+            cause = exc.__cause__
+            what = f"{type(cause).__name__}: {cause}" if cause is not None else exc.reason.split(": ", 1)[-1]
+            raise TaskError(f"{self.reference_path}: import failed: {what}") from exc
         for attr in ("get_inputs", "reference"):
             if not callable(getattr(module, attr, None)):
                 unload_module(module)
