@@ -243,6 +243,7 @@ def fit(nodes: list[tuple[Prepared, float]], guide: list[tuple[Prepared, GuideRo
     bounds, with the guide's table as a constraint (a large penalty on any excess)."""
     from scipy.optimize import minimize
 
+    VPU, EUP = FIT_FIELDS.index("vpu_fraction"), FIT_FIELDS.index("eup_fraction")
     lows = np.log([BOUNDS[f][0] for f in FIT_FIELDS])
     highs = np.log([BOUNDS[f][1] for f in FIT_FIELDS])
     measured = np.log([m for _, m in nodes])
@@ -252,6 +253,8 @@ def fit(nodes: list[tuple[Prepared, float]], guide: list[tuple[Prepared, GuideRo
         params = FitParams.of(clipped)
         modelled = np.log([max(p.seconds(params), 1e-9) for p, _ in nodes])
         penalty = 100.0 * float(np.sum((vector - clipped) ** 2)) + PRIOR_WEIGHT * float(np.sum((clipped - prior) ** 2))
+        # a transcendental on the EUP is never cheaper than an elementwise op on the VPU
+        penalty += 100.0 * max(0.0, float(clipped[EUP] - clipped[VPU])) ** 2
         if guide:
             penalty += 1000.0 * guide_within(guide, params)[1]
         return float(np.mean((modelled - measured) ** 2)) + penalty
