@@ -57,8 +57,14 @@ ENTRIES = [_parse(p) for p in sorted(FILES.glob("*.py"))]
 
 def _cases(honest: bool) -> list:  # type: ignore[type-arg]
     chosen = [e for e in ENTRIES if (e.expect == "ok") == honest]
-    return [pytest.param(e, t, id=f"{e.name}-{t if isinstance(t, str) else t.values[0]}") for e in chosen
-            for t in TARGETS if not (e.tpu_only and not isinstance(t, str))]
+    cases = []
+    for e in chosen:
+        for t in TARGETS:
+            if isinstance(t, str):
+                cases.append(pytest.param(e, t, id=f"{e.name}-{t}"))
+            elif not e.tpu_only:  # the GPU target carries its skip mark onto each case
+                cases.append(pytest.param(e, t.values[0], marks=t.marks, id=f"{e.name}-{t.values[0]}"))
+    return cases
 
 
 @cache
