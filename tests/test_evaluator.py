@@ -18,6 +18,7 @@ def example(name: str) -> str:
     "task_id, file",
     [(RMS, "rmsnorm_12p.py"), (GEMM, "gemm_add_relu_41k.py")],
 )
+@pytest.mark.slow
 def test_example_kernels_are_ok_with_a_measured_speedup(evaluator, task_id, file):
     report = evaluator.evaluate(task_id, example(file))
     assert report.status == "ok", report.reason
@@ -84,6 +85,7 @@ def test_an_out_of_bounds_block_index_is_never_accepted(quick_evaluator):
     assert report.status == "incorrect" and not report.correct, report.reason
 
 
+@pytest.mark.slow
 def test_timeout_kills_the_worker_and_the_pool_recovers(quick_evaluator):
     from jaxbench.evaluate import EvalConfig, Evaluator
 

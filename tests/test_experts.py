@@ -47,6 +47,7 @@ def test_expert_lowers_for_tpu_at_full_size(task_id: str) -> None:
     assert result.pallas_calls >= 1
 
 
+@pytest.mark.slow
 def test_flash_expert_is_ok_and_priced_on_v5e(evaluator: object) -> None:
     from jaxbench.task import load_task
 

@@ -28,6 +28,7 @@ def _fresh_python(where: Path) -> Path:
     return where / "bin" / "python"
 
 
+@pytest.mark.slow
 def test_an_exported_kernel_passes_its_own_test_in_a_fresh_venv(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import maxkernel

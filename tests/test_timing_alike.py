@@ -73,6 +73,7 @@ def test_an_unknown_harness_is_one_clear_error():
         EvalConfig(harness="fast")
 
 
+@pytest.mark.slow
 def test_both_timing_workers_run_with_the_same_allocator_and_cores():
     cores = one_core()
     with Evaluator(pool=WorkerPool(1, cpus=cores), config=EvalConfig(timing_rounds=2, warmup_rounds=1)) as ev:

@@ -195,6 +195,7 @@ def _small_copy(tmp_path: Path, task_id: str, cpu: str) -> "object":
     ("2p_GQA_Attention", "batch: 1, q_heads: 2, kv_heads: 1, seq: 128, head_dim: 32"),  # no mask: padding alone masks
     ("5p_Flex_Attention", "batch: 1, heads: 1, seq: 128, head_dim: 32, num_buckets: 32"),  # square blocks, a bias tile
 ], ids=["gqa", "bias"])
+@pytest.mark.slow
 def test_flash_attention_serves_a_sequence_its_blocks_do_not_divide(quick_evaluator, tmp_path, task_id, cpu):
     from maxkernel.templates.attention import FLASH_ATTENTION
 
@@ -262,6 +263,7 @@ def test_on_a_tpu_target_the_unseen_size_runs_interpreted_with_the_tpus_matmul_n
     ("24k_Matmul_Scale_ResidualAdd_Clamp_LogSumExp_Mish", "batch: 64, input_size: 128, hidden_size: 256",
      {"block_m": 32, "block_n": 128, "block_k": 128, "passes": 3, "block_rows": 16}),
 ], ids=["xla_tail", "row_tail"])
+@pytest.mark.slow
 def test_the_tpu_gemm_serves_an_unseen_batch_in_partial_blocks(quick_evaluator, tmp_path, task_id, cpu, params):
     from maxkernel.templates.base import sizes_for
     from maxkernel.templates.tpu_gemm import TPU_GEMM

@@ -393,6 +393,7 @@ def test_tuning_starts_where_the_plan_drafted() -> None:
         {"block_rows": 256}, {"block_rows": 64}, {"block_rows": 128}, {"block_rows": 512}]
 
 
+@pytest.mark.slow
 def test_on_tpu_a_rewrite_that_won_on_a_similar_task_is_worked_before_the_pallas_kernels(tmp_path: Path) -> None:
     """The plan's prior travels to the work order: on ``tpu-*`` the Pallas-first rule no longer undoes it."""
     from actors.policy import work_order

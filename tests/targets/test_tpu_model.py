@@ -345,6 +345,7 @@ def test_plain_jax_loop_with_a_data_bound_is_charged_for_its_trips(monkeypatch: 
     assert est.bytes >= trips * rhs_bytes  # each trip reads rhs[0] again (XLA alone counts one trip)
 
 
+@pytest.mark.slow
 def test_a_data_dependent_price_is_the_dearest_of_the_draws(monkeypatch: pytest.MonkeyPatch) -> None:
     """Priced on one draw, a loop over group sizes costs what that draw's first group happens to need; the
     model prices every draw of ``PRICING_SEEDS`` and keeps the dearest."""
