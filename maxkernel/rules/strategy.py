@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field
 
 from maxkernel.rewrites.structural import structural_rewrites
+from maxkernel.sketches import SKETCHES
 from maxkernel.templates import TEMPLATES
 from maxkernel.templates.base import sizes_for, tpu_target
 from maxkernel.templates.gpu import GPU_TEMPLATES
@@ -63,11 +64,12 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
 
 
 def templates_for(target: str) -> tuple[Any, ...]:
-    """GPU targets get the GPU Pallas templates (the TPU ones emit Mosaic TPU code); TPU targets the TPU-only
-    ones first, then the default ones; the rest the default ones."""
+    """GPU targets get the GPU Pallas templates (the TPU ones emit Mosaic TPU code); TPU targets the expert
+    TPU sketches first, then the general rules (``maxkernel.sketches``), then the default ones; the rest the
+    default ones."""
     if gpu_target(target):
         return GPU_TEMPLATES
-    return TPU_TEMPLATES + TEMPLATES if tpu_target(target) else TEMPLATES
+    return TPU_TEMPLATES + SKETCHES + TEMPLATES if tpu_target(target) else TEMPLATES
 
 
 def render(task: "Task", strategy: Strategy, params: dict[str, Any] | None = None) -> str:

@@ -1,0 +1,521 @@
+"""The general rules: one Pallas kernel for any computation of known ops, gridded over its parallel axes.
+
+The reference is traced; :mod:`maxkernel.sketches.axes` finds the axes that reach every output once and
+that nothing reduces, contracts, slices or counts (rows of a norm, the batch of a softmax, the output
+columns of a projection). The kernel splits those axes over a ``parallel`` grid; each step reads its block
+of every input that carries them (the rest whole: weights, norm scales), runs the reference's own ops on
+the blocks in VMEM, with the reference's own names, and writes its block of each output once. A
+matmul's output columns are one such axis, so a norm before a projection, a dequantizing convert of int8
+weights or a per-channel scale after it fuse into one kernel with the matmul: what XLA runs as several
+passes over HBM is one. Contracted and reduced axes stay whole in a block (the block must fit VMEM).
+
+What the tuner searches: the block of each gridded axis (aligned to the TPU's 8x128 tiling where the axis
+is one of an array's two minor ones) and the order of the grid.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from maxkernel.analysis.program import Node, Program, Var, arg_names, trace_program
+from maxkernel.rewrites.activations import cheaper_activations
+from maxkernel.rewrites.emit import EmitError, emit_function, emittable
+from maxkernel.sketches.axes import Axes, Slot, analyse_axes, axis_of, parallel_labels
+from maxkernel.sketches.pieces import HEADER, bodies_source, sublane
+from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, tpu_target
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
+    from maxkernel.analysis import TaskAnalysis
+
+# What Mosaic cannot run on a block (or what the general rules do not split): left to other sketches.
+UNFUSABLE = ("scan", "while", "cond", "random_bits", "random_wrap", "gather", "scatter", "scatter-add",
+             "scatter_add", "sort", "conv_general_dilated", "dynamic_slice", "dynamic_update_slice", "top_k",
+             "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "argsort", "pad")
+MAX_CONFIGS = 24  # points of the block space priced by the model before anything is checked
+LANES = 128
+
+
+@dataclass(frozen=True)
+class GridAxis:
+    """One axis the grid splits: where it sits in each input and output, and its extent. A contracted
+    axis (``reduction``) sits in no output: it runs innermost, its partial products summed in VMEM."""
+
+    name: str  # the task's size parameter of this extent where one names it, else axis<k>
+    extent: int
+    in_axes: tuple[int | None, ...]  # per input: the axis carrying it, or None (read whole)
+    out_axes: tuple[int | None, ...]  # per output (None only for a contracted axis)
+    reduction: bool = False
+
+
+@dataclass
+class Split:
+    """A matmul whose contracted axis the grid splits: ``partial`` (its producers and the matmul, in
+    float32) runs every step, ``finish`` (what reads the matmul's result) once, at the last step."""
+
+    partial_inputs: tuple[int, ...]  # indices of the plan's inputs that ``_partial`` reads
+    finish_inputs: tuple[int, ...]  # and ``_finish`` (after the accumulated product)
+    acc: Var  # the matmul's result, float32, at full size
+
+
+@dataclass
+class FusedPlan:
+    program: Program
+    grid: tuple[GridAxis, ...]
+    inputs: tuple[Var, ...]
+    outputs: tuple[Var, ...]
+    variants: dict[tuple[tuple[int, ...], ...], str]  # whole-axis shapes -> emitted body
+    split: Split | None = None
+
+    @property
+    def parallel(self) -> tuple[GridAxis, ...]:
+        return tuple(g for g in self.grid if not g.reduction)
+
+
+def _split_programs(program: Program, axes: Axes) -> tuple[Slot, Program, Program, Split] | None:
+    """The one matmul's contracted axis, when the grid may split it: nothing but the matmul mixes it,
+    no output carries it, and nothing after the matmul reads what was computed for it. Then the programs
+    ``_partial`` (the matmul's producers and the matmul, accumulating in float32) and ``_finish`` (the
+    accumulated product to the outputs)."""
+    from jax import lax
+
+    dots = [n for n in program.nodes if n.prim == "dot_general"]
+    if len(dots) != 1 or not all(isinstance(op, Var) for op in dots[0].ins):
+        return None
+    dot = dots[0]
+    (lc, _), _ = dot.params["dimension_numbers"]
+    if len(lc) != 1:
+        return None
+    label = axes.label(dot.ins[0], int(lc[0]))
+    if label in axes.whole or any(axis_of(axes, o, label) is not None for o in program.outputs):
+        return None
+    before = {id(n) for op in dot.ins for n in program.ancestors(op)}  # type: ignore[arg-type]
+    made_before = {id(v) for n in program.nodes if id(n) in before for v in n.outs}
+    after = [n for n in program.nodes if id(n) not in before and n is not dot]
+    for n in after:
+        for op in n.ins:
+            if isinstance(op, Var) and (id(op) in made_before or axis_of(axes, op, label) is not None):
+                return None
+    if any(isinstance(o, Var) and id(o) in made_before for o in program.outputs):
+        return None
+    acc = program.fresh(dot.out.shape, np.float32)
+    params = {**dot.params, "preferred_element_type": np.dtype(np.float32)}
+    partial_nodes = [n for n in program.nodes if id(n) in before] + [Node(dot.primitive, list(dot.ins), [acc], params, dot.source)]
+    finish_nodes = list(after)
+    if np.dtype(dot.out.dtype) != np.float32:
+        finish_nodes.insert(0, Node(lax.convert_element_type_p, [acc], [dot.out],
+                                    {"new_dtype": np.dtype(dot.out.dtype), "weak_type": False, "sharding": None}))
+    else:
+        finish_nodes = [Node(n.primitive, [acc if op is dot.out else op for op in n.ins], n.outs, n.params, n.source, n.notes)
+                        for n in finish_nodes]
+    reads = lambda nodes: {id(op) for n in nodes for op in n.ins if isinstance(op, Var)}  # noqa: E731
+    p_reads, f_reads = reads(partial_nodes), reads(finish_nodes) | {id(o) for o in program.outputs if isinstance(o, Var)}
+    p_in = tuple(i for i, v in enumerate(program.inputs) if id(v) in p_reads)
+    f_in = tuple(i for i, v in enumerate(program.inputs) if id(v) in f_reads)
+    outputs = [acc if o is dot.out and np.dtype(dot.out.dtype) == np.float32 else o for o in program.outputs]
+    partial = Program([program.inputs[i] for i in p_in], partial_nodes, [acc])
+    finish = Program([acc] + [program.inputs[i] for i in f_in], finish_nodes, outputs, program.out_tree)
+    return label, partial, finish, Split(p_in, f_in, acc)
+
+
+def _read(program: Program) -> tuple[Axes, list[Slot], tuple[Slot, Program, Program, Split] | None] | str:
+    """The axes the grid splits (a contracted one last, when it may be split) or why there are none."""
+    axes = analyse_axes(program, split_contraction=True)
+    split = _split_programs(program, axes)
+    if split is None:
+        axes = analyse_axes(program)
+    labels = parallel_labels(program, axes)
+    if not labels:
+        return "no axis reaches every output without being reduced, contracted, sliced or counted"
+    return axes, labels, split
+
+
+def _structure(program: Program, axes: Axes, labels: list[Slot]) -> tuple:
+    """Where each gridded axis sits, by input and output position: what must not change with size."""
+    return tuple((tuple(axis_of(axes, v, l) for v in program.inputs),
+                  tuple(axis_of(axes, o, l) for o in program.outputs)) for l in labels)
+
+
+def _prepared(task: "Task", size: str, shapes: list[Any] | None = None, passes: int = 1) -> Program | str:
+    try:
+        program = trace_program(task, size, shapes).dce()
+    except Exception as exc:  # a reference that does not trace at these shapes
+        return f"the reference does not trace at the probe shapes ({type(exc).__name__})"
+    bad = sorted(set(program.primitives()) & set(UNFUSABLE))
+    if bad:
+        return f"{bad[0]} in the reference (not split by the general rules)"
+    cheaper_activations(program)  # erfc has no Mosaic lowering; 1 - erf has
+    program.dce()
+    float32_products(program, passes)
+    return program
+
+
+BF16_NOTE = ("a TPU multiplies float32 operands at default precision as bfloat16: they are rounded once here, "
+             "so the MXU takes them at its bfloat16 rate")
+
+
+def float32_products(program: Program, passes: int) -> None:
+    """Float32 matmuls at the precision the task's tolerance admits (``maxkernel.analysis.precision``):
+    at one bfloat16 pass their operands are rounded where the kernel reads them (the product a TPU
+    computes at default precision, fed at the MXU's bfloat16 rate instead of the slower float32 operand
+    path); otherwise the matmul runs at ``HIGHEST``."""
+    from jax import lax
+
+    if passes > 1:
+        for node in program.nodes:
+            if node.prim == "dot_general" and all(isinstance(op, Var) and np.dtype(op.dtype) == np.float32
+                                                  for op in node.ins):
+                node.params = {**node.params, "precision": (lax.Precision.HIGHEST, lax.Precision.HIGHEST)}
+                node.notes = (*node.notes, "float32 products at HIGHEST: the task's tolerance admits no fewer passes")
+        return
+
+    nodes = []
+    for node in program.nodes:
+        precision = node.params.get("precision")
+        default = precision is None or all(p in (None, lax.Precision.DEFAULT) for p in
+                                            (precision if isinstance(precision, tuple) else (precision,)))
+        if node.prim == "dot_general" and default and all(
+                isinstance(op, Var) and np.dtype(op.dtype) == np.float32 for op in node.ins):
+            rounded = []
+            for op in node.ins:
+                var = program.fresh(op.shape, jnp_bfloat16())
+                nodes.append(Node(lax.convert_element_type_p, [op], [var],
+                                  {"new_dtype": np.dtype(jnp_bfloat16()), "weak_type": False, "sharding": None},
+                                  node.source, (BF16_NOTE,)))
+                rounded.append(var)
+            params = dict(node.params)
+            if params.get("preferred_element_type") is None:
+                params["preferred_element_type"] = np.dtype(np.float32)
+            node = Node(node.primitive, rounded, node.outs, params, node.source, node.notes)
+        nodes.append(node)
+    program.nodes = nodes
+
+
+def jnp_bfloat16() -> Any:
+    import jax.numpy as jnp
+
+    return jnp.bfloat16
+
+
+def _names(task: "Task", size: str, grid: list[tuple[int, tuple]]) -> list[str]:
+    values = task.size(size) if size in task.spec.sizes else {}
+    by_value: dict[int, list[str]] = {}
+    for name, value in values.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            by_value.setdefault(value, []).append(name)
+    names: list[str] = []
+    for k, (extent, _) in enumerate(grid):
+        found = by_value.get(extent, [])
+        name = found[0] if len(found) == 1 and found[0] not in names else f"axis{k}"
+        names.append(name)
+    return names
+
+
+def _naming_shapes(program: Program, grid: list[tuple[int, tuple]]) -> list[jax.ShapeDtypeStruct]:
+    """The inputs with every gridded extent moved to a size no other dimension has, so that the emitted
+    body reads each gridded extent from the input that carries it, never from a whole axis of equal size."""
+    taken = {int(d) for v in program.inputs for d in v.shape}
+    taken |= {int(a) * int(b) for v in program.inputs for a, b in zip(v.shape, v.shape[1:])}
+    chosen: list[int] = []
+    candidate = 8 * 97
+    for _ in grid:
+        while candidate in taken or candidate in chosen:
+            candidate += 8
+        chosen.append(candidate)
+        candidate += 8
+    shapes = []
+    for i, v in enumerate(program.inputs):
+        shape = list(v.shape)
+        for (extent, (in_axes, _)), size in zip(grid, chosen):
+            if in_axes[i] is not None:
+                shape[in_axes[i]] = size
+        shapes.append(jax.ShapeDtypeStruct(tuple(shape), v.dtype))
+    return shapes
+
+
+def _whole_key(program: Program, grid: tuple[GridAxis, ...]) -> tuple[tuple[int, ...], ...]:
+    """Every input's shape with its gridded axes left out: what the body's constants may follow."""
+    keys = []
+    for i, v in enumerate(program.inputs):
+        gridded = {g.in_axes[i] for g in grid}
+        keys.append(tuple(int(d) for a, d in enumerate(v.shape) if a not in gridded))
+    return tuple(keys)
+
+
+def _emit(naming: Program, split: tuple[Slot, Program, Program, Split] | None) -> str:
+    if split is None:
+        return emit_function(naming, "_reference", "The reference on one block of each input.", size_names=False)
+    _, partial, finish, _ = split
+    return (emit_function(partial, "_partial", "The matmul's producers and the matmul on one block of its contracted "
+                          "axis, in float32.", size_names=False) + "\n\n\n"
+            + emit_function(finish, "_finish", "From the accumulated product to the outputs.", size_names=False))
+
+
+def _passes(task: "Task") -> int:
+    """Bfloat16 passes the task's float32 matmuls need (1 when it has none)."""
+    from maxkernel.analysis.precision import admitted_passes, precision_need
+
+    try:
+        return admitted_passes(precision_need(task))[0]
+    except Exception:  # the reference cannot be run at the analysis size: keep its precision exact
+        return 6
+
+
+@functools.lru_cache(maxsize=64)
+def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...], task_ref: Any) -> FusedPlan | str:
+    task = task_ref()
+    passes = _passes(task)
+    found: FusedPlan | None = None
+    texts: dict[tuple[tuple[int, ...], ...], str] = {}
+    shape_of_structure = None
+    for size in sizes:
+        program = _prepared(task, size, passes=passes)
+        if isinstance(program, str):
+            return program
+        if not program.inputs or any(not isinstance(o, Var) for o in program.outputs):
+            return "an output is a constant or an input passed through"
+        read = _read(program)
+        if isinstance(read, str):
+            return read
+        axes, labels, split = read
+        gridded = labels + ([split[0]] if split is not None else [])
+        structure = _structure(program, axes, gridded)
+        if shape_of_structure is not None and structure != shape_of_structure:
+            return "the parallel axes change with size"
+        shape_of_structure = structure
+        raw = [(axes.sizes[l], s) for l, s in zip(gridded, structure)]
+        names = _names(task, size, raw)
+        grid = tuple(GridAxis(n, e, s[0], s[1], reduction=split is not None and k == len(labels))  # type: ignore[arg-type]
+                     for k, (n, (e, s)) in enumerate(zip(names, raw)))
+        naming = _prepared(task, size, _naming_shapes(program, raw), passes)
+        if isinstance(naming, str):
+            return naming
+        naming_read = _read(naming)
+        if isinstance(naming_read, str):
+            return naming_read
+        n_axes, n_labels, n_split = naming_read
+        if (n_split is None) != (split is None):
+            return "the contracted axis splits at one size and not another"
+        n_gridded = n_labels + ([n_split[0]] if n_split is not None else [])
+        if _structure(naming, n_axes, n_gridded) != structure:
+            return "the parallel axes change when their extents do"
+        for part in ([naming] if n_split is None else [n_split[1], n_split[2]]):
+            reason = emittable(part)
+            if reason is not None:
+                return reason
+        try:
+            text = _emit(naming, n_split)
+        except EmitError as exc:
+            return str(exc)
+        key = _whole_key(program, grid)
+        if texts.setdefault(key, text) != text:
+            return "the reference is written differently for the same shapes"
+        found = FusedPlan(program, grid, tuple(program.inputs), tuple(program.outputs), {},  # type: ignore[arg-type]
+                          split[3] if split is not None else None)
+    assert found is not None
+    if found.split is not None and len(set(texts.values())) > 1:
+        return "a split matmul whose body changes with the shapes"
+    found.variants = {(): next(iter(texts.values()))} if len(set(texts.values())) == 1 else texts
+    return found
+
+
+def plan(task: "Task", sizes: tuple[str, ...]) -> FusedPlan | str:
+    """The general rules' reading of ``task`` at every size in ``sizes`` (the last one's shapes kept)."""
+    sizes_key = repr([task.size(s) for s in sizes if s in task.spec.sizes])
+    return _plan_cached(str(task.path), task.source_digest, sizes_key, sizes, _Holder(task))
+
+
+class _Holder:
+    """Hands the task to the cached planner without making it part of the cache key."""
+
+    def __init__(self, task: "Task") -> None:
+        self.task = task
+
+    def __call__(self) -> "Task":
+        return self.task
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Holder)
+
+
+# --- blocks ------------------------------------------------------------------------------------------
+
+
+def _lifted(v: Var, axis: int | None, block: int, extent: int) -> bool:
+    """True when a gridded axis is the second-minor axis of ``v`` with a block the sublane tiling does not
+    take: the array then travels with a unit axis before its last one, so the split axis is a leading one."""
+    if axis is None or len(v.shape) < 2 or axis != len(v.shape) - 2:
+        return False
+    return block != extent and block % sublane(v.dtype) != 0
+
+
+def legal_blocks(p: FusedPlan, g: GridAxis) -> list[int]:
+    """Blocks of ``g`` every array carrying it can take on TPU: whole, or aligned where it is minor."""
+    found = []
+    for b in (d for d in range(1, g.extent + 1) if g.extent % d == 0):
+        ok = True
+        for v, axis in list(zip(p.inputs, g.in_axes)) + list(zip(p.outputs, g.out_axes)):
+            if axis is None or b == g.extent:
+                continue
+            if axis == len(v.shape) - 1 and b % LANES:
+                ok = False
+            elif axis == len(v.shape) - 2 and b % sublane(v.dtype) and b != 1:
+                ok = False
+        if ok:
+            found.append(b)
+    return found
+
+
+def _block_bytes(v: Var, axes_blocks: dict[int, int]) -> int:
+    shape = [axes_blocks.get(a, int(d)) for a, d in enumerate(v.shape)]
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+
+
+def vmem_bytes(p: FusedPlan, blocks: dict[str, int]) -> int:
+    """Double-buffered blocks of every input and output, and the largest value the body holds (twice:
+    one being made from another)."""
+    io = 0
+    for i, v in enumerate(p.inputs):
+        io += _block_bytes(v, {g.in_axes[i]: blocks[g.name] for g in p.grid if g.in_axes[i] is not None})
+    for j, v in enumerate(p.outputs):
+        io += _block_bytes(v, {g.out_axes[j]: blocks[g.name] for g in p.grid if g.out_axes[j] is not None})
+    if p.split is not None:  # the float32 accumulator of the split matmul
+        acc = p.split.acc
+        scale = math.prod(blocks[g.name] / g.extent for g in p.parallel if g.extent in acc.shape)
+        io += int(acc.size * 4 * scale) // 2
+    biggest = 0
+    for node in p.program.nodes:
+        for out in node.outs:
+            scale = 1.0
+            for g in p.grid:
+                if g.extent in out.shape:
+                    scale *= blocks[g.name] / g.extent
+            biggest = max(biggest, int(out.size * max(4, np.dtype(out.dtype).itemsize) * scale))
+    return 2 * io + 2 * biggest
+
+
+def hbm_bytes(p: FusedPlan, blocks: dict[str, int]) -> float:
+    """Bytes read and written from HBM with the grid in plan order: an input's block is fetched again
+    whenever its block index changes, i.e. once per step of every grid axis down to the innermost it
+    carries (an input no gridded axis splits is fetched once)."""
+    steps = [g.extent // blocks[g.name] for g in p.grid]
+    total = float(sum(o.size * np.dtype(o.dtype).itemsize for o in p.outputs))
+    for i, v in enumerate(p.inputs):
+        carried = [k for k, g in enumerate(p.grid) if g.in_axes[i] is not None]
+        fetches = math.prod(steps[: max(carried) + 1]) if carried else 1
+        per_fetch = _block_bytes(v, {g.in_axes[i]: blocks[g.name] for g in p.grid if g.in_axes[i] is not None})
+        total += fetches * per_fetch
+    return total
+
+
+def _estimate(p: FusedPlan, blocks: dict[str, int]) -> float:
+    """Seconds, roughly, on a v6e-class chip: HBM traffic plus a fixed cost per grid step."""
+    steps = math.prod(g.extent // blocks[g.name] for g in p.grid)
+    return hbm_bytes(p, blocks) / 1.6e12 + steps * 0.35e-6
+
+
+def vmem_budget(target: str) -> int:
+    """What the general rules plan to use on ``target``: half of its VMEM (the kernel then raises its
+    scoped limit to that), never less than the default budget."""
+    from maxkernel.targets.specs import load_tpu_spec
+
+    try:
+        physical = load_tpu_spec(target).vmem_bytes
+    except Exception:  # not a TPU generation the targets file names
+        return TPU_VMEM_BUDGET
+    return max(TPU_VMEM_BUDGET, physical // 2)
+
+
+def shortlist(p: FusedPlan, budget: int = TPU_VMEM_BUDGET) -> tuple[dict[str, int], dict[str, list[int]]] | None:
+    """The default blocks (the cheapest estimate that fits VMEM, at least two steps where the extents
+    allow) and, per axis, the few values worth pricing."""
+    options = {g.name: legal_blocks(p, g)[-12:] for g in p.grid}  # the largest: small blocks only add steps
+    if any(not o for o in options.values()):
+        return None
+    import itertools
+
+    points = []
+    for combo in itertools.product(*(options[g.name] for g in p.grid)):
+        blocks = dict(zip((g.name for g in p.grid), combo))
+        if vmem_bytes(p, blocks) > budget:
+            continue
+        steps = math.prod(g.extent // blocks[g.name] for g in p.grid)
+        points.append((steps < 2, _estimate(p, blocks), blocks))
+    if not points:
+        return None
+    points.sort(key=lambda t: (t[0], t[1]))
+    best = points[0][2]
+    space: dict[str, list[int]] = {g.name: [] for g in p.grid}
+    budget = max(2, int(round(MAX_CONFIGS ** (1 / max(1, len(p.grid))))))
+    for _, _, blocks in points:
+        for name, value in blocks.items():
+            if value not in space[name] and len(space[name]) < budget:
+                space[name].append(value)
+    return best, {k: sorted(v) for k, v in space.items()}
+
+
+# --- the sketch ----------------------------------------------------------------------------------------
+
+
+class FusedGridSketch:
+    """The general rules as a sketch: matched on any traced computation with a parallel axis."""
+
+    name = "fused_grid"
+    description = ("the reference's own ops fused into one Pallas kernel, gridded over its parallel axes "
+                   "(general rules: inputs that do not carry an axis are read whole)")
+
+    def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
+        found = plan(task, ("cpu", "full"))
+        if isinstance(found, str):
+            return found
+        target = getattr(analysis, "target", "tpu-v6e") or "tpu-v6e"
+        if shortlist(found, vmem_budget(target)) is None:
+            return "no block of the parallel axes fits VMEM with the whole axes read whole"
+        return None
+
+    def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
+        p = plan(task, ("cpu", "full"))
+        if not tpu_target(target) or isinstance(p, str):
+            return TemplateSpace(defaults={}, space={"blocks": []})  # a TPU kernel
+        budget = vmem_budget(target)
+        chosen = shortlist(p, budget)
+        if chosen is None:
+            return TemplateSpace(defaults={}, space={"blocks": []})
+        best, space = chosen
+        return TemplateSpace(defaults={**{f"block_{k}": v for k, v in best.items()}, "vmem_limit_bytes": budget},
+                             space={**{f"block_{k}": v for k, v in space.items()}, "vmem_limit_bytes": [budget]})
+
+    def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
+        p = plan(task, ("cpu", "full") if "full" in sizes else sizes)
+        if isinstance(p, str):
+            raise EmitError(p)
+        from maxkernel.sketches.pieces import fused_kernel_source
+
+        blocks = {g.name: int(params[f"block_{g.name}"]) for g in p.grid}
+        names = arg_names(task)[: len(p.inputs)]
+        names = names + [f"arg{i}" for i in range(len(names), len(p.inputs))]
+        lifted = [any(_lifted(v, g.in_axes[i], blocks[g.name], g.extent) for g in p.grid)
+                  for i, v in enumerate(p.inputs)]
+        out_lifted = [any(_lifted(o, g.out_axes[j], blocks[g.name], g.extent) for g in p.grid)
+                      for j, o in enumerate(p.outputs)]
+        header = (f'"""{task.id}: {self.description}.\n\nGenerated by MaxKernel\'s rules brain: a grid over '
+                  + ", ".join(f"{g.name} ({blocks[g.name]} a step)" for g in p.grid) + '.\n"""\n')
+        constants = [f"BLOCK_{g.name.upper()} = {blocks[g.name]}  # {g.name} per grid step" for g in p.grid]
+        limit = int(params.get("vmem_limit_bytes") or 0)
+        if limit > TPU_VMEM_BUDGET:
+            constants.append(f"VMEM_LIMIT_BYTES = {limit}  # the blocks, double-buffered, and the body's values")
+        return "\n".join([header, HEADER, *constants, "", FIT_SOURCE, "",
+                          bodies_source(p.variants, "_reference") if p.split is None else p.variants[()] + "\n\n",
+                          fused_kernel_source(p, names, lifted, out_lifted, p.program.out_tree, limit > TPU_VMEM_BUDGET)])
+
+
+FUSED_GRID = FusedGridSketch()

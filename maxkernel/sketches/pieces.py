@@ -1,0 +1,203 @@
+"""Pieces of emitted Pallas source a reader can follow: the imports, the body dispatch, the kernel
+function, its BlockSpecs and grid, and the wrapper that calls it. Sketches assemble them; each is
+written once here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from maxkernel.sketches.fused import FusedPlan
+
+HEADER = ("import functools\nimport math\n\nimport jax\nimport jax.numpy as jnp\nfrom jax.experimental import pallas as pl\n"
+          "from jax.experimental.pallas import tpu as pltpu\n")
+
+
+def sublane(dtype: Any) -> int:
+    """Rows of one TPU tile for this element size: 8 for 32-bit, 16 for 16-bit, 32 for 8-bit values."""
+    return {1: 32, 2: 16}.get(np.dtype(dtype).itemsize, 8)
+
+
+def bodies_source(variants: dict[tuple, str], name: str) -> str:
+    """The emitted body (or one per set of shapes its constants follow) and ``{name}_for(key)`` that
+    picks the one written for the arrays at hand."""
+    if () in variants:
+        return variants[()] + f"\n\n\ndef {name}_for(key):\n    return {name}\n\n"
+    keys = sorted(variants)
+    bodies = [variants[k].replace(f"def {name}(", f"def {name}_{i}(", 1) for i, k in enumerate(keys)]
+    checks = "".join(f"    if key == {k}:\n        return {name}_{i}\n" for i, k in enumerate(keys))
+    return "\n\n".join(bodies) + f'''
+
+
+def {name}_for(key):
+    """The body written for these shapes (constants of the computation follow them: a mean divides by the
+    row width)."""
+{checks}    raise ValueError(f"written for shapes {keys} only, not {{key}}")
+
+'''
+
+
+def _layout(rank: int, lifted: bool) -> tuple[list[int | None], str]:
+    """How an array travels to the kernel: for each layout axis, the original axis it is (None: a unit
+    axis added), and the reshape that makes it (scalars and vectors become 2-D; a lifted array gets a
+    unit axis before its last one)."""
+    if rank == 0:
+        return [None, None], ".reshape(1, 1)"
+    if rank == 1:
+        return [None, 0], ".reshape(1, -1)"
+    if lifted:
+        return list(range(rank - 1)) + [None, rank - 1], ""
+    return list(range(rank)), ""
+
+
+def _array_spec(name: str, rank: int, lifted: bool, gridded: dict[int, str], index_args: str) -> tuple[str, str]:
+    """(the operand as passed, its BlockSpec)."""
+    layout, reshape = _layout(rank, lifted)
+    if lifted:
+        reshape = f".reshape({name}.shape[:-1] + (1, {name}.shape[-1]))"
+    block, index = [], []
+    for axis in layout:
+        if axis is None:
+            block.append("1")
+            index.append("0")
+        elif axis in gridded:
+            block.append(f"block_{gridded[axis]}")
+            index.append(f"{gridded[axis]}_i")
+        else:
+            block.append(f"{name}.shape[{axis}]")
+            index.append("0")
+    spec = f"pl.BlockSpec(({', '.join(block)},), lambda {index_args}: ({', '.join(index)},))"
+    return f"{name}{reshape}", spec
+
+
+def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], out_lifted: list[bool],
+                        out_tree: Any, vmem_limit: bool = False) -> str:
+    """The kernel, and ``kernel`` (the reference's signature) that grids it over the plan's axes; with a
+    split matmul, its contracted axis runs innermost into a float32 accumulator."""
+    grid = p.grid
+    index_args = ", ".join(f"{g.name}_i" for g in grid)
+    outs = [f"out{j}" for j in range(len(p.outputs))]
+    refs = [f"{n}_ref" for n in names] + [f"{o}_ref" for o in outs] + (["acc_ref"] if p.split else [])
+    loads, operands, in_specs, shapes = {}, [], [], []
+    for i, (v, n) in enumerate(zip(p.inputs, names)):
+        boolean = np.dtype(v.dtype) == np.bool_
+        gridded = {g.in_axes[i]: g.name for g in grid if g.in_axes[i] is not None}
+        passed, spec = _array_spec(n, len(v.shape), lifted[i], gridded, index_args)
+        if boolean:
+            passed = f"{passed}.astype(jnp.int32)"
+        operands.append(passed)
+        in_specs.append(spec)
+        shape = ", ".join(f"block_{gridded[a]}" if a in gridded else f"{n}.shape[{a}]" for a in range(len(v.shape)))
+        shapes.append(f"({shape}{',' if len(v.shape) == 1 else ''})")
+        load = f"{n} = {n}_ref[...].reshape(shapes[{i}])"
+        if boolean:
+            load += " != 0  # a mask travels as int32: Mosaic loads no booleans"
+        loads[i] = load
+    out_specs, out_shapes, stores, unpack = [], [], [], []
+    for j, (o, name) in enumerate(zip(p.outputs, outs)):
+        gridded = {g.out_axes[j]: g.name for g in grid if g.out_axes[j] is not None}
+        layout, _ = _layout(len(o.shape), out_lifted[j])
+        lay = ", ".join("1" if a is None else f"outs[{j}].shape[{a}]" for a in layout)
+        boolean = np.dtype(o.dtype) == np.bool_
+        dtype = "jnp.int32" if boolean else f"outs[{j}].dtype"
+        out_shapes.append(f"jax.ShapeDtypeStruct(({lay},), {dtype})")
+        block, index = [], []
+        for a in layout:
+            block.append("1" if a is None else f"block_{gridded[a]}" if a in gridded else f"outs[{j}].shape[{a}]")
+            index.append(f"{gridded[a]}_i" if a is not None and a in gridded else "0")
+        out_specs.append(f"pl.BlockSpec(({', '.join(block)},), lambda {index_args}: ({', '.join(index)},))")
+        stores.append(f"{name}_ref[...] = values[{j}].reshape({name}_ref.shape).astype({name}_ref.dtype)")
+        unpack.append(f"results[{j}].reshape(outs[{j}].shape)" + (" != 0" if boolean else ""))
+    extents = []
+    for g in grid:
+        if g.reduction:
+            i = next(k for k, a in enumerate(g.in_axes) if a is not None)
+            where = f"{names[i]}.shape[{g.in_axes[i]}]"
+        else:
+            where = f"outs[0].shape[{g.out_axes[0]}]"
+        fit = (f"_fit(BLOCK_{g.name.upper()}, {g.name})  # the contracted axis: whole blocks only" if g.reduction
+               else f"min(BLOCK_{g.name.upper()}, {g.name})  # a partial last block is never written past the end")
+        extents.append(f"    {g.name} = {where}\n    block_{g.name} = {fit}")
+    key = ", ".join("(" + "".join(f"{n}.shape[{a}], " for a in range(len(v.shape))
+                                  if a not in {g.in_axes[i] for g in grid}) + ")"
+                    for i, (v, n) in enumerate(zip(p.inputs, names)))
+    single = len(p.outputs) == 1 and (out_tree is None or out_tree.num_leaves == 1 and out_tree.num_nodes == 1)
+    args = ", ".join(names)
+    steps = ", ".join(f"{g.name} // block_{g.name}" if g.reduction else f"pl.cdiv({g.name}, block_{g.name})" for g in grid)
+    returned = unpack[0] if single else "(" + ", ".join(unpack) + ("," if len(unpack) == 1 else "") + ")"
+    semantics = ", ".join('"arbitrary"' if g.reduction else '"parallel"' for g in grid)
+    nl = "\n"
+    limit = ", vmem_limit_bytes=VMEM_LIMIT_BYTES" if vmem_limit else ""
+    if p.split is None:
+        body = f'''def _fused_kernel({", ".join(refs)}, *, body, shapes):
+    """The reference on one block of each input, held in VMEM; each output block written once."""
+{nl.join("    " + loads[i] for i in range(len(names)))}
+    values = body({args})
+    values = values if isinstance(values, tuple) else (values,)
+{nl.join("    " + s for s in stores)}
+'''
+        find = f"    body = _reference_for(({key}{',' if len(names) == 1 else ''}))"
+        call_body, scratch = "body=body", ""
+        eval_shape = f"jax.eval_shape(body, {args})"
+    else:
+        k = len(grid) - 1
+        first = ", ".join(names[i] for i in p.split.partial_inputs)
+        rest = ", ".join(names[i] for i in p.split.finish_inputs)
+        body = f'''def _fused_kernel({", ".join(refs)}, *, shapes):
+    """One block of the matmul's contracted axis into the float32 accumulator; at the last block, the rest
+    of the reference on the accumulated product, each output block written once."""
+    @pl.when(pl.program_id({k}) == 0)
+    def _start():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+{nl.join("    " + loads[i] for i in p.split.partial_inputs)}
+    acc_ref[...] += _partial({first}).reshape(acc_ref.shape)
+
+    @pl.when(pl.program_id({k}) == pl.num_programs({k}) - 1)
+    def _end():
+{nl.join("        " + loads[i] for i in p.split.finish_inputs)}
+        values = _finish(acc_ref[...].reshape(acc_shape), {rest})
+        values = values if isinstance(values, tuple) else (values,)
+{nl.join("        " + s for s in stores)}
+'''.replace("acc_shape", "shapes[-1]").replace(", )", ")")
+        find = ""
+        call_body = ""
+        acc_dims = []
+        for a, d in enumerate(p.split.acc.shape):
+            g = next((g for g in p.parallel if g.out_axes[0] is not None and _acc_axis(p, g) == a), None)
+            acc_dims.append(f"block_{g.name}" if g is not None else str(int(d)))
+        scratch = f"\n        scratch_shapes=[pltpu.VMEM(({', '.join(acc_dims)},), jnp.float32)],"
+        shapes.append(f"({', '.join(acc_dims)},)")
+        eval_shape = f"jax.eval_shape(lambda {args}: _finish(_partial({first}), {rest}), {args})".replace(", )", ")")
+    partial = f"functools.partial(_fused_kernel, {call_body + ', ' if call_body else ''}shapes=shapes)"
+    return f'''{body}
+
+def kernel({args}, **static):
+{find + nl if find else ""}    outs = {eval_shape}
+    outs = outs if isinstance(outs, tuple) else (outs,)
+{nl.join(extents)}
+    shapes = ({', '.join(shapes)}{',' if len(shapes) == 1 else ''})
+    results = pl.pallas_call(
+        {partial},
+        out_shape=({', '.join(out_shapes)},),
+        grid=({steps},),
+        in_specs=[{(',' + nl + '                  ').join(in_specs)}],
+        out_specs=({', '.join(out_specs)},),{scratch}
+        compiler_params=pltpu.CompilerParams(dimension_semantics=({semantics},){limit}),
+    )({', '.join(operands)})
+    return {returned}
+'''
+
+
+def _acc_axis(p: "FusedPlan", g: Any) -> int | None:
+    """Which axis of the split matmul's product carries the parallel axis ``g`` (matched by extent and
+    order: the product's axes are the outputs' before the epilogue)."""
+    from maxkernel.sketches.axes import analyse_axes, axis_of
+
+    axes = analyse_axes(p.program, split_contraction=True)
+    out = p.outputs[0]
+    label = axes.label(out, g.out_axes[0])
+    dot = next(n for n in p.program.nodes if n.prim == "dot_general")
+    return axis_of(axes, dot.out, label)

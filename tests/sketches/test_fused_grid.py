@@ -1,0 +1,190 @@
+"""The general rules (``fused_grid``) read computations by data flow: the same computation written another
+way (argument order, names, spelling) gets the same grid; near misses (the same ops without the structure)
+do not; and what they emit lowers for TPU, checks correct and is priced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jaxbench.task import load_task
+from maxkernel.sketches.fused import FUSED_GRID, plan
+
+YAML = """\
+id: {id}
+name: {id}
+category: reduction
+description: a computation written for the general rules' tests.
+dtype: {dtype}
+tolerance: {{atol: {tol}, rtol: {tol}}}
+sizes:
+  cpu: {cpu}
+  full: {full}
+free: {{{free}: {{}}}}
+"""
+
+LAYERNORM = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, tokens, hidden):
+    k1, k2 = jax.random.split(key)
+    x = jax.random.normal(k1, (tokens, hidden), jnp.float32)
+    return (x, 1.0 + 0.1 * jax.random.normal(k2, (hidden,), jnp.float32)), {}
+
+
+def reference(x, gamma):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) * jax.lax.rsqrt(var + 1e-5) * gamma
+'''
+
+# The same norm: the scale first, the statistics spelled as sums, a different name for everything.
+LAYERNORM_OTHER = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, tokens, hidden):
+    k1, k2 = jax.random.split(key)
+    acts = jax.random.normal(k1, (tokens, hidden), jnp.float32)
+    return (1.0 + 0.1 * jax.random.normal(k2, (hidden,), jnp.float32), acts), {}
+
+
+def reference(scale, acts):
+    n = acts.shape[1]
+    centred = acts - jnp.sum(acts, axis=1)[:, None] / n
+    return scale[None, :] * centred / jnp.sqrt(jnp.sum(centred * centred, axis=1)[:, None] / n + 1e-5)
+'''
+
+# A near miss: the same ops, statistics over the batch (axis 0): rows are not independent, columns are.
+BATCH_STATS = LAYERNORM.replace("x.mean(-1, keepdims=True)", "x.mean(0, keepdims=True)").replace(
+    "((x - mu) ** 2).mean(-1, keepdims=True)", "((x - mu) ** 2).mean(0, keepdims=True)")
+
+DEQUANT = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, m, k, n):
+    k1, k2, k3 = jax.random.split(key, 3)
+    scales = jax.random.uniform(k3, (n,), jnp.float32, 0.5, 1.5) / (127.0 * k ** 0.5)
+    q = jax.random.randint(k2, (k, n), -127, 128, dtype=jnp.int32).astype(jnp.int8)
+    a = jax.random.normal(k1, (m, k), jnp.float32).astype(jnp.bfloat16)
+    return (scales, q, a), {}
+
+
+def reference(scales, q, a):
+    acc = jnp.dot(a, q.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+    return (acc * scales).astype(jnp.bfloat16)
+'''
+
+# A near miss for the split: a norm over the contracted axis before the matmul.
+NORMED = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, m, k, n):
+    k1, k2 = jax.random.split(key)
+    a = jax.random.normal(k1, (m, k), jnp.float32).astype(jnp.bfloat16)
+    w = (jax.random.normal(k2, (k, n), jnp.float32) / k ** 0.5).astype(jnp.bfloat16)
+    return (a, w), {}
+
+
+def reference(a, w):
+    af = a.astype(jnp.float32)
+    h = (af * jax.lax.rsqrt(jnp.mean(af * af, axis=-1, keepdims=True) + 1e-6)).astype(jnp.bfloat16)
+    return jnp.dot(h, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+'''
+
+MASKED = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, batch, rows, cols):
+    k1, k2 = jax.random.split(key)
+    keep = jax.random.bernoulli(k2, 0.9, (batch, cols)).at[:, 0].set(True)
+    return (keep, jax.random.normal(k1, (batch, rows, cols), jnp.float32)), {"temperature": 0.5}
+
+
+def reference(keep, logits, temperature):
+    z = jnp.where(keep[:, None, :], logits / temperature, -jnp.inf)
+    return jax.nn.softmax(z, axis=-1)
+'''
+
+ROWS = dict(cpu="{tokens: 256, hidden: 512}", full="{tokens: 8192, hidden: 4096}", free="tokens", dtype="float32", tol="1.0e-5")
+GEMM = dict(cpu="{m: 128, k: 1024, n: 512}", full="{m: 2048, k: 8192, n: 8192}", free="m", dtype="bfloat16", tol="2.0e-2")
+SOFTMAX = dict(cpu="{batch: 2, rows: 64, cols: 1024}", full="{batch: 16, rows: 256, cols: 32768}", free="rows",
+               dtype="float32", tol="1.0e-5")
+
+
+def _task(tmp_path: Path, name: str, source: str, sizes: dict[str, str]):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "task.yaml").write_text(YAML.format(id=name, **sizes))
+    (folder / "reference.py").write_text(source)
+    return load_task(folder)
+
+
+def _grid(task) -> list[tuple[str, int, tuple, bool]]:
+    p = plan(task, ("cpu", "full"))
+    assert not isinstance(p, str), p
+    return [(g.name, g.extent, g.in_axes, g.reduction) for g in p.grid]
+
+
+def test_a_norm_is_gridded_over_its_rows_however_it_is_written(tmp_path: Path) -> None:
+    one = _grid(_task(tmp_path, "ln", LAYERNORM, ROWS))
+    other = _grid(_task(tmp_path, "ln_other", LAYERNORM_OTHER, ROWS))
+    assert one == [("tokens", 8192, (0, None), False)]
+    assert other == [("tokens", 8192, (None, 0), False)]  # the same axis, found in the second argument
+
+
+def test_statistics_over_the_batch_grid_the_columns_not_the_rows(tmp_path: Path) -> None:
+    assert _grid(_task(tmp_path, "bn", BATCH_STATS, ROWS)) == [("hidden", 4096, (1, 0), False)]
+
+
+def test_a_dequantizing_matmul_splits_its_contraction_and_a_normed_one_does_not(tmp_path: Path) -> None:
+    dequant = _grid(_task(tmp_path, "dq", DEQUANT, GEMM))
+    assert [(g[1], g[2], g[3]) for g in dequant] == [(2048, (None, None, 0), False), (8192, (0, 1, None), False),
+                                                     (8192, (None, 0, 1), True)]
+    normed = _grid(_task(tmp_path, "nm", NORMED, GEMM))
+    assert all(not g[3] for g in normed)  # the norm reduces over the contracted axis: read whole
+    assert [(g[1], g[2]) for g in normed] == [(2048, (0, None)), (8192, (None, 1))]
+
+
+def test_the_emitted_kernel_reads_like_the_reference(tmp_path: Path) -> None:
+    task = _task(tmp_path, "dq", DEQUANT, GEMM)
+    space = FUSED_GRID.space(task, None, "tpu-v6e")  # type: ignore[arg-type]
+    source = FUSED_GRID.render(task, space.defaults, ("cpu", "full"))
+    assert "def kernel(scales, q, a, **static):" in source
+    assert "def _partial(q, a):" in source and "q.astype(jnp.bfloat16)" in source
+    assert '"parallel", "parallel", "arbitrary"' in source and "scratch_shapes=[pltpu.VMEM(" in source
+    assert "interpret" not in source
+    for name, value in space.defaults.items():
+        if name.startswith("block_"):
+            assert f"{name.upper()} = {value}" in source
+
+
+def test_a_boolean_mask_read_whole_per_batch_travels_lifted(tmp_path: Path) -> None:
+    task = _task(tmp_path, "ms", MASKED, SOFTMAX)
+    assert [(g[0], g[2]) for g in _grid(task)] == [("batch", (0, 0)), ("rows", (None, 1))]
+    source = FUSED_GRID.render(task, {"block_batch": 1, "block_rows": 64}, ("cpu", "full"))
+    assert "keep.reshape(keep.shape[:-1] + (1, keep.shape[-1])).astype(jnp.int32)" in source
+    assert "!= 0  # a mask travels as int32" in source
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,source,sizes", [("dq", DEQUANT, GEMM), ("ms", MASKED, SOFTMAX), ("ln", LAYERNORM_OTHER, ROWS)])
+def test_the_general_kernel_lowers_checks_and_is_priced_on_tpu_v6e(tmp_path: Path, name: str, source: str,
+                                                                   sizes: dict[str, str]) -> None:
+    from maxkernel.evaluation import evaluate_candidate
+
+    task = _task(tmp_path, name, source, sizes)
+    candidate = FUSED_GRID.render(task, FUSED_GRID.space(task, None, "tpu-v6e").defaults, ("cpu", "full"))  # type: ignore[arg-type]
+    report = evaluate_candidate(task, candidate, target="tpu-v6e")
+    assert report.status == "ok", report.reason
+    assert report.label == "pallas-kernel" and report.basis == "modelled" and report.speedup is not None
