@@ -361,6 +361,11 @@ def _concat(em: Emitter, n: Node) -> str:
     return f"jax.lax.concatenate([{', '.join(em.operand(o) for o in n.ins)}], {int(n.params['dimension'])})"
 
 
+def _split(em: Emitter, n: Node) -> str:
+    cuts = [int(c) for c in np.cumsum([int(size) for size in n.params["sizes"]])[:-1]]
+    return f"jnp.split({em.operand(n.ins[0])}, {cuts}, axis={int(n.params['axis'])})"
+
+
 def _stack(em: Emitter, n: Node) -> str:
     return f"jnp.stack([{', '.join(em.operand(o) for o in n.ins)}], axis={int(n.params['axis'])})"
 
@@ -461,7 +466,7 @@ def _random_bits(em: Emitter, n: Node) -> str:
 _EMITTERS: dict[str, Callable[[Emitter, Node], str]] = {
     "broadcast_in_dim": _broadcast, "reshape": _reshape, "convert_element_type": _convert, "dot_general": _dot,
     "transpose": _transpose, "squeeze": _squeeze, "expand_dims": _expand, "iota": _iota, "select_n": _select,
-    "slice": _slice, "dynamic_slice": _dynamic_slice, "concatenate": _concat, "stack": _stack, "copy": _copy, "copy_p": _copy,
+    "slice": _slice, "dynamic_slice": _dynamic_slice, "concatenate": _concat, "split": _split, "stack": _stack, "copy": _copy, "copy_p": _copy,
     "neg": _neg, "integer_pow": _integer_pow, "cumsum": _cumulative("cumsum"), "cummax": _cumulative("cummax"),
     "cumprod": _cumulative("cumprod"), "cummin": _cumulative("cummin"), "argmax": _argminmax("argmax"),
     "argmin": _argminmax("argmin"), "conv_general_dilated": _conv, "gather": _gather, "top_k": _top_k,

@@ -120,7 +120,7 @@ def _reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[li
     return groups
 
 
-def _visit(axes: Axes, node: Node, split_contraction: bool = False) -> None:
+def _visit(axes: Axes, node: Node, split: Node | None = None) -> None:
     prim, outs, params = node.prim, node.outs, node.params
     ins = _vars(node.ins)
     if prim in ELEMENTWISE and len(outs) == 1:
@@ -181,7 +181,7 @@ def _visit(axes: Axes, node: Node, split_contraction: bool = False) -> None:
         (lc, rc), (lb, rb) = params["dimension_numbers"]
         for a, b in zip(lc, rc):
             axes.tie((id(lhs), int(a)), (id(rhs), int(b)))
-            if not split_contraction:
+            if node is not split:
                 axes.mark((id(lhs), int(a)), "a matmul contracts it")
         for k, (a, b) in enumerate(zip(lb, rb)):
             axes.tie((id(lhs), int(a)), (id(out), k))
@@ -247,9 +247,9 @@ def _visit(axes: Axes, node: Node, split_contraction: bool = False) -> None:
     _mark_all(axes, node, f"{prim} (not split by the general rules)")
 
 
-def analyse_axes(program: Program, split_contraction: bool = False) -> Axes:
-    """The parallel-axis structure of ``program`` (``split_contraction``: a matmul's contracted axis is
-    left free, for a kernel that accumulates it over the grid)."""
+def analyse_axes(program: Program, split: Node | None = None) -> Axes:
+    """The parallel-axis structure of ``program`` (``split``: the matmul whose contracted axis is left
+    free, for a kernel that accumulates it over the grid)."""
     axes = Axes()
     for v in program.inputs:
         axes.add(v)
@@ -257,7 +257,7 @@ def analyse_axes(program: Program, split_contraction: bool = False) -> Axes:
         for v in _vars(node.ins) + list(node.outs):
             axes.add(v)
     for node in program.nodes:
-        _visit(axes, node, split_contraction)
+        _visit(axes, node, split)
     for v in program.inputs:
         for axis in range(len(v.shape)):
             if v.shape[axis] == 1:

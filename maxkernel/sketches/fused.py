@@ -16,8 +16,9 @@ is one of an array's two minor ones) and the order of the grid.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -62,6 +63,7 @@ class Split:
     partial_inputs: tuple[int, ...]  # indices of the plan's inputs that ``_partial`` reads
     finish_inputs: tuple[int, ...]  # and ``_finish`` (after the accumulated product)
     acc: Var  # the matmul's result, float32, at full size
+    dot: Node  # the matmul whose contracted axis is split
 
 
 @dataclass
@@ -72,23 +74,29 @@ class FusedPlan:
     outputs: tuple[Var, ...]
     variants: dict[tuple[tuple[int, ...], ...], str]  # whole-axis shapes -> emitted body
     split: Split | None = None
+    axes: Axes | None = None  # the program's axes, as the grid reads them
+    labels: tuple[Slot, ...] = ()  # each grid axis's label in ``axes``
+
+    def block_shape(self, var: Var, blocks: dict[str, int]) -> list[int]:
+        """``var``'s shape in one grid step."""
+        assert self.axes is not None
+        by_label = {l: blocks[g.name] for l, g in zip(self.labels, self.grid)}
+        return [by_label.get(self.axes.label(var, a), int(d)) for a, d in enumerate(var.shape)]
 
     @property
     def parallel(self) -> tuple[GridAxis, ...]:
         return tuple(g for g in self.grid if not g.reduction)
 
 
-def _split_programs(program: Program, axes: Axes) -> tuple[Slot, Program, Program, Split] | None:
-    """The one matmul's contracted axis, when the grid may split it: nothing but the matmul mixes it,
-    no output carries it, and nothing after the matmul reads what was computed for it. Then the programs
-    ``_partial`` (the matmul's producers and the matmul, accumulating in float32) and ``_finish`` (the
-    accumulated product to the outputs)."""
+def _split_programs(program: Program, axes: Axes, dot: Node) -> tuple[Slot, Program, Program, Split] | None:
+    """``dot``'s contracted axis, when the grid may split it: nothing but ``dot`` mixes it, no output
+    carries it, no other matmul follows ``dot``, and nothing after ``dot`` reads what was computed for
+    it. Then the programs ``_partial`` (the matmul's producers, other matmuls among them, and the matmul,
+    accumulating in float32) and ``_finish`` (the accumulated product to the outputs)."""
     from jax import lax
 
-    dots = [n for n in program.nodes if n.prim == "dot_general"]
-    if len(dots) != 1 or not all(isinstance(op, Var) for op in dots[0].ins):
+    if not all(isinstance(op, Var) for op in dot.ins):
         return None
-    dot = dots[0]
     (lc, _), _ = dot.params["dimension_numbers"]
     if len(lc) != 1:
         return None
@@ -98,6 +106,8 @@ def _split_programs(program: Program, axes: Axes) -> tuple[Slot, Program, Progra
     before = {id(n) for op in dot.ins for n in program.ancestors(op)}  # type: ignore[arg-type]
     made_before = {id(v) for n in program.nodes if id(n) in before for v in n.outs}
     after = [n for n in program.nodes if id(n) not in before and n is not dot]
+    if any(n.prim == "dot_general" for n in after):
+        return None
     for n in after:
         for op in n.ins:
             if isinstance(op, Var) and (id(op) in made_before or axis_of(axes, op, label) is not None):
@@ -121,13 +131,17 @@ def _split_programs(program: Program, axes: Axes) -> tuple[Slot, Program, Progra
     outputs = [acc if o is dot.out and np.dtype(dot.out.dtype) == np.float32 else o for o in program.outputs]
     partial = Program([program.inputs[i] for i in p_in], partial_nodes, [acc])
     finish = Program([acc] + [program.inputs[i] for i in f_in], finish_nodes, outputs, program.out_tree)
-    return label, partial, finish, Split(p_in, f_in, acc)
+    return label, partial, finish, Split(p_in, f_in, acc, dot)
 
 
 def _read(program: Program) -> tuple[Axes, list[Slot], tuple[Slot, Program, Program, Split] | None] | str:
     """The axes the grid splits (a contracted one last, when it may be split) or why there are none."""
-    axes = analyse_axes(program, split_contraction=True)
-    split = _split_programs(program, axes)
+    split = None
+    for dot in reversed([n for n in program.nodes if n.prim == "dot_general"]):  # the last matmul first
+        axes = analyse_axes(program, split=dot)
+        split = _split_programs(program, axes, dot)
+        if split is not None:
+            break
     if split is None:
         axes = analyse_axes(program)
     labels = parallel_labels(program, axes)
@@ -317,7 +331,7 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
         if texts.setdefault(key, text) != text:
             return "the reference is written differently for the same shapes"
         found = FusedPlan(program, grid, tuple(program.inputs), tuple(program.outputs), {},  # type: ignore[arg-type]
-                          split[3] if split is not None else None)
+                          split[3] if split is not None else None, axes, tuple(gridded))
     assert found is not None
     if found.split is not None and len(set(texts.values())) > 1:
         return "a split matmul whose body changes with the shapes"
@@ -389,17 +403,12 @@ def vmem_bytes(p: FusedPlan, blocks: dict[str, int]) -> int:
     for j, v in enumerate(p.outputs):
         io += _block_bytes(v, {g.out_axes[j]: blocks[g.name] for g in p.grid if g.out_axes[j] is not None})
     if p.split is not None:  # the float32 accumulator of the split matmul
-        acc = p.split.acc
-        scale = math.prod(blocks[g.name] / g.extent for g in p.parallel if g.extent in acc.shape)
-        io += int(acc.size * 4 * scale) // 2
+        io += math.prod(p.block_shape(p.split.dot.out, blocks)) * 4 // 2  # one buffer, counted once
     biggest = 0
     for node in p.program.nodes:
         for out in node.outs:
-            scale = 1.0
-            for g in p.grid:
-                if g.extent in out.shape:
-                    scale *= blocks[g.name] / g.extent
-            biggest = max(biggest, int(out.size * max(4, np.dtype(out.dtype).itemsize) * scale))
+            size = math.prod(p.block_shape(out, blocks))
+            biggest = max(biggest, size * max(4, np.dtype(out.dtype).itemsize))
     return 2 * io + 2 * biggest
 
 
@@ -407,7 +416,7 @@ def hbm_bytes(p: FusedPlan, blocks: dict[str, int]) -> float:
     """Bytes read and written from HBM with the grid in plan order: an input's block is fetched again
     whenever its block index changes, i.e. once per step of every grid axis down to the innermost it
     carries (an input no gridded axis splits is fetched once)."""
-    steps = [g.extent // blocks[g.name] for g in p.grid]
+    steps = [-(-g.extent // blocks[g.name]) for g in p.grid]
     total = float(sum(o.size * np.dtype(o.dtype).itemsize for o in p.outputs))
     for i, v in enumerate(p.inputs):
         carried = [k for k, g in enumerate(p.grid) if g.in_axes[i] is not None]
@@ -417,10 +426,31 @@ def hbm_bytes(p: FusedPlan, blocks: dict[str, int]) -> float:
     return total
 
 
-def _estimate(p: FusedPlan, blocks: dict[str, int]) -> float:
-    """Seconds, roughly, on a v6e-class chip: HBM traffic plus a fixed cost per grid step."""
-    steps = math.prod(g.extent // blocks[g.name] for g in p.grid)
-    return hbm_bytes(p, blocks) / 1.6e12 + steps * 0.35e-6
+def step_work(p: FusedPlan, blocks: dict[str, int]) -> tuple[float, float]:
+    """(MXU flops, vector ops) of one grid step: every node at its block shape. A value that no gridded
+    axis splits is recomputed at every step: what the grid costs in repeated work."""
+    mxu = vpu = 0.0
+    for node in p.program.nodes:
+        out = math.prod(p.block_shape(node.out, blocks)) if node.outs else 0
+        if node.prim == "dot_general":
+            (lc, _), _ = node.params["dimension_numbers"]
+            lhs = p.block_shape(node.ins[0], blocks) if isinstance(node.ins[0], Var) else []  # type: ignore[arg-type]
+            mxu += 2.0 * out * math.prod(lhs[int(a)] for a in lc)
+        elif node.prim not in ("broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose"):
+            vpu += out
+    return mxu, vpu
+
+
+def _estimate(p: FusedPlan, blocks: dict[str, int], target: str = "tpu-v6e") -> float:
+    """Seconds, roughly, on ``target``: HBM traffic or the steps' work, whichever is longer, plus a fixed
+    cost per grid step (an order for the shortlist; the evaluator's model prices what is tried)."""
+    from maxkernel.targets.specs import load_tpu_spec
+
+    spec = load_tpu_spec(target)
+    steps = math.prod(-(-g.extent // blocks[g.name]) for g in p.grid)
+    mxu, vpu = step_work(p, blocks)
+    compute = steps * (mxu / spec.peak_bf16_flops + vpu / spec.vpu_ops)
+    return max(hbm_bytes(p, blocks) / spec.hbm_bandwidth, compute) + steps * spec.step_overhead_s
 
 
 def vmem_budget(target: str) -> int:
@@ -435,31 +465,57 @@ def vmem_budget(target: str) -> int:
     return max(TPU_VMEM_BUDGET, physical // 2)
 
 
-def shortlist(p: FusedPlan, budget: int = TPU_VMEM_BUDGET) -> tuple[dict[str, int], dict[str, list[int]]] | None:
-    """The default blocks (the cheapest estimate that fits VMEM, at least two steps where the extents
-    allow) and, per axis, the few values worth pricing."""
+ORDERS = ("outputs", "reversed")  # the parallel axes in the first output's order, or the other way round
+
+
+def ordered(p: FusedPlan, order: str) -> FusedPlan:
+    """``p`` with its parallel axes in ``order`` (a split contraction stays innermost)."""
+    pairs = list(zip(p.grid, p.labels))
+    parallel = [pair for pair in pairs if not pair[0].reduction]
+    if order == "reversed":
+        parallel.reverse()
+    pairs = parallel + [pair for pair in pairs if pair[0].reduction]
+    return replace(p, grid=tuple(g for g, _ in pairs), labels=tuple(l for _, l in pairs))
+
+
+def shortlist(p: FusedPlan, budget: int = TPU_VMEM_BUDGET,
+              target: str = "tpu-v6e") -> tuple[dict[str, Any], dict[str, list[Any]]] | None:
+    """The default point (the cheapest estimate that fits VMEM, at least two steps where the extents
+    allow) and the space worth pricing: per axis the blocks of the best points, and the grid orders,
+    narrowed until every combination fits VMEM."""
     options = {g.name: legal_blocks(p, g)[-12:] for g in p.grid}  # the largest: small blocks only add steps
     if any(not o for o in options.values()):
         return None
-    import itertools
-
+    orders = ORDERS if len(p.parallel) > 1 else ORDERS[:1]
     points = []
     for combo in itertools.product(*(options[g.name] for g in p.grid)):
         blocks = dict(zip((g.name for g in p.grid), combo))
         if vmem_bytes(p, blocks) > budget:
             continue
-        steps = math.prod(g.extent // blocks[g.name] for g in p.grid)
-        points.append((steps < 2, _estimate(p, blocks), blocks))
+        steps = math.prod(-(-g.extent // blocks[g.name]) for g in p.grid)
+        for order in orders:
+            points.append((steps < 2, _estimate(ordered(p, order), blocks, target), order, blocks))
     if not points:
         return None
     points.sort(key=lambda t: (t[0], t[1]))
-    best = points[0][2]
-    space: dict[str, list[int]] = {g.name: [] for g in p.grid}
-    budget = max(2, int(round(MAX_CONFIGS ** (1 / max(1, len(p.grid))))))
-    for _, _, blocks in points:
+    best = {**points[0][3], "grid_order": points[0][2]}
+    space: dict[str, list[Any]] = {g.name: [] for g in p.grid}
+    space["grid_order"] = sorted({t[2] for t in points[:8]})
+    per_axis = max(2, int(round(MAX_CONFIGS ** (1 / max(1, len(p.grid))))))
+    for _, _, _, blocks in points:
         for name, value in blocks.items():
-            if value not in space[name] and len(space[name]) < budget:
+            if value not in space[name] and len(space[name]) < per_axis:
                 space[name].append(value)
+    while True:  # every combination the tuner may try must fit
+        names = [g.name for g in p.grid]
+        over = next((c for c in itertools.product(*(space[n] for n in names))
+                     if vmem_bytes(p, dict(zip(names, c))) > budget), None)
+        if over is None:
+            break
+        cut = max((n for n, v in zip(names, over) if v != best[n]),
+                  key=lambda n: next(g for g in p.grid if g.name == n).extent and
+                  dict(zip(names, over))[n] / next(g for g in p.grid if g.name == n).extent)
+        space[cut].remove(dict(zip(names, over))[cut])
     return best, {k: sorted(v) for k, v in space.items()}
 
 
@@ -478,7 +534,7 @@ class FusedGridSketch:
         if isinstance(found, str):
             return found
         target = getattr(analysis, "target", "tpu-v6e") or "tpu-v6e"
-        if shortlist(found, vmem_budget(target)) is None:
+        if shortlist(found, vmem_budget(target), target) is None:
             return "no block of the parallel axes fits VMEM with the whole axes read whole"
         return None
 
@@ -487,12 +543,13 @@ class FusedGridSketch:
         if not tpu_target(target) or isinstance(p, str):
             return TemplateSpace(defaults={}, space={"blocks": []})  # a TPU kernel
         budget = vmem_budget(target)
-        chosen = shortlist(p, budget)
+        chosen = shortlist(p, budget, target)
         if chosen is None:
             return TemplateSpace(defaults={}, space={"blocks": []})
         best, space = chosen
-        return TemplateSpace(defaults={**{f"block_{k}": v for k, v in best.items()}, "vmem_limit_bytes": budget},
-                             space={**{f"block_{k}": v for k, v in space.items()}, "vmem_limit_bytes": [budget]})
+        key = lambda k: k if k == "grid_order" else f"block_{k}"  # noqa: E731
+        return TemplateSpace(defaults={**{key(k): v for k, v in best.items()}, "vmem_limit_bytes": budget},
+                             space={**{key(k): v for k, v in space.items()}, "vmem_limit_bytes": [budget]})
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
         p = plan(task, ("cpu", "full") if "full" in sizes else sizes)
@@ -500,6 +557,7 @@ class FusedGridSketch:
             raise EmitError(p)
         from maxkernel.sketches.pieces import fused_kernel_source
 
+        p = ordered(p, str(params.get("grid_order", ORDERS[0])))
         blocks = {g.name: int(params[f"block_{g.name}"]) for g in p.grid}
         names = arg_names(task)[: len(p.inputs)]
         names = names + [f"arg{i}" for i in range(len(names), len(p.inputs))]

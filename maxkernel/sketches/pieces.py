@@ -196,8 +196,7 @@ def _acc_axis(p: "FusedPlan", g: Any) -> int | None:
     order: the product's axes are the outputs' before the epilogue)."""
     from maxkernel.sketches.axes import analyse_axes, axis_of
 
-    axes = analyse_axes(p.program, split_contraction=True)
-    out = p.outputs[0]
-    label = axes.label(out, g.out_axes[0])
-    dot = next(n for n in p.program.nodes if n.prim == "dot_general")
-    return axis_of(axes, dot.out, label)
+    assert p.split is not None
+    axes = analyse_axes(p.program, split=p.split.dot)
+    label = axes.label(p.outputs[0], g.out_axes[0])
+    return axis_of(axes, p.split.dot.out, label)
