@@ -223,11 +223,16 @@ def _names(task: "Task", size: str, grid: list[tuple[int, tuple]]) -> list[str]:
     for name, value in values.items():
         if isinstance(value, int) and not isinstance(value, bool):
             by_value.setdefault(value, []).append(name)
+    args = arg_names(task)
     names: list[str] = []
-    for k, (extent, _) in enumerate(grid):
+    for extent, (in_axes, out_axes) in grid:
         found = by_value.get(extent, [])
-        name = found[0] if len(found) == 1 and found[0] not in names else f"axis{k}"
-        names.append(name)
+        if len(found) == 1 and found[0] not in names:
+            names.append(found[0])  # the size parameter this extent is
+            continue
+        carrier = next(((args[i] if i < len(args) else f"arg{i}", a) for i, a in enumerate(in_axes) if a is not None),
+                       None) or ("out", next(a for a in out_axes if a is not None))
+        names.append(f"{carrier[0]}_dim{carrier[1]}")  # where it is read: an input's axis
     return names
 
 
