@@ -34,3 +34,17 @@ def test_payload_size_must_match_declared_shape():
     a.send_bytes(b"\x00" * 8)
     with pytest.raises(wire.WireError):
         wire.recv(b)
+
+
+def test_zero_d_and_strided_arrays_keep_their_shape():
+    """A 0-d array (a loss's mean, a temperature input) or NumPy scalar stays 0-d, and a transposed view
+    arrives with its own shape and values."""
+    a, b = Pipe()
+    scalar = np.asarray(np.float32(2.5))
+    strided = np.arange(6, dtype=np.int32).reshape(2, 3).T
+    wire.send(a, (scalar, strided, np.bool_(True)))
+    got_scalar, got_strided, flag = wire.recv(b)
+    assert got_scalar.shape == () and got_scalar.dtype == np.float32 and float(got_scalar) == 2.5
+    assert got_strided.shape == (3, 2)
+    np.testing.assert_array_equal(got_strided, strided)
+    assert flag.shape == () and flag.dtype == np.bool_ and bool(flag)
