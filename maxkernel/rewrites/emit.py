@@ -104,8 +104,10 @@ def dim_name(program: Program, name: str, axis: int, size: int, size_names: bool
 class Emitter:
     """Writes the nodes of one program as assignment lines."""
 
-    def __init__(self, program: Program, size_names: bool = True, rename_inputs: bool = False) -> None:
+    def __init__(self, program: Program, size_names: bool = True, rename_inputs: bool = False,
+                 slice_extents: bool = False) -> None:
         self.program = program
+        self.slice_extents = slice_extents  # a slice as long as an input dimension follows that dimension
         self.dims = input_dims(program)
         shapes = {v.name: tuple(int(d) for d in v.shape) for v in program.inputs}
         # Every input dimension a shape may read, as the local it is read into once, at the top.
@@ -254,10 +256,13 @@ class Emitter:
         raise EmitError(f"output structure {tree} is not an array or a flat tuple")
 
 
-def emit_function(program: Program, name: str, doc: str | None = None, size_names: bool = True) -> str:
+def emit_function(program: Program, name: str, doc: str | None = None, size_names: bool = True,
+                  slice_extents: bool = False) -> str:
     """``def name(inputs...):`` computing the program's outputs (``size_names``: input dimensions held
-    in locals named after the task's size parameters where their values tell them apart)."""
-    em = Emitter(program, size_names, rename_inputs=True)
+    in locals named after the task's size parameters where their values tell them apart;
+    ``slice_extents``: a slice whose length is an input dimension is written as that dimension, so one
+    body serves every size of it — the evaluator proves the reading at the sizes it draws)."""
+    em = Emitter(program, size_names, rename_inputs=True, slice_extents=slice_extents)
     params = ", ".join(em.name(v) for v in program.inputs)
     lines = [f"def {name}({params}):"]
     if doc:
@@ -345,6 +350,9 @@ def _slice(em: Emitter, n: Node) -> str:
     # A slice that runs to the end of an axis runs to the end at every size: say so, not the traced length.
     ends = [f"{em.name(operand)}.shape[{axis}]" if isinstance(operand, Var) and d == int(operand.shape[axis]) > 1 else str(d)
             for axis, d in enumerate(limit)]
+    if em.slice_extents:
+        ends = [f"{s} + {em.dim(d - s)}" if e == str(d) and d - s > 1 and d - s in em.dims else e
+                for e, s, d in zip(ends, start, limit)]
     strides = n.params.get("strides")
     extra = f", {tuple(int(s) for s in strides)}" if strides is not None else ""
     limit_text = "(" + ", ".join(ends) + ("," if len(ends) == 1 else "") + ")"

@@ -65,11 +65,12 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
 
 def templates_for(target: str) -> tuple[Any, ...]:
     """GPU targets get the GPU Pallas templates (the TPU ones emit Mosaic TPU code); TPU targets the expert
-    TPU sketches first, then the general rules (``maxkernel.sketches``), then the default ones; the rest the
-    default ones."""
+    TPU sketches first, then the default ones, then the general rules (``maxkernel.sketches``), which apply
+    to most computations and so come after every template that serves a structure; the rest the default
+    ones."""
     if gpu_target(target):
         return GPU_TEMPLATES
-    return TPU_TEMPLATES + SKETCHES + TEMPLATES if tpu_target(target) else TEMPLATES
+    return TPU_TEMPLATES + TEMPLATES + SKETCHES if tpu_target(target) else TEMPLATES
 
 
 def render(task: "Task", strategy: Strategy, params: dict[str, Any] | None = None) -> str:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 # What Mosaic cannot run on a block (or what the general rules do not split): left to other sketches.
 UNFUSABLE = ("scan", "while", "cond", "random_bits", "random_wrap", "gather", "scatter", "scatter-add",
              "scatter_add", "sort", "conv_general_dilated", "dynamic_slice", "dynamic_update_slice", "top_k",
-             "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "argsort", "pad")
+             "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "argsort")
 MAX_CONFIGS = 24  # points of the block space priced by the model before anything is checked
 LANES = 128
 
@@ -161,13 +161,100 @@ def _prepared(task: "Task", size: str, shapes: list[Any] | None = None, passes: 
         program = trace_program(task, size, shapes).dce()
     except Exception as exc:  # a reference that does not trace at these shapes
         return f"the reference does not trace at the probe shapes ({type(exc).__name__})"
+    one_hot_gathers(program)
     bad = sorted(set(program.primitives()) & set(UNFUSABLE))
     if bad:
         return f"{bad[0]} in the reference (not split by the general rules)"
     cheaper_activations(program)  # erfc has no Mosaic lowering; 1 - erf has
     program.dce()
     float32_products(program, passes)
+    integer_iotas(program)
     return program
+
+
+ONE_HOT_NOTE = ("one element of each row picked by an integer index, as a sum over a one-hot mask of the row "
+                "(positions equal to the index): Mosaic has no gather, and the row is in VMEM already")
+
+
+def one_hot_gathers(program: Program) -> None:
+    """A gather that picks one element along one axis of every row (``take_along_axis``, ``x[rows, idx]``
+    with the rows as batching dimensions) written as a masked sum over that axis, so that the rows stay a
+    parallel axis and the body needs no gather."""
+    from jax import lax
+
+    nodes = []
+    for node in program.nodes:
+        picked = _one_hot_site(node)
+        if picked is None:
+            nodes.append(node)
+            continue
+        operand, indices, axis = picked
+        out = node.outs[0]
+        note = (ONE_HOT_NOTE,)
+        kept = [a for a in range(len(operand.shape)) if a != axis]
+        flat = program.fresh(tuple(operand.shape[a] for a in kept), indices.dtype)
+        wide = program.fresh(operand.shape, indices.dtype)
+        positions = program.fresh(operand.shape, indices.dtype)
+        hit = program.fresh(operand.shape, np.bool_)
+        zero = program.fresh(operand.shape, operand.dtype)
+        masked = program.fresh(operand.shape, operand.dtype)
+        summed = program.fresh(flat.shape, operand.dtype)
+        from maxkernel.analysis.program import Const
+
+        nodes += [
+            Node(lax.reshape_p, [indices], [flat], {"new_sizes": flat.shape, "dimensions": None, "sharding": None}, node.source, note),
+            Node(lax.broadcast_in_dim_p, [flat], [wide], {"shape": operand.shape, "broadcast_dimensions": tuple(kept),
+                                                          "sharding": None}, node.source, note),
+            Node(lax.iota_p, [], [positions], {"dtype": np.dtype(indices.dtype), "shape": operand.shape,
+                                               "dimension": axis, "sharding": None}, node.source, note),
+            Node(lax.eq_p, [positions, wide], [hit], {}, node.source, note),
+            Node(lax.broadcast_in_dim_p, [Const(np.zeros((), operand.dtype), (), np.dtype(operand.dtype))], [zero],
+                 {"shape": operand.shape, "broadcast_dimensions": (), "sharding": None}, node.source, note),
+            Node(lax.select_n_p, [hit, zero, operand], [masked], {}, node.source, note),
+            Node(lax.reduce_sum_p, [masked], [summed], {"axes": (axis,), "out_sharding": None}, node.source, note),
+            Node(lax.reshape_p, [summed], [out], {"new_sizes": out.shape, "dimensions": None, "sharding": None}, node.source, note),
+        ]
+    program.nodes = nodes
+
+
+def _one_hot_site(node: Node) -> tuple[Var, Var, int] | None:
+    """(operand, indices, axis) of a gather that picks one element along ``axis`` for every position of the
+    operand's other axes, else None."""
+    if node.prim != "gather" or len(node.ins) != 2 or not all(isinstance(op, Var) for op in node.ins):
+        return None
+    operand, indices = node.ins
+    dn = node.params["dimension_numbers"]
+    if tuple(dn.offset_dims) or len(dn.start_index_map) != 1 or tuple(dn.collapsed_slice_dims) != tuple(dn.start_index_map):
+        return None
+    axis = int(dn.start_index_map[0])
+    others = tuple(a for a in range(len(operand.shape)) if a != axis)
+    if tuple(dn.operand_batching_dims) != others or any(int(s) != 1 for s in node.params["slice_sizes"]):
+        return None
+    if tuple(dn.start_indices_batching_dims) != tuple(range(len(others))) or indices.shape[-1] != 1:
+        return None
+    if tuple(indices.shape[: len(others)]) != tuple(operand.shape[a] for a in others):
+        return None
+    if int(np.prod(node.outs[0].shape)) != int(np.prod([operand.shape[a] for a in others])):
+        return None
+    return operand, indices, axis
+
+
+def integer_iotas(program: Program) -> None:
+    """A floating-point ``iota`` counted in int32 and converted: Mosaic counts positions in integers only."""
+    from jax import lax
+
+    nodes = []
+    for node in program.nodes:
+        out = node.outs[0] if node.outs else None
+        if node.prim == "iota" and out is not None and not np.issubdtype(np.dtype(out.dtype), np.integer):
+            count = program.fresh(out.shape, np.int32)
+            nodes.append(Node(node.primitive, [], [count], {**node.params, "dtype": np.dtype(np.int32)}, node.source,
+                              node.notes))
+            nodes.append(Node(lax.convert_element_type_p, [count], [out],
+                              {"new_dtype": np.dtype(out.dtype), "weak_type": False, "sharding": None}, node.source))
+            continue
+        nodes.append(node)
+    program.nodes = nodes
 
 
 BF16_NOTE = ("a TPU multiplies float32 operands at default precision as bfloat16: they are rounded once here, "
@@ -269,11 +356,11 @@ def _whole_key(program: Program, grid: tuple[GridAxis, ...]) -> tuple[tuple[int,
 
 def _emit(naming: Program, split: tuple[Slot, Program, Program, Split] | None) -> str:
     if split is None:
-        return emit_function(naming, "_reference", "The reference on one block of each input.", size_names=False)
+        return emit_function(naming, "_reference", "The reference on one block of each input.", size_names=False, slice_extents=True)
     _, partial, finish, _ = split
     return (emit_function(partial, "_partial", "The matmul's producers and the matmul on one block of its contracted "
-                          "axis, in float32.", size_names=False) + "\n\n\n"
-            + emit_function(finish, "_finish", "From the accumulated product to the outputs.", size_names=False))
+                          "axis, in float32.", size_names=False, slice_extents=True) + "\n\n\n"
+            + emit_function(finish, "_finish", "From the accumulated product to the outputs.", size_names=False, slice_extents=True))
 
 
 def _passes(task: "Task") -> int:
@@ -385,7 +472,10 @@ def legal_blocks(p: FusedPlan, g: GridAxis) -> list[int]:
         for v, axis in list(zip(p.inputs, g.in_axes)) + list(zip(p.outputs, g.out_axes)):
             if axis is None or b == g.extent:
                 continue
-            if axis == len(v.shape) - 1 and b % LANES:
+            if len(v.shape) == 1:  # a vector split over the grid travels as a column: rows of one
+                if b % sublane(v.dtype):
+                    ok = False
+            elif axis == len(v.shape) - 1 and b % LANES:
                 ok = False
             elif axis == len(v.shape) - 2 and b % sublane(v.dtype) and b != 1:
                 ok = False

@@ -39,14 +39,14 @@ def {name}_for(key):
 '''
 
 
-def _layout(rank: int, lifted: bool) -> tuple[list[int | None], str]:
+def _layout(rank: int, lifted: bool, gridded: bool = False) -> tuple[list[int | None], str]:
     """How an array travels to the kernel: for each layout axis, the original axis it is (None: a unit
-    axis added), and the reshape that makes it (scalars and vectors become 2-D; a lifted array gets a
-    unit axis before its last one)."""
+    axis added), and the reshape that makes it (scalars and vectors become 2-D: a vector the grid splits
+    as a column, so its blocks are rows; a lifted array gets a unit axis before its last one)."""
     if rank == 0:
         return [None, None], ".reshape(1, 1)"
     if rank == 1:
-        return [None, 0], ".reshape(1, -1)"
+        return ([0, None], ".reshape(-1, 1)") if gridded else ([None, 0], ".reshape(1, -1)")
     if lifted:
         return list(range(rank - 1)) + [None, rank - 1], ""
     return list(range(rank)), ""
@@ -54,7 +54,7 @@ def _layout(rank: int, lifted: bool) -> tuple[list[int | None], str]:
 
 def _array_spec(name: str, rank: int, lifted: bool, gridded: dict[int, str], index_args: str) -> tuple[str, str]:
     """(the operand as passed, its BlockSpec)."""
-    layout, reshape = _layout(rank, lifted)
+    layout, reshape = _layout(rank, lifted, bool(gridded))
     if lifted:
         reshape = f".reshape({name}.shape[:-1] + (1, {name}.shape[-1]))"
     block, index = [], []
@@ -98,7 +98,7 @@ def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], ou
     out_specs, out_shapes, stores, unpack = [], [], [], []
     for j, (o, name) in enumerate(zip(p.outputs, outs)):
         gridded = {g.out_axes[j]: g.name for g in grid if g.out_axes[j] is not None}
-        layout, _ = _layout(len(o.shape), out_lifted[j])
+        layout, _ = _layout(len(o.shape), out_lifted[j], True)
         lay = ", ".join("1" if a is None else f"outs[{j}].shape[{a}]" for a in layout)
         boolean = np.dtype(o.dtype) == np.bool_
         dtype = "jnp.int32" if boolean else f"outs[{j}].dtype"

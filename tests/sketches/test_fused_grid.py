@@ -116,8 +116,29 @@ def reference(keep, logits, temperature):
     return jax.nn.softmax(z, axis=-1)
 '''
 
+XENT = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, tokens, vocab):
+    k1, k2 = jax.random.split(key)
+    labels = jax.random.randint(k2, (tokens,), 0, vocab, dtype=jnp.int32)
+    return (labels, jax.random.normal(k1, (tokens, vocab), jnp.float32).astype(jnp.bfloat16)), {}
+
+
+def reference(labels, logits):
+    lp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(lp, labels[:, None], axis=-1)[:, 0]
+'''
+
+# A near miss for the one-hot pick: the index picks a row, not an element of each row.
+ROW_PICK = XENT.replace("-jnp.take_along_axis(lp, labels[:, None], axis=-1)[:, 0]", "lp[labels]")
+
 ROWS = dict(cpu="{tokens: 256, hidden: 512}", full="{tokens: 8192, hidden: 4096}", free="tokens", dtype="float32", tol="1.0e-5")
 GEMM = dict(cpu="{m: 128, k: 1024, n: 512}", full="{m: 2048, k: 8192, n: 8192}", free="m", dtype="bfloat16", tol="2.0e-2")
+LOSS = dict(cpu="{tokens: 128, vocab: 4096}", full="{tokens: 8192, vocab: 131072}", free="tokens", dtype="bfloat16",
+            tol="1.0e-3")
 SOFTMAX = dict(cpu="{batch: 2, rows: 64, cols: 1024}", full="{batch: 16, rows: 256, cols: 32768}", free="rows",
                dtype="float32", tol="1.0e-5")
 
@@ -177,8 +198,18 @@ def test_a_boolean_mask_read_whole_per_batch_travels_lifted(tmp_path: Path) -> N
     assert "!= 0  # a mask travels as int32" in source
 
 
+def test_a_per_row_pick_by_label_becomes_a_one_hot_sum_and_a_row_pick_does_not(tmp_path: Path) -> None:
+    task = _task(tmp_path, "xe", XENT, LOSS)
+    assert [(g[0], g[2]) for g in _grid(task)] == [("tokens", (0, 0))]
+    source = FUSED_GRID.render(task, FUSED_GRID.space(task, None, "tpu-v6e").defaults, ("cpu", "full"))  # type: ignore[arg-type]
+    assert "jax.lax.gather" not in source and "jax.lax.broadcasted_iota(jnp.int32" in source
+    assert "labels.reshape(-1, 1)" in source  # the split vector travels as a column
+    assert plan(_task(tmp_path, "rp", ROW_PICK, LOSS), ("cpu", "full")) == "gather in the reference (not split by the general rules)"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name,source,sizes", [("dq", DEQUANT, GEMM), ("ms", MASKED, SOFTMAX), ("ln", LAYERNORM_OTHER, ROWS)])
+@pytest.mark.parametrize("name,source,sizes", [("dq", DEQUANT, GEMM), ("ms", MASKED, SOFTMAX), ("ln", LAYERNORM_OTHER, ROWS),
+                                               ("xe", XENT, LOSS)])
 def test_the_general_kernel_lowers_checks_and_is_priced_on_tpu_v6e(tmp_path: Path, name: str, source: str,
                                                                    sizes: dict[str, str]) -> None:
     from maxkernel.evaluation import evaluate_candidate
