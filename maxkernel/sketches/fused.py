@@ -76,6 +76,8 @@ class FusedPlan:
     split: Split | None = None
     axes: Axes | None = None  # the program's axes, as the grid reads them
     labels: tuple[Slot, ...] = ()  # each grid axis's label in ``axes``
+    tail: "Tail | None" = None  # outputs left to XLA
+    after: str = ""  # their emitted function
 
     def block_shape(self, var: Var, blocks: dict[str, int]) -> list[int]:
         """``var``'s shape in one grid step."""
@@ -132,6 +134,79 @@ def _split_programs(program: Program, axes: Axes, dot: Node) -> tuple[Slot, Prog
     partial = Program([program.inputs[i] for i in p_in], partial_nodes, [acc])
     finish = Program([acc] + [program.inputs[i] for i in f_in], finish_nodes, outputs, program.out_tree)
     return label, partial, finish, Split(p_in, f_in, acc, dot)
+
+
+@dataclass
+class Tail:
+    """Outputs no gridded axis reaches (a loss's mean over its per-token losses), left to XLA: ``_after``
+    computes them from values the kernel also writes out (``frontier``) and from the inputs it reads."""
+
+    program: Program
+    frontier: tuple[int, ...]  # kernel outputs ``_after`` reads first, by index among the kernel's outputs
+    inputs: tuple[int, ...]  # then these task inputs, by index
+    places: tuple[tuple[str, int], ...]  # per original output: ("kernel", j) or ("after", i)
+
+
+def cut_tail(program: Program) -> tuple[Program, Tail | None]:
+    """When no axis reaches every output but one reaches some: the program the kernel runs (those
+    outputs, and the values carrying the axis that the others are computed from) and the rest, for XLA."""
+    axes = analyse_axes(program)
+    if parallel_labels(program, axes) or any(not isinstance(o, Var) for o in program.outputs):
+        return program, None
+    labels: list[Slot] = []
+    for out in program.outputs:  # the axes of one output alone (the others' reductions not yet counted)
+        alone = Program(program.inputs, list(program.nodes), [out]).dce()
+        axes = analyse_axes(alone)
+        labels = parallel_labels(alone, axes)
+        if labels:
+            break
+    if not labels:
+        return program, None
+
+    def carries(v: Var) -> bool:
+        if (id(v), 0) not in axes.parent:  # not computed on the way to that output
+            return False
+        return all(sum(axes.label(v, a) == l for a in range(len(v.shape))) == 1 for l in labels)
+
+    kept = [o for o in program.outputs if carries(o)]  # type: ignore[arg-type]
+    rest = [o for o in program.outputs if not carries(o)]  # type: ignore[arg-type]
+    if not kept or not rest:
+        return program, None
+    producers = program.producers()
+    inputs = {id(v): i for i, v in enumerate(program.inputs)}
+    frontier: list[Var] = []
+    tail_nodes: set[int] = set()
+    read_inputs: list[int] = []
+    stack = list(rest)
+    while stack:
+        v = stack.pop()
+        if id(v) in inputs:
+            if inputs[id(v)] not in read_inputs:
+                read_inputs.append(inputs[id(v)])
+            continue
+        if carries(v):
+            if v not in frontier:
+                frontier.append(v)
+            continue
+        node = producers[v]
+        if id(node) in tail_nodes:
+            continue
+        tail_nodes.add(id(node))
+        stack.extend(op for op in node.ins if isinstance(op, Var))
+    kernel_outputs = kept + [f for f in frontier if all(f is not k for k in kept)]
+    kernel = Program(program.inputs, list(program.nodes), kernel_outputs, None, program._counter,
+                     dict(program.dim_names), list(program.notes)).dce()
+    kernel.out_tree = jax.tree_util.tree_structure(tuple(range(len(kernel_outputs))))
+    read_inputs.sort()
+    after = Program(frontier + [program.inputs[i] for i in read_inputs],
+                    [n for n in program.nodes if id(n) in tail_nodes], rest)
+    after.out_tree = jax.tree_util.tree_structure(tuple(range(len(rest))))
+    places = tuple(("kernel", next(j for j, k in enumerate(kernel_outputs) if k is o)) if any(k is o for k in kept)
+                   else ("after", next(i for i, r in enumerate(rest) if r is o)) for o in program.outputs)
+    index = tuple(next(j for j, k in enumerate(kernel_outputs) if k is f) for f in frontier)
+    if not parallel_labels(kernel, analyse_axes(kernel)):
+        return program, None
+    return kernel, Tail(after, index, tuple(read_inputs), places)
 
 
 def _read(program: Program) -> tuple[Axes, list[Slot], tuple[Slot, Program, Program, Split] | None] | str:
@@ -379,6 +454,7 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
     passes = _passes(task)
     found: FusedPlan | None = None
     texts: dict[tuple[tuple[int, ...], ...], str] = {}
+    tails: dict[str, str] = {}
     shape_of_structure = None
     for size in sizes:
         program = _prepared(task, size, passes=passes)
@@ -386,6 +462,15 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
             return program
         if not program.inputs or any(not isinstance(o, Var) for o in program.outputs):
             return "an output is a constant or an input passed through"
+        program, tail = cut_tail(program)
+        if tail is not None:
+            reason = emittable(tail.program)
+            if reason is not None:
+                return reason
+            after = emit_function(tail.program, "_after", "What no gridded axis reaches, left to XLA: from the kernel's "
+                                  "outputs to the rest of the reference's.", size_names=False)
+            if tails.setdefault("after", after) != after:
+                return "the part left to XLA is written differently at another size"
         read = _read(program)
         if isinstance(read, str):
             return read
@@ -402,6 +487,7 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
         naming = _prepared(task, size, _naming_shapes(program, raw), passes)
         if isinstance(naming, str):
             return naming
+        naming, _ = cut_tail(naming)
         naming_read = _read(naming)
         if isinstance(naming_read, str):
             return naming_read
@@ -423,7 +509,8 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
         if texts.setdefault(key, text) != text:
             return "the reference is written differently for the same shapes"
         found = FusedPlan(program, grid, tuple(program.inputs), tuple(program.outputs), {},  # type: ignore[arg-type]
-                          split[3] if split is not None else None, axes, tuple(gridded))
+                          split[3] if split is not None else None, axes, tuple(gridded), tail,
+                          tails.get("after", ""))
     assert found is not None
     if found.split is not None and len(set(texts.values())) > 1:
         return "a split matmul whose body changes with the shapes"
@@ -668,6 +755,7 @@ class FusedGridSketch:
             constants.append(f"VMEM_LIMIT_BYTES = {limit}  # the blocks, double-buffered, and the body's values")
         return "\n".join([header, HEADER, *constants, "", FIT_SOURCE, "",
                           bodies_source(p.variants, "_reference") if p.split is None else p.variants[()] + "\n\n",
+                          p.after + "\n\n" if p.tail is not None else "",
                           fused_kernel_source(p, names, lifted, out_lifted, p.program.out_tree, limit > TPU_VMEM_BUDGET)])
 
 

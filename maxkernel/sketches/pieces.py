@@ -124,6 +124,12 @@ def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], ou
                                   if a not in {g.in_axes[i] for g in grid}) + ")"
                     for i, (v, n) in enumerate(zip(p.inputs, names)))
     single = len(p.outputs) == 1 and (out_tree is None or out_tree.num_leaves == 1 and out_tree.num_nodes == 1)
+    if p.tail is not None:  # some outputs left to XLA, after the kernel
+        t = p.tail
+        reads = ", ".join([unpack[j] for j in t.frontier] + [names[i] for i in t.inputs])
+        finals = [unpack[j] if where == "kernel" else f"after[{j}]" for where, j in t.places]
+        unpack = finals
+        single = False
     args = ", ".join(names)
     steps = ", ".join(f"{g.name} // block_{g.name}" if g.reduction else f"pl.cdiv({g.name}, block_{g.name})" for g in grid)
     returned = unpack[0] if single else "(" + ", ".join(unpack) + ("," if len(unpack) == 1 else "") + ")"
@@ -187,7 +193,7 @@ def kernel({args}, **static):
         out_specs=({', '.join(out_specs)},),{scratch}
         compiler_params=pltpu.CompilerParams(dimension_semantics=({semantics},){limit}),
     )({', '.join(operands)})
-    return {returned}
+    {"after = _after(" + reads + ")" + nl + "    " if p.tail is not None else ""}return {returned}
 '''
 
 

@@ -207,6 +207,19 @@ def test_a_per_row_pick_by_label_becomes_a_one_hot_sum_and_a_row_pick_does_not(t
     assert plan(_task(tmp_path, "rp", ROW_PICK, LOSS), ("cpu", "full")) == "gather in the reference (not split by the general rules)"
 
 
+def test_a_mean_over_the_rows_is_left_to_xla_after_the_kernel(tmp_path: Path) -> None:
+    loss = XENT.replace("    return -jnp.take_along_axis(lp, labels[:, None], axis=-1)[:, 0]",
+                        "    nll = -jnp.take_along_axis(lp, labels[:, None], axis=-1)[:, 0]\n"
+                        "    return nll.astype(logits.dtype), jnp.mean(nll)")
+    task = _task(tmp_path, "lm", loss, LOSS)
+    p = plan(task, ("cpu", "full"))
+    assert not isinstance(p, str) and p.tail is not None
+    assert p.tail.places == (("kernel", 0), ("after", 0))  # the per-token losses from the kernel, the mean after
+    assert [o.shape for o in p.outputs] == [(8192,), (8192,)]  # the float32 losses the mean reads, written too
+    source = FUSED_GRID.render(task, FUSED_GRID.space(task, None, "tpu-v6e").defaults, ("cpu", "full"))  # type: ignore[arg-type]
+    assert "def _after(nll):" in source and "after = _after(results[1]" in source
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name,source,sizes", [("dq", DEQUANT, GEMM), ("ms", MASKED, SOFTMAX), ("ln", LAYERNORM_OTHER, ROWS),
                                                ("xe", XENT, LOSS)])
