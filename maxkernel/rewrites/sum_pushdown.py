@@ -119,6 +119,13 @@ def _through_dot(sp: Splice, src: Node, axes: tuple[int, ...]) -> Var | None:
         ins = [new_lhs, rhs]
     params = dict(src.params)
     params["dimension_numbers"] = dn
+    if all(np.dtype(op.dtype) == np.float32 for op in ins):
+        # The pre-summed operand is rounded once where the original product rounded every term (whose
+        # errors mostly cancel in the sum): at one bfloat16 pass the rewrite would be less exact than the
+        # reference. The product is now a matrix-vector one, so exact float32 passes cost little.
+        from jax import lax
+
+        params["precision"] = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
     return sp.add(src.primitive, ins, **params)
 
 
