@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -78,6 +78,11 @@ class FusedPlan:
     labels: tuple[Slot, ...] = ()  # each grid axis's label in ``axes``
     tail: "Tail | None" = None  # outputs left to XLA
     after: str = ""  # their emitted function
+    hoists: dict[str, "Hoist"] = field(default_factory=dict)  # by innermost grid axis: what may be computed once
+
+    def hoist(self) -> "Hoist | None":
+        """The hoist for this grid order's innermost axis, if there is one."""
+        return self.hoists.get(self.grid[-1].name) if self.grid and not self.grid[-1].reduction else None
 
     def block_shape(self, var: Var, blocks: dict[str, int]) -> list[int]:
         """``var``'s shape in one grid step."""
@@ -134,6 +139,54 @@ def _split_programs(program: Program, axes: Axes, dot: Node) -> tuple[Slot, Prog
     partial = Program([program.inputs[i] for i in p_in], partial_nodes, [acc])
     finish = Program([acc] + [program.inputs[i] for i in f_in], finish_nodes, outputs, program.out_tree)
     return label, partial, finish, Split(p_in, f_in, acc, dot)
+
+
+@dataclass
+class Hoist:
+    """Values the innermost grid axis does not change (a norm of the rows before a projection gridded over
+    its columns): computed at that axis's first step into VMEM scratch and read by every later step, so
+    they are computed once per block of the outer axes instead of once per step."""
+
+    axis: str  # the innermost grid axis (it runs in order: "arbitrary")
+    prologue_inputs: tuple[int, ...]  # inputs ``_prologue`` reads, by index
+    main_inputs: tuple[int, ...]  # inputs ``_main`` reads after the cached values
+    cached: tuple[Var, ...]  # the cached values (full-size program)
+    prologue_nodes: tuple[int, ...]  # ids of the nodes computed once (full-size program)
+    text: str  # ``_prologue`` and ``_main``
+
+
+TRIVIAL = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "convert_element_type", "transpose"})
+
+
+def hoist_programs(program: Program, axes: Axes, label: Slot) -> tuple[Program, Program, tuple[int, ...], tuple[int, ...]] | None:
+    """The nodes whose values do not carry ``label`` and read nothing that does (``_prologue``), and the
+    rest (``_main``), when the prologue does real work (more than moving or casting its inputs)."""
+    carried = {id(v) for v in program.inputs if axis_of(axes, v, label) is not None}
+    invariant: list[Node] = []
+    for node in program.nodes:
+        reads = [op for op in node.ins if isinstance(op, Var)]
+        if any(id(op) in carried for op in reads) or any(axis_of(axes, o, label) is not None for o in node.outs):
+            carried.update(id(o) for o in node.outs)
+        else:
+            invariant.append(node)
+    if not any(n.prim not in TRIVIAL for n in invariant):
+        return None
+    made = {id(o) for n in invariant for o in n.outs}
+    main = [n for n in program.nodes if id(n) not in {id(m) for m in invariant}]
+    frontier: list[Var] = []
+    for node in main:
+        for op in node.ins:
+            if isinstance(op, Var) and id(op) in made and op not in frontier:
+                frontier.append(op)
+    if not frontier or any(np.dtype(v.dtype) == np.bool_ for v in frontier):
+        return None
+    reads = lambda nodes: {id(op) for n in nodes for op in n.ins if isinstance(op, Var)}  # noqa: E731
+    p_in = tuple(i for i, v in enumerate(program.inputs) if id(v) in reads(invariant))
+    m_in = tuple(i for i, v in enumerate(program.inputs) if id(v) in reads(main) | {id(o) for o in program.outputs})
+    prologue = Program([program.inputs[i] for i in p_in], invariant, list(frontier))
+    prologue.out_tree = jax.tree_util.tree_structure(tuple(range(len(frontier))))
+    body = Program(list(frontier) + [program.inputs[i] for i in m_in], main, list(program.outputs), program.out_tree)
+    return prologue, body, p_in, m_in
 
 
 @dataclass
@@ -455,6 +508,7 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
     found: FusedPlan | None = None
     texts: dict[tuple[tuple[int, ...], ...], str] = {}
     tails: dict[str, str] = {}
+    hoist_texts: dict[str, str] = {}
     shape_of_structure = None
     for size in sizes:
         program = _prepared(task, size, passes=passes)
@@ -508,9 +562,28 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
         key = _whole_key(program, grid)
         if texts.setdefault(key, text) != text:
             return "the reference is written differently for the same shapes"
+        hoists: dict[str, Hoist] = {}
+        if split is None and len(labels) >= 2:
+            for k in (0, len(labels) - 1):  # the innermost axis of either grid order
+                real, named = hoist_programs(program, axes, labels[k]), hoist_programs(naming, n_axes, n_labels[k])
+                if real is None or named is None or emittable(named[0]) or emittable(named[1]):
+                    continue
+                try:
+                    hoisted = (emit_function(named[0], "_prologue", "What the innermost grid axis does not change: "
+                                             "computed at its first step.", size_names=False, slice_extents=True)
+                               + "\n\n\n" + emit_function(named[1], "_main", "The rest, at every step, from the "
+                                                            "cached values.", size_names=False, slice_extents=True))
+                except EmitError:
+                    continue
+                hoists[grid[k].name] = Hoist(grid[k].name, real[2], real[3], tuple(real[0].outputs),  # type: ignore[arg-type]
+                                             tuple(id(n) for n in real[0].nodes), hoisted)
+        for name, h in list(hoists.items()):
+            if name in hoist_texts and hoist_texts[name] != h.text:
+                del hoists[name]
+            hoist_texts[name] = h.text
         found = FusedPlan(program, grid, tuple(program.inputs), tuple(program.outputs), {},  # type: ignore[arg-type]
                           split[3] if split is not None else None, axes, tuple(gridded), tail,
-                          tails.get("after", ""))
+                          tails.get("after", ""), hoists)
     assert found is not None
     if found.split is not None and len(set(texts.values())) > 1:
         return "a split matmul whose body changes with the shapes"
@@ -577,8 +650,8 @@ def _block_bytes(v: Var, axes_blocks: dict[int, int]) -> int:
 
 
 def vmem_bytes(p: FusedPlan, blocks: dict[str, int]) -> int:
-    """Double-buffered blocks of every input and output, and the largest value the body holds (twice:
-    one being made from another)."""
+    """Double-buffered blocks of every input and output, the accumulator, and the largest value the body
+    holds (Mosaic keeps a value that does not fit the vector registers in VMEM)."""
     io = 0
     for i, v in enumerate(p.inputs):
         io += _block_bytes(v, {g.in_axes[i]: blocks[g.name] for g in p.grid if g.in_axes[i] is not None})
@@ -591,7 +664,7 @@ def vmem_bytes(p: FusedPlan, blocks: dict[str, int]) -> int:
         for out in node.outs:
             size = math.prod(p.block_shape(out, blocks))
             biggest = max(biggest, size * max(4, np.dtype(out.dtype).itemsize))
-    return 2 * io + 2 * biggest
+    return 2 * io + biggest
 
 
 def hbm_bytes(p: FusedPlan, blocks: dict[str, int]) -> float:
@@ -608,12 +681,15 @@ def hbm_bytes(p: FusedPlan, blocks: dict[str, int]) -> float:
     return total
 
 
-def step_work(p: FusedPlan, blocks: dict[str, int]) -> tuple[float, float]:
+def step_work(p: FusedPlan, blocks: dict[str, int], hoisting: bool = False) -> tuple[float, float]:
     """(MXU flops, vector ops) of one grid step: every node at its block shape. A value that no gridded
     axis splits is recomputed at every step: what the grid costs in repeated work."""
     mxu = vpu = 0.0
+    hoisted = set(p.hoist().prologue_nodes) if hoisting and p.hoist() is not None else set()  # type: ignore[union-attr]
+    inner = -(-p.grid[-1].extent // blocks[p.grid[-1].name]) if hoisted else 1
     for node in p.program.nodes:
-        out = math.prod(p.block_shape(node.out, blocks)) if node.outs else 0
+        share = 1.0 / inner if id(node) in hoisted else 1.0  # computed once per pass over the inner axis
+        out = share * math.prod(p.block_shape(node.out, blocks)) if node.outs else 0
         if node.prim == "dot_general":
             (lc, _), _ = node.params["dimension_numbers"]
             lhs = p.block_shape(node.ins[0], blocks) if isinstance(node.ins[0], Var) else []  # type: ignore[arg-type]
@@ -623,28 +699,36 @@ def step_work(p: FusedPlan, blocks: dict[str, int]) -> tuple[float, float]:
     return mxu, vpu
 
 
-def _estimate(p: FusedPlan, blocks: dict[str, int], target: str = "tpu-v6e") -> float:
+def _estimate(p: FusedPlan, blocks: dict[str, int], target: str = "tpu-v6e", hoisting: bool = False) -> float:
     """Seconds, roughly, on ``target``: HBM traffic or the steps' work, whichever is longer, plus a fixed
     cost per grid step (an order for the shortlist; the evaluator's model prices what is tried)."""
     from maxkernel.targets.specs import load_tpu_spec
 
     spec = load_tpu_spec(target)
     steps = math.prod(-(-g.extent // blocks[g.name]) for g in p.grid)
-    mxu, vpu = step_work(p, blocks)
+    mxu, vpu = step_work(p, blocks, hoisting)
     compute = steps * (mxu / spec.peak_bf16_flops + vpu / spec.vpu_ops)
     return max(hbm_bytes(p, blocks) / spec.hbm_bandwidth, compute) + steps * spec.step_overhead_s
 
 
+def _cache_bytes(p: FusedPlan, blocks: dict[str, int]) -> int:
+    """VMEM scratch of the hoisted values (one buffer each) for this grid order."""
+    h = p.hoist()
+    if h is None:
+        return 0
+    return sum(math.prod(p.block_shape(v, blocks)) * max(4, np.dtype(v.dtype).itemsize) for v in h.cached)
+
+
 def vmem_budget(target: str) -> int:
-    """What the general rules plan to use on ``target``: half of its VMEM (the kernel then raises its
-    scoped limit to that), never less than the default budget."""
+    """What the general rules plan to use on ``target``: three quarters of its VMEM (the kernel then raises
+    its scoped limit to that), never less than the default budget."""
     from maxkernel.targets.specs import load_tpu_spec
 
     try:
         physical = load_tpu_spec(target).vmem_bytes
     except Exception:  # not a TPU generation the targets file names
         return TPU_VMEM_BUDGET
-    return max(TPU_VMEM_BUDGET, physical // 2)
+    return max(TPU_VMEM_BUDGET, physical * 3 // 4)
 
 
 ORDERS = ("outputs", "reversed")  # the parallel axes in the first output's order, or the other way round
@@ -676,22 +760,29 @@ def shortlist(p: FusedPlan, budget: int = TPU_VMEM_BUDGET,
             continue
         steps = math.prod(-(-g.extent // blocks[g.name]) for g in p.grid)
         for order in orders:
-            points.append((steps < 2, _estimate(ordered(p, order), blocks, target), order, blocks))
+            o = ordered(p, order)
+            for hoisting in ((False, True) if o.hoist() is not None else (False,)):
+                extra = _cache_bytes(o, blocks) if hoisting else 0
+                if vmem_bytes(p, blocks) + extra <= budget:
+                    points.append((steps < 2, _estimate(o, blocks, target, hoisting), order, blocks, hoisting))
     if not points:
         return None
     points.sort(key=lambda t: (t[0], t[1]))
-    best = {**points[0][3], "grid_order": points[0][2]}
+    best = {**points[0][3], "grid_order": points[0][2], "hoist": points[0][4]}
     space: dict[str, list[Any]] = {g.name: [] for g in p.grid}
     space["grid_order"] = sorted({t[2] for t in points[:8]})
+    space["hoist"] = sorted({t[4] for t in points[:8]})
     per_axis = max(2, int(round(MAX_CONFIGS ** (1 / max(1, len(p.grid))))))
-    for _, _, _, blocks in points:
+    for _, _, _, blocks, _ in points:
         for name, value in blocks.items():
             if value not in space[name] and len(space[name]) < per_axis:
                 space[name].append(value)
     while True:  # every combination the tuner may try must fit
         names = [g.name for g in p.grid]
         over = next((c for c in itertools.product(*(space[n] for n in names))
-                     if vmem_bytes(p, dict(zip(names, c))) > budget), None)
+                     if vmem_bytes(p, dict(zip(names, c))) + (max(_cache_bytes(ordered(p, o), dict(zip(names, c)))
+                                                                   for o in space["grid_order"]) if True in space["hoist"]
+                                                               else 0) > budget), None)
         if over is None:
             break
         cut = max((n for n, v in zip(names, over) if v != best[n]),
@@ -729,7 +820,7 @@ class FusedGridSketch:
         if chosen is None:
             return TemplateSpace(defaults={}, space={"blocks": []})
         best, space = chosen
-        key = lambda k: k if k == "grid_order" else f"block_{k}"  # noqa: E731
+        key = lambda k: k if k in ("grid_order", "hoist") else f"block_{k}"  # noqa: E731
         return TemplateSpace(defaults={**{key(k): v for k, v in best.items()}, "vmem_limit_bytes": budget},
                              space={**{key(k): v for k, v in space.items()}, "vmem_limit_bytes": [budget]})
 
@@ -754,9 +845,11 @@ class FusedGridSketch:
         if limit > TPU_VMEM_BUDGET:
             constants.append(f"VMEM_LIMIT_BYTES = {limit}  # the blocks, double-buffered, and the body's values")
         return "\n".join([header, HEADER, *constants, "", FIT_SOURCE, "",
-                          bodies_source(p.variants, "_reference") if p.split is None else p.variants[()] + "\n\n",
+                          (p.hoist().text + "\n\n" if params.get("hoist") and p.hoist() is not None  # type: ignore[union-attr]
+                           else bodies_source(p.variants, "_reference") if p.split is None else p.variants[()] + "\n\n"),
                           p.after + "\n\n" if p.tail is not None else "",
-                          fused_kernel_source(p, names, lifted, out_lifted, p.program.out_tree, limit > TPU_VMEM_BUDGET)])
+                          fused_kernel_source(p, names, lifted, out_lifted, p.program.out_tree, limit > TPU_VMEM_BUDGET,
+                                              p.hoist() if params.get("hoist") else None)])
 
 
 FUSED_GRID = FusedGridSketch()

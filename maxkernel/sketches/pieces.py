@@ -73,13 +73,14 @@ def _array_spec(name: str, rank: int, lifted: bool, gridded: dict[int, str], ind
 
 
 def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], out_lifted: list[bool],
-                        out_tree: Any, vmem_limit: bool = False) -> str:
+                        out_tree: Any, vmem_limit: bool = False, hoist: Any = None) -> str:
     """The kernel, and ``kernel`` (the reference's signature) that grids it over the plan's axes; with a
     split matmul, its contracted axis runs innermost into a float32 accumulator."""
     grid = p.grid
     index_args = ", ".join(f"{g.name}_i" for g in grid)
     outs = [f"out{j}" for j in range(len(p.outputs))]
-    refs = [f"{n}_ref" for n in names] + [f"{o}_ref" for o in outs] + (["acc_ref"] if p.split else [])
+    refs = [f"{n}_ref" for n in names] + [f"{o}_ref" for o in outs] + (["acc_ref"] if p.split else []) + \
+        ([f"cache{c}_ref" for c in range(len(hoist.cached))] if hoist is not None else [])
     loads, operands, in_specs, shapes = {}, [], [], []
     for i, (v, n) in enumerate(zip(p.inputs, names)):
         boolean = np.dtype(v.dtype) == np.bool_
@@ -133,10 +134,37 @@ def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], ou
     args = ", ".join(names)
     steps = ", ".join(f"{g.name} // block_{g.name}" if g.reduction else f"pl.cdiv({g.name}, block_{g.name})" for g in grid)
     returned = unpack[0] if single else "(" + ", ".join(unpack) + ("," if len(unpack) == 1 else "") + ")"
-    semantics = ", ".join('"arbitrary"' if g.reduction else '"parallel"' for g in grid)
+    semantics = ", ".join('"arbitrary"' if g.reduction or (hoist is not None and g is grid[-1]) else '"parallel"'
+                          for g in grid)
     nl = "\n"
     limit = ", vmem_limit_bytes=VMEM_LIMIT_BYTES" if vmem_limit else ""
-    if p.split is None:
+    if hoist is not None:
+        k = len(grid) - 1
+        first = ", ".join(names[i] for i in hoist.prologue_inputs)
+        rest = ", ".join(names[i] for i in hoist.main_inputs)
+        count = len(hoist.cached)
+        cached_loads = ", ".join(f"cache{c}_ref[...].reshape(cache[{c}].shape)" for c in range(count))
+        body = f'''def _fused_kernel({", ".join(refs)}, *, shapes, cache):
+    """At the first step of the innermost axis, what it does not change into VMEM scratch; at every step,
+    the rest of the reference from it, each output block written once."""
+    @pl.when(pl.program_id({k}) == 0)
+    def _hoisted():
+{nl.join("        " + loads[i] for i in hoist.prologue_inputs)}
+        for ref, value in zip(({", ".join(f"cache{c}_ref" for c in range(count))},), _prologue({first})):
+            ref[...] = value.reshape(ref.shape)
+
+{nl.join("    " + loads[i] for i in hoist.main_inputs)}
+    values = _main({cached_loads}{", " + rest if rest else ""})
+    values = values if isinstance(values, tuple) else (values,)
+{nl.join("    " + s for s in stores)}
+'''
+        find = ("    cache = jax.eval_shape(_prologue, " + ", ".join(
+            f"jax.ShapeDtypeStruct(shapes[{i}], {names[i]}.dtype)" for i in hoist.prologue_inputs) + ")")
+        call_body = "cache=cache"
+        scratch = ("\n        scratch_shapes=[pltpu.VMEM(c.shape if len(c.shape) >= 2 else (1,) + c.shape, c.dtype) "
+                   "for c in cache],")
+        eval_shape = (f"jax.eval_shape(lambda {args}: _main(*_prologue({first}){', ' + rest if rest else ''}), {args})")
+    elif p.split is None:
         body = f'''def _fused_kernel({", ".join(refs)}, *, body, shapes):
     """The reference on one block of each input, held in VMEM; each output block written once."""
 {nl.join("    " + loads[i] for i in range(len(names)))}
@@ -181,11 +209,11 @@ def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], ou
     return f'''{body}
 
 def kernel({args}, **static):
-{find + nl if find else ""}    outs = {eval_shape}
+{find + nl if find and hoist is None else ""}    outs = {eval_shape}
     outs = outs if isinstance(outs, tuple) else (outs,)
 {nl.join(extents)}
     shapes = ({', '.join(shapes)}{',' if len(shapes) == 1 else ''})
-    results = pl.pallas_call(
+{find + nl if find and hoist is not None else ""}    results = pl.pallas_call(
         {partial},
         out_shape=({', '.join(out_shapes)},),
         grid=({steps},),

@@ -177,6 +177,16 @@ def test_a_dequantizing_matmul_splits_its_contraction_and_a_normed_one_does_not(
     assert [(g[1], g[2]) for g in normed] == [(2048, (0, None)), (8192, (None, 1))]
 
 
+def test_a_norm_before_a_projection_is_computed_once_per_row_block(tmp_path: Path) -> None:
+    task = _task(tmp_path, "nm", NORMED, GEMM)
+    p = plan(task, ("cpu", "full"))
+    assert not isinstance(p, str) and list(p.hoists) == ["w_dim1"]  # only when the columns run innermost
+    params = {**FUSED_GRID.space(task, None, "tpu-v6e").defaults, "grid_order": "outputs", "hoist": True}  # type: ignore[arg-type]
+    source = FUSED_GRID.render(task, params, ("cpu", "full"))
+    assert "def _prologue(a):" in source and "def _main(h, w):" in source and "jax.lax.rsqrt" in source
+    assert '"parallel", "arbitrary"' in source and "@pl.when(pl.program_id(1) == 0)" in source
+
+
 def test_the_emitted_kernel_reads_like_the_reference(tmp_path: Path) -> None:
     task = _task(tmp_path, "dq", DEQUANT, GEMM)
     space = FUSED_GRID.space(task, None, "tpu-v6e")  # type: ignore[arg-type]
@@ -222,7 +232,7 @@ def test_a_mean_over_the_rows_is_left_to_xla_after_the_kernel(tmp_path: Path) ->
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,source,sizes", [("dq", DEQUANT, GEMM), ("ms", MASKED, SOFTMAX), ("ln", LAYERNORM_OTHER, ROWS),
-                                               ("xe", XENT, LOSS)])
+                                               ("xe", XENT, LOSS), ("nm", NORMED, GEMM)])
 def test_the_general_kernel_lowers_checks_and_is_priced_on_tpu_v6e(tmp_path: Path, name: str, source: str,
                                                                    sizes: dict[str, str]) -> None:
     from maxkernel.evaluation import evaluate_candidate
