@@ -369,6 +369,41 @@ def _one_hot_site(node: Node) -> tuple[Var, Var, int] | None:
     return operand, indices, axis
 
 
+def merged_batches(program: Program) -> Program:
+    """A copy of ``program`` whose matmuls have at most one batch dimension (Mosaic's limit): leading batch
+    dimensions of both operands merged into one by a reshape before, and split again after. Done on the
+    emitted body only, after the grid was read (a reshape that merges axes would hide them from it)."""
+    from jax import lax
+
+    out = program.copy()
+    nodes = []
+    for node in out.nodes:
+        if node.prim != "dot_general" or not all(isinstance(op, Var) for op in node.ins):
+            nodes.append(node)
+            continue
+        (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+        n = len(lb)
+        if n < 2 or tuple(lb) != tuple(range(n)) or tuple(rb) != tuple(range(n)):
+            nodes.append(node)
+            continue
+        lhs, rhs = node.ins
+        batch = int(np.prod(lhs.shape[:n]))
+        merged = []
+        for op in (lhs, rhs):
+            var = out.fresh((batch,) + tuple(op.shape[n:]), op.dtype)  # type: ignore[union-attr]
+            nodes.append(Node(lax.reshape_p, [op], [var], {"new_sizes": var.shape, "dimensions": None, "sharding": None},
+                              node.source))
+            merged.append(var)
+        shift = n - 1
+        dn = ((tuple(int(a) - shift for a in lc), tuple(int(a) - shift for a in rc)), ((0,), (0,)))
+        result = out.fresh((batch,) + tuple(node.out.shape[n:]), node.out.dtype)
+        nodes.append(Node(node.primitive, merged, [result], {**node.params, "dimension_numbers": dn}, node.source, node.notes))
+        nodes.append(Node(lax.reshape_p, [result], [node.out], {"new_sizes": node.out.shape, "dimensions": None,
+                                                                 "sharding": None}, node.source))
+    out.nodes = nodes
+    return out
+
+
 def integer_iotas(program: Program) -> None:
     """A floating-point ``iota`` counted in int32 and converted: Mosaic counts positions in integers only."""
     from jax import lax
@@ -475,6 +510,14 @@ def _naming_shapes(program: Program, grid: list[tuple[int, tuple]]) -> list[jax.
     return shapes
 
 
+def _extent_at(program: Program, g: GridAxis) -> int:
+    """How long ``g`` is in ``program`` (another size of the task the grid was read from)."""
+    if g.reduction:
+        i = next(k for k, a in enumerate(g.in_axes) if a is not None)
+        return int(program.inputs[i].shape[g.in_axes[i]])  # type: ignore[index]
+    return int(program.outputs[0].shape[g.out_axes[0]])  # type: ignore[union-attr,index]
+
+
 def _whole_key(program: Program, grid: tuple[GridAxis, ...]) -> tuple[tuple[int, ...], ...]:
     """Every input's shape with its gridded axes left out: what the body's constants may follow."""
     keys = []
@@ -486,11 +529,11 @@ def _whole_key(program: Program, grid: tuple[GridAxis, ...]) -> tuple[tuple[int,
 
 def _emit(naming: Program, split: tuple[Slot, Program, Program, Split] | None) -> str:
     if split is None:
-        return emit_function(naming, "_reference", "The reference on one block of each input.", size_names=False, slice_extents=True)
+        return emit_function(merged_batches(naming), "_reference", "The reference on one block of each input.", size_names=False, slice_extents=True)
     _, partial, finish, _ = split
-    return (emit_function(partial, "_partial", "The matmul's producers and the matmul on one block of its contracted "
+    return (emit_function(merged_batches(partial), "_partial", "The matmul's producers and the matmul on one block of its contracted "
                           "axis, in float32.", size_names=False, slice_extents=True) + "\n\n\n"
-            + emit_function(finish, "_finish", "From the accumulated product to the outputs.", size_names=False, slice_extents=True))
+            + emit_function(merged_batches(finish), "_finish", "From the accumulated product to the outputs.", size_names=False, slice_extents=True))
 
 
 @functools.lru_cache(maxsize=64)
@@ -518,9 +561,8 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
     found: FusedPlan | None = None
     texts: dict[tuple[tuple[int, ...], ...], str] = {}
     tails: dict[str, str] = {}
-    hoist_texts: dict[str, str] = {}
-    shape_of_structure = None
-    for size in sizes:
+    base: tuple[tuple, tuple[GridAxis, ...]] | None = None  # the priced size's structure and grid
+    for size in reversed(sizes):  # the priced (largest) size first: it fixes the grid
         program = _prepared(task, size)
         if isinstance(program, str):
             return program
@@ -541,14 +583,20 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
         axes, labels, split = read
         gridded = labels + ([split[0]] if split is not None else [])
         structure = _structure(program, axes, gridded)
-        if shape_of_structure is not None and structure != shape_of_structure:
-            return "the parallel axes change with size"
-        shape_of_structure = structure
         raw = [(axes.sizes[l], s) for l, s in zip(gridded, structure)]
-        names = _names(task, size, raw)
-        grid = tuple(GridAxis(n, e, s[0], s[1], reduction=split is not None and k == len(labels))  # type: ignore[arg-type]
-                     for k, (n, (e, s)) in enumerate(zip(names, raw)))
-        naming = _prepared(task, size, _naming_shapes(program, raw))
+        if base is None:
+            names = _names(task, size, raw)
+            grid = tuple(GridAxis(n, e, s[0], s[1], reduction=split is not None and k == len(labels))  # type: ignore[arg-type]
+                         for k, (n, (e, s)) in enumerate(zip(names, raw)))
+            base = (structure, grid)
+        else:  # the same grid, less the axes one long at this size (a batch of one)
+            kept = [(entry, g) for entry, g in zip(*base) if _extent_at(program, g) > 1]
+            if structure != tuple(entry for entry, _ in kept):
+                return "the parallel axes change with size"
+            grid = tuple(replace(g, extent=e) for (_, g), (e, _) in zip(kept, raw))
+        # every gridded axis of the priced size moved to a size of its own (one long here included), so one
+        # body reads each from the input that carries it at every size
+        naming = _prepared(task, size, _naming_shapes(program, [(g.extent, (g.in_axes, g.out_axes)) for g in base[1]]))
         if isinstance(naming, str):
             return naming
         naming, _ = cut_tail(naming)
@@ -559,7 +607,7 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
         if (n_split is None) != (split is None):
             return "the contracted axis splits at one size and not another"
         n_gridded = n_labels + ([n_split[0]] if n_split is not None else [])
-        if _structure(naming, n_axes, n_gridded) != structure:
+        if _structure(naming, n_axes, n_gridded) != base[0]:
             return "the parallel axes change when their extents do"
         for part in ([naming] if n_split is None else [n_split[1], n_split[2]]):
             reason = emittable(part)
@@ -569,7 +617,7 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
             text = _emit(naming, n_split)
         except EmitError as exc:
             return str(exc)
-        key = _whole_key(program, grid)
+        key = _whole_key(program, base[1])
         if texts.setdefault(key, text) != text:
             return "the reference is written differently for the same shapes"
         hoists: dict[str, Hoist] = {}
@@ -579,21 +627,20 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
                 if real is None or named is None or emittable(named[0]) or emittable(named[1]):
                     continue
                 try:
-                    hoisted = (emit_function(named[0], "_prologue", "What the innermost grid axis does not change: "
+                    hoisted = (emit_function(merged_batches(named[0]), "_prologue", "What the innermost grid axis does not change: "
                                              "computed at its first step.", size_names=False, slice_extents=True)
-                               + "\n\n\n" + emit_function(named[1], "_main", "The rest, at every step, from the "
+                               + "\n\n\n" + emit_function(merged_batches(named[1]), "_main", "The rest, at every step, from the "
                                                             "cached values.", size_names=False, slice_extents=True))
                 except EmitError:
                     continue
                 hoists[grid[k].name] = Hoist(grid[k].name, real[2], real[3], tuple(real[0].outputs),  # type: ignore[arg-type]
                                              tuple(id(n) for n in real[0].nodes), hoisted)
-        for name, h in list(hoists.items()):
-            if name in hoist_texts and hoist_texts[name] != h.text:
-                del hoists[name]
-            hoist_texts[name] = h.text
-        found = FusedPlan(program, grid, tuple(program.inputs), tuple(program.outputs), {},  # type: ignore[arg-type]
-                          split[3] if split is not None else None, axes, tuple(gridded), tail,
-                          tails.get("after", ""), hoists)
+        if found is None:
+            found = FusedPlan(program, grid, tuple(program.inputs), tuple(program.outputs), {},  # type: ignore[arg-type]
+                              split[3] if split is not None else None, axes, tuple(gridded), tail,
+                              tails.get("after", ""), hoists)
+        else:  # a hoist stands only where every size writes it alike
+            found.hoists = {n: h for n, h in found.hoists.items() if n not in hoists or hoists[n].text == h.text}
     assert found is not None
     if found.split is not None and len(set(texts.values())) > 1:
         return "a split matmul whose body changes with the shapes"
@@ -787,18 +834,27 @@ def shortlist(p: FusedPlan, budget: int = TPU_VMEM_BUDGET,
         for name, value in blocks.items():
             if value not in space[name] and len(space[name]) < per_axis:
                 space[name].append(value)
+    names = [g.name for g in p.grid]
+    extents = {g.name: g.extent for g in p.grid}
     while True:  # every combination the tuner may try must fit
-        names = [g.name for g in p.grid]
-        over = next((c for c in itertools.product(*(space[n] for n in names))
-                     if vmem_bytes(p, dict(zip(names, c))) + (max(_cache_bytes(ordered(p, o), dict(zip(names, c)))
-                                                                   for o in space["grid_order"]) if True in space["hoist"]
-                                                               else 0) > budget), None)
+        over = None
+        for combo in itertools.product(*(space[n] for n in names), space["grid_order"], space["hoist"]):
+            blocks, order, hoisting = dict(zip(names, combo[:-2])), combo[-2], combo[-1]
+            o = ordered(p, order)
+            if vmem_bytes(p, blocks) + (_cache_bytes(o, blocks) if hoisting and o.hoist() is not None else 0) > budget:
+                over = (blocks, order, hoisting)
+                break
         if over is None:
             break
-        cut = max((n for n, v in zip(names, over) if v != best[n]),
-                  key=lambda n: next(g for g in p.grid if g.name == n).extent and
-                  dict(zip(names, over))[n] / next(g for g in p.grid if g.name == n).extent)
-        space[cut].remove(dict(zip(names, over))[cut])
+        blocks, order, hoisting = over
+        differs = [n for n in names if blocks[n] != best[n]]
+        if differs:
+            cut = max(differs, key=lambda n: blocks[n] / extents[n])
+            space[cut].remove(blocks[cut])
+        elif order != best["grid_order"]:
+            space["grid_order"].remove(order)
+        else:
+            space["hoist"].remove(hoisting)
     return best, {k: sorted(v) for k, v in space.items()}
 
 
