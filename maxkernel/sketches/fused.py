@@ -77,7 +77,7 @@ class FusedPlan:
     axes: Axes | None = None  # the program's axes, as the grid reads them
     labels: tuple[Slot, ...] = ()  # each grid axis's label in ``axes``
     tail: "Tail | None" = None  # outputs left to XLA
-    after: str = ""  # their emitted function
+    after: dict[tuple[tuple[int, ...], ...], str] = field(default_factory=dict)  # their function, by shapes
     hoists: dict[str, "Hoist"] = field(default_factory=dict)  # by innermost grid axis: what may be computed once
 
     def hoist(self) -> "Hoist | None":
@@ -198,6 +198,7 @@ class Tail:
     frontier: tuple[int, ...]  # kernel outputs ``_after`` reads first, by index among the kernel's outputs
     inputs: tuple[int, ...]  # then these task inputs, by index
     places: tuple[tuple[str, int], ...]  # per original output: ("kernel", j) or ("after", i)
+    text: str = ""  # ``_after`` written directly (a final reshape), else emitted from ``program``
 
 
 def cut_tail(program: Program) -> tuple[Program, Tail | None]:
@@ -260,6 +261,102 @@ def cut_tail(program: Program) -> tuple[Program, Tail | None]:
     if not parallel_labels(kernel, analyse_axes(kernel)):
         return program, None
     return kernel, Tail(after, index, tuple(read_inputs), places)
+
+
+UNARY = frozenset({"convert_element_type", "neg", "exp", "log", "tanh", "logistic", "abs", "sqrt", "rsqrt",
+                   "integer_pow", "reduce_precision"})
+
+
+def sink_reshapes(program: Program) -> None:
+    """A unary op after a reshape (a cast of heads split out of a projection's columns) moved before it:
+    the same values, with the reshape last, where :func:`peel_reshapes` can leave it to XLA."""
+    moved = True
+    while moved:
+        moved = False
+        producers, users = program.producers(), program.users()
+        for index, node in enumerate(program.nodes):
+            src = node.ins[0] if node.ins else None
+            r = producers.get(src) if isinstance(src, Var) else None
+            if (node.prim not in UNARY or len(node.ins) != 1 or r is None or r.prim != "reshape"
+                    or len(users.get(src, [])) != 1 or src in program.outputs or not isinstance(r.ins[0], Var)):  # type: ignore[arg-type]
+                continue
+            early = program.fresh(r.ins[0].shape, node.out.dtype)
+            first = Node(node.primitive, [r.ins[0]], [early], dict(node.params), node.source, node.notes)
+            last = Node(r.primitive, [early], [node.out], dict(r.params), r.source, r.notes)
+            program.nodes[index] = last
+            program.nodes.insert(program.nodes.index(r) + 1, first)
+            program.nodes.remove(r)
+            moved = True
+            break
+
+
+def peel_reshapes(program: Program) -> tuple[Program, Tail | None]:
+    """Outputs made by a final reshape (a projection's columns split into heads) computed before it, the
+    reshape left to XLA after the kernel, where it only renames the layout: a reshape that splits or
+    merges an axis would otherwise keep that axis whole in every block."""
+    sink_reshapes(program)
+    producers = program.producers()
+    finals = [producers.get(o) if isinstance(o, Var) else None for o in program.outputs]
+    peeled = [n if n is not None and n.prim == "reshape" and isinstance(n.ins[0], Var) and n.ins[0] not in program.inputs
+              else None for n in finals]
+    if not any(peeled) or any(isinstance(o, Var) and o in program.inputs for o in program.outputs):
+        return program, None
+    kernel_outputs: list[Var] = []
+    places: list[tuple[str, int]] = []
+    frontier: list[Var] = []
+    rest: list[Var] = []
+    for o, n in zip(program.outputs, peeled):
+        if n is None:
+            places.append(("kernel", len(kernel_outputs)))
+            kernel_outputs.append(o)  # type: ignore[arg-type]
+        else:
+            places.append(("after", len(rest)))
+            rest.append(o)  # type: ignore[arg-type]
+            if n.ins[0] not in frontier:
+                frontier.append(n.ins[0])  # type: ignore[arg-type]
+    kernel_outputs += [f for f in frontier if all(f is not k for k in kernel_outputs)]
+    kernel = Program(program.inputs, list(program.nodes), kernel_outputs, None, program._counter,
+                     dict(program.dim_names), list(program.notes)).dce()
+    kernel.out_tree = jax.tree_util.tree_structure(tuple(range(len(kernel_outputs))))
+    after = Program(list(frontier), [n for n in peeled if n is not None], rest)
+    after.out_tree = jax.tree_util.tree_structure(tuple(range(len(rest))))
+    if not parallel_labels(kernel, analyse_axes(kernel)):
+        return program, None
+    index = tuple(next(j for j, k in enumerate(kernel_outputs) if k is f) for f in frontier)
+    names = [f"value{i}" for i in range(len(frontier))]
+    lines = [f"    {names[frontier.index(n.ins[0])]}.reshape({_reshape_shape(names[frontier.index(n.ins[0])], n.ins[0].shape, n.out.shape)})"  # type: ignore[arg-type]
+             for n in peeled if n is not None]
+    text = (f"def _after({', '.join(names)}):\n    \"\"\"The kernel's outputs in the reference's shapes: a reshape XLA does "
+            f"as a change of layout.\"\"\"\n    return (\n" + ",\n".join("    " + line for line in lines) + ",\n    )")
+    return kernel, Tail(after, index, (), tuple(places), text)
+
+
+def _reshape_shape(name: str, src: tuple[int, ...], dst: tuple[int, ...]) -> str:
+    """``dst`` written from ``src``: the leading axes they share read from the array (so a batch of any size
+    follows), the rest as numbers with the last left to follow (-1)."""
+    lead = 0
+    while lead < min(len(src), len(dst)) and src[lead] == dst[lead]:
+        lead += 1
+    rest = [str(int(d)) for d in dst[lead:]]
+    if rest:
+        rest[-1] = "-1"
+    head = f"{name}.shape[:{lead}]" if lead else "()"
+    return f"{head} + ({', '.join(rest)}{',' if len(rest) == 1 else ''})" if rest else head
+
+
+def _reshaped_outputs(program: Program) -> bool:
+    """Whether an output is made by a reshape that merges or splits axes (maybe followed by unary ops)."""
+    producers = program.producers()
+    for o in program.outputs:
+        n = producers.get(o) if isinstance(o, Var) else None
+        while n is not None and n.prim in UNARY and isinstance(n.ins[0], Var):
+            n = producers.get(n.ins[0])
+        if n is not None and n.prim == "reshape" and isinstance(n.ins[0], Var):
+            src = [d for d in n.ins[0].shape if d != 1]
+            dst = [d for d in n.out.shape if d != 1]
+            if src != dst:
+                return True
+    return False
 
 
 def _read(program: Program) -> tuple[Axes, list[Slot], tuple[Slot, Program, Program, Split] | None] | str:
@@ -494,12 +591,12 @@ def _naming_shapes(program: Program, grid: list[tuple[int, tuple]]) -> list[jax.
     taken = {int(d) for v in program.inputs for d in v.shape}
     taken |= {int(a) * int(b) for v in program.inputs for a, b in zip(v.shape, v.shape[1:])}
     chosen: list[int] = []
-    candidate = 8 * 97
-    for _ in grid:
-        while candidate in taken or candidate in chosen:
-            candidate += 8
-        chosen.append(candidate)
-        candidate += 8
+    primes = iter((3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97))
+    for extent, _ in grid:  # a multiple of the extent keeps whatever divides it (heads of a projection)
+        size = extent * next(primes)
+        while size in taken or size in chosen:
+            size = extent * next(primes)
+        chosen.append(size)
     shapes = []
     for i, v in enumerate(program.inputs):
         shape = list(v.shape)
@@ -560,7 +657,7 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
     task = task_ref()
     found: FusedPlan | None = None
     texts: dict[tuple[tuple[int, ...], ...], str] = {}
-    tails: dict[str, str] = {}
+    tails: dict[tuple[tuple[int, ...], ...], str] = {}
     base: tuple[tuple, tuple[GridAxis, ...]] | None = None  # the priced size's structure and grid
     for size in reversed(sizes):  # the priced (largest) size first: it fixes the grid
         program = _prepared(task, size)
@@ -569,14 +666,8 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
         if not program.inputs or any(not isinstance(o, Var) for o in program.outputs):
             return "an output is a constant or an input passed through"
         program, tail = cut_tail(program)
-        if tail is not None:
-            reason = emittable(tail.program)
-            if reason is not None:
-                return reason
-            after = emit_function(tail.program, "_after", "What no gridded axis reaches, left to XLA: from the kernel's "
-                                  "outputs to the rest of the reference's.", size_names=False)
-            if tails.setdefault("after", after) != after:
-                return "the part left to XLA is written differently at another size"
+        if tail is None and _reshaped_outputs(program):
+            program, tail = peel_reshapes(program)
         read = _read(program)
         if isinstance(read, str):
             return read
@@ -599,7 +690,18 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
         naming = _prepared(task, size, _naming_shapes(program, [(g.extent, (g.in_axes, g.out_axes)) for g in base[1]]))
         if isinstance(naming, str):
             return naming
-        naming, _ = cut_tail(naming)
+        naming, naming_tail = cut_tail(naming)
+        if naming_tail is None and tail is not None:
+            naming, naming_tail = peel_reshapes(naming)
+        if (naming_tail is None) != (tail is None):
+            return "the part left to XLA changes with the extents"
+        if naming_tail is not None:  # written from the unique extents, so each is read where it is
+            reason = emittable(naming_tail.program)
+            if reason is not None:
+                return reason
+            after = tail.text if tail is not None and tail.text else emit_function(
+                naming_tail.program, "_after", "What no gridded axis reaches, left to XLA: from the kernel's outputs "
+                "to the rest of the reference's.", size_names=False)
         naming_read = _read(naming)
         if isinstance(naming_read, str):
             return naming_read
@@ -620,6 +722,8 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
         key = _whole_key(program, base[1])
         if texts.setdefault(key, text) != text:
             return "the reference is written differently for the same shapes"
+        if tail is not None and tails.setdefault(key, after) != after:
+            return "the part left to XLA is written differently for the same shapes"
         hoists: dict[str, Hoist] = {}
         if split is None and len(labels) >= 2:
             for k in (0, len(labels) - 1):  # the innermost axis of either grid order
@@ -638,13 +742,15 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
         if found is None:
             found = FusedPlan(program, grid, tuple(program.inputs), tuple(program.outputs), {},  # type: ignore[arg-type]
                               split[3] if split is not None else None, axes, tuple(gridded), tail,
-                              tails.get("after", ""), hoists)
+                              {}, hoists)
         else:  # a hoist stands only where every size writes it alike
             found.hoists = {n: h for n, h in found.hoists.items() if n not in hoists or hoists[n].text == h.text}
     assert found is not None
     if found.split is not None and len(set(texts.values())) > 1:
         return "a split matmul whose body changes with the shapes"
     found.variants = {(): next(iter(texts.values()))} if len(set(texts.values())) == 1 else texts
+    if found.tail is not None:
+        found.after = {(): next(iter(tails.values()))} if len(set(tails.values())) == 1 else tails
     return found
 
 
@@ -829,7 +935,8 @@ def shortlist(p: FusedPlan, budget: int = TPU_VMEM_BUDGET,
     space: dict[str, list[Any]] = {g.name: [] for g in p.grid}
     space["grid_order"] = sorted({t[2] for t in points[:8]})
     space["hoist"] = sorted({t[4] for t in points[:8]})
-    per_axis = max(2, int(round(MAX_CONFIGS ** (1 / max(1, len(p.grid))))))
+    choices = len(space["grid_order"]) * len(space["hoist"])
+    per_axis = max(2, int(round((MAX_CONFIGS / choices) ** (1 / max(1, len(p.grid))))))
     for _, _, _, blocks, _ in points:
         for name, value in blocks.items():
             if value not in space[name] and len(space[name]) < per_axis:
@@ -913,7 +1020,7 @@ class FusedGridSketch:
         return "\n".join([header, HEADER, *constants, "", FIT_SOURCE, "",
                           (p.hoist().text + "\n\n" if params.get("hoist") and p.hoist() is not None  # type: ignore[union-attr]
                            else bodies_source(p.variants, "_reference") if p.split is None else p.variants[()] + "\n\n"),
-                          p.after + "\n\n" if p.tail is not None else "",
+                          bodies_source(p.after, "_after") if p.tail is not None else "",
                           fused_kernel_source(p, names, lifted, out_lifted, p.program.out_tree, limit > TPU_VMEM_BUDGET,
                                               p.hoist() if params.get("hoist") else None)])
 

@@ -172,7 +172,7 @@ def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], ou
     values = values if isinstance(values, tuple) else (values,)
 {nl.join("    " + s for s in stores)}
 '''
-        find = f"    body = _reference_for(({key}{',' if len(names) == 1 else ''}))"
+        find = "    body = _reference_for(key)"
         call_body, scratch = "body=body", ""
         eval_shape = f"jax.eval_shape(body, {args})"
     else:
@@ -209,6 +209,7 @@ def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], ou
     return f'''{body}
 
 def kernel({args}, **static):
+    key = ({key}{',' if len(names) == 1 else ''})  # the shapes of what no grid axis splits
 {find + nl if find and hoist is None else ""}    outs = {eval_shape}
     outs = outs if isinstance(outs, tuple) else (outs,)
 {nl.join(extents)}
@@ -221,7 +222,7 @@ def kernel({args}, **static):
         out_specs=({', '.join(out_specs)},),{scratch}
         compiler_params=pltpu.CompilerParams(dimension_semantics=({semantics},){limit}),
     )({', '.join(operands)})
-    {"after = _after(" + reads + ")" + nl + "    " if p.tail is not None else ""}return {returned}
+    {"after = _after_for(key)(" + reads + ")" + nl + "    " if p.tail is not None else ""}return {returned}
 '''
 
 

@@ -227,7 +227,7 @@ def test_a_mean_over_the_rows_is_left_to_xla_after_the_kernel(tmp_path: Path) ->
     assert p.tail.places == (("kernel", 0), ("after", 0))  # the per-token losses from the kernel, the mean after
     assert [o.shape for o in p.outputs] == [(8192,), (8192,)]  # the float32 losses the mean reads, written too
     source = FUSED_GRID.render(task, FUSED_GRID.space(task, None, "tpu-v6e").defaults, ("cpu", "full"))  # type: ignore[arg-type]
-    assert "def _after(nll):" in source and "after = _after(results[1]" in source
+    assert "def _after(nll):" in source and "after = _after_for(key)(results[1]" in source
 
 
 @pytest.mark.slow
