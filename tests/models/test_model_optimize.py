@@ -69,13 +69,19 @@ def test_region_budget_shares_what_is_left_among_the_regions_still_to_run():
 
 
 @pytest.mark.slow
-def test_a_region_without_an_applicable_strategy_gets_no_session(tmp_path):
-    """On tpu-v6e the rules planner has nothing but the reference for mixtral's router matmul: it gets no
-    session, and its share of the budget goes to the region that has one (routing and experts, tpu_moe)."""
+def test_a_region_without_an_applicable_strategy_gets_no_session(tmp_path, monkeypatch):
+    """Without the general rules, the rules planner has nothing but the reference for mixtral's router
+    matmul on tpu-v6e: it gets no session, and its share of the budget goes to the region that has one
+    (routing and experts, tpu_moe). (With them, the router gets a session: the next test.)"""
     import asyncio
 
+    import maxkernel.rules as rules
     from orchestrators.auto import AutoBudget, AutoResult
     from orchestrators.model_opt import run_model
+
+    proposing = rules.propose_strategies
+    monkeypatch.setattr(rules, "propose_strategies", lambda *a, **k: [
+        s for s in proposing(*a, **k) if s.name != "template:fused_grid"])
 
     given: dict[str, float] = {}
 
@@ -94,3 +100,19 @@ def test_a_region_without_an_applicable_strategy_gets_no_session(tmp_path):
     # The whole budget is shared by the regions that ran (less what extraction and the sessions took).
     assert sum(given.values()) > 0.8 * 600.0 * 1.0 and all(r.status == "no faster kernel" for r in ran)
     assert result.correct and result.returned_reference
+
+
+@pytest.mark.slow
+def test_the_general_rules_give_the_router_matmul_a_session(tmp_path):
+    """The general rules apply to mixtral's router matmul on tpu-v6e, so no region is refused."""
+    from jaxbench.task import load_task
+    from maxkernel.analysis import analyze_task
+    from maxkernel.extract import extract_task
+    from maxkernel.rules import propose_strategies
+
+    extraction = extract_task(load_task("mixtral_8x7b_moe"), tmp_path / "regions", target="tpu-v6e", timing=False)
+    kinds = {}
+    for info in extraction.regions:
+        region = load_task(info.path)
+        kinds[info.kind] = [s.name for s in propose_strategies(region, analyze_task(region, "tpu-v6e"), "tpu-v6e")]
+    assert "template:fused_grid" in kinds["matmul"]
