@@ -353,7 +353,9 @@ class AutoRun:
                     self.confirmation = f"{candidate.report.basis}, deterministic"
                 base = baseline.speedup if baseline is not None else None
                 span = baseline.interval if baseline is not None else None
-                self.note = (f"{candidate.strategy} is {policy.describe(chosen.speedup, chosen.interval, value)} "
+                written = {k: v for k, v in self.params_of(candidate).items() if k not in ("source", "rewrites")}
+                at = f" at {written}" if written else ""  # the chosen kernel's own parameters, the tuner's best
+                self.note = (f"{candidate.strategy}{at} is {policy.describe(chosen.speedup, chosen.interval, value)} "
                              f"({self.confirmation})" + (f"; the reference itself run as a candidate scored "
                                                          f"{format_speedup(base, span)}" if base else ""))
                 return

@@ -520,3 +520,62 @@ def test_optimize_says_its_verdict_once(capsys) -> None:  # type: ignore[no-unty
     _print(result, None)
     out = " ".join(capsys.readouterr().out.split())
     assert out.count("nothing beat the reference") == 1 and "1 evaluation," in out
+
+
+def _reading(candidate_id: str, seq: int, speedup: float, ci: tuple[float, float], strategy: str = "template:a"):  # type: ignore[no-untyped-def]
+    from orchestrators.graph import ROOT, Node
+
+    return Node(candidate_id=candidate_id, session_id="s", parent_id=ROOT, edge=f"apply {strategy}", strategy=strategy,
+                status="ok", passed=True, speedup=speedup, speedup_ci=ci, seq=seq)
+
+
+def test_the_report_and_its_graph_name_one_reading_of_the_best_kernel() -> None:
+    from jaxbench.report import format_interval
+    from orchestrators import report_graph
+    from orchestrators.report import ReportData, named_best
+
+    # the winner read first 66.85x (39.52–82.16), then twice again when it was re-measured; another kernel between
+    nodes = [_reading("win", 1, 66.85, (39.52, 82.16)), _reading("other", 2, 20.0, (15.0, 25.0), "template:b"),
+             _reading("win", 3, 63.04, (52.70, 71.64)), _reading("win", 4, 58.0, (45.0, 70.0))]
+    best_id, _ = named_best("optimize", [], nodes)
+    data = ReportData(kind="session", id="s", task_id="t", title="optimize session", facts={}, nodes=nodes,
+                      best_id=best_id)
+    assert best_id == "win" and data.best is not None and data.best.interval == (52.70, 71.64)
+    fig = report_graph.figure(nodes, best_id)
+    labels = {t.get_gid(): t.get_text() for t in fig.axes[0].texts}
+    assert len(labels) == 3  # the reference and two kernels: a re-measured kernel is one point
+    assert format_interval(data.best.interval) in labels["label:win"] and "★ best" in labels["label:win"]
+
+
+def test_a_note_names_the_parameters_the_chosen_kernel_was_written_at() -> None:
+    from actors.policy import CONFIRM
+    from maxkernel.config import load_settings
+    from maxkernel.messages import EvalReport, KernelDraft, Plan, StrategyRef, TuneReport, TuneTrial, new_id
+    from memory import Store
+    from measured_sessions import report
+    from orchestrators.report_data import contributions, session_nodes
+
+    session, task = new_id(), RMS
+    plan = Plan(session_id=session, task_id=task, target="cpu",
+                strategies=[StrategyRef(name="template:rowblock", params={"block_rows": 8})])
+
+    def judged(source: str, produced_by: str, speedup: float, ci: tuple[float, float]) -> EvalReport:
+        draft = KernelDraft(session_id=session, task_id=task, candidate_id=new_id(), plan=plan, source=source,
+                            produced_by=produced_by)
+        result = report(task, "ok", speedup).model_copy(update={"speedup_ci": ci})
+        return EvalReport(session_id=session, task_id=task, draft=draft, report=result)
+
+    with Store.open(load_settings().resolved_store_url) as store:
+        for message in (judged("# rows 8", "coder", 1.1, (1.0, 1.2)),  # the draft, at its plan's 8 rows
+                        judged("# rows 64", "tuner:tool", 1.9, (1.7, 2.1)),  # tuning trials: the plan still says 8
+                        judged("# rows 32", "tuner:tool", 1.5, (1.3, 1.6)),
+                        TuneReport(session_id=session, task_id=task, best_source="# rows 64", strategy="template:rowblock",
+                                   best_report=report(task, "ok", 1.9), best_params={"block_rows": 64},
+                                   trials=[TuneTrial(params={"block_rows": 64}, status="ok", speedup=1.9)]),
+                        judged("# rows 64", CONFIRM, 1.95, (1.8, 2.1))):  # the winner re-measured
+            store.append_event(message, session_id=session, task_id=task)
+        nodes = session_nodes(store, session)
+    assert [n.params for n in nodes] == [{"block_rows": 8}, {"block_rows": 64}, {}, {"block_rows": 64}]
+    (row,) = contributions(nodes)
+    assert row.best is not None and row.best.interval == (1.8, 2.1)
+    assert "at {'block_rows': 64}" in row.line() and "8" not in row.line().split(" at ")[1]
