@@ -14,6 +14,7 @@ from typing import Any, Awaitable, Callable
 import structlog
 from pydantic import BaseModel, Field
 
+from jaxbench.report import format_speedup
 from jaxbench.task import Task, load_task
 from maxkernel.evaluation import evaluate_candidate
 from maxkernel.extract import Extraction, extract_task
@@ -212,7 +213,8 @@ def settle(layer: Task, extraction: Extraction, kernels: dict[int, str], report:
         result.kernel_ms, result.speedup, result.speedup_ci = report.kernel_ms, report.speedup, report.interval
         return report_source(layer, extraction, kernels)
     why = ("no region kernel was kept" if not kernels
-           else f"the re-joined layer is {verdict} ({report.speedup:.2f}x)" if report.speedup else "no reading")
+           else f"the re-joined layer is {verdict} ({format_speedup(report.speedup, report.interval)})" if report.speedup
+           else "no reading")
     result.notes.append(f"{why}: the reference itself is returned")
     result.returned_reference = True
     result.kernel_ms, result.speedup, result.speedup_ci = report.ref_ms, 1.0, None

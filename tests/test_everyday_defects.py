@@ -579,3 +579,42 @@ def test_a_note_names_the_parameters_the_chosen_kernel_was_written_at() -> None:
     (row,) = contributions(nodes)
     assert row.best is not None and row.best.interval == (1.8, 2.1)
     assert "at {'block_rows': 64}" in row.line() and "8" not in row.line().split(" at ")[1]
+
+
+def test_every_measured_speedup_printed_comes_with_its_interval(capsys) -> None:  # type: ignore[no-untyped-def]
+    from rich.console import Console
+
+    from actors.librarian import scored_note
+    from jaxbench.report import EvalReport as JudgeReport
+    from jaxbench.task import load_task
+    from maxkernel.commands.optimize import _print
+    from maxkernel.commands.search import results_table
+    from maxkernel.messages import CandidateScored
+    from orchestrators.auto import AutoResult
+    from orchestrators.model_opt import ModelResult, settle
+    from orchestrators.search import SearchResult
+
+    shown = "0.77x (0.70–0.85x)"
+    # optimize: the reference itself as a candidate, beside a winner
+    result = AutoResult(session_id="s" * 32, task_id=RMS, target="cpu", brain="rules", status="scored",
+                        stop_reason="time budget of 20.0 s spent", verdict="faster: 1.40x (1.30–1.50x)",
+                        beat_reference=True, baseline_speedup=0.77, baseline_speedup_ci=(0.70, 0.85), evaluations=5)
+    _print(result, None)
+    assert shown in " ".join(capsys.readouterr().out.split())
+    # search: the same reading in the results table
+    found = SearchResult(search_id="a" * 32, task_id=RMS, algorithm="beam", status="done", stop_reason="", evaluations=4,
+                         expansions=2, nodes=4, best_speedup=1.4, best_speedup_ci=(1.3, 1.5), baseline_speedup=0.77,
+                         baseline_speedup_ci=(0.70, 0.85))
+    console = Console(width=400, record=True)
+    console.print(results_table([found], "beam", 0))
+    assert shown in console.export_text()
+    # optimize-model: the re-joined layer's own reading when it is not faster
+    judged = JudgeReport(task="layer", status="ok", correct=True, speedup=0.77, speedup_ci=(0.70, 0.85),
+                         basis="measured", ref_ms=1.0, kernel_ms=1.3)
+    layer = load_task("mamba2_block")
+    model = ModelResult(layer=layer.id, target="cpu")
+    settle(layer, None, {0: "def kernel(x):\n    return x\n"}, judged, model)  # type: ignore[arg-type]
+    assert any(f"is slower ({shown})" in n for n in model.notes), model.notes
+    # the note remembered with a scored kernel
+    scored = CandidateScored(session_id="s", task_id=RMS, source="", report=judged, strategy="template:rowblock")
+    assert shown in scored_note(scored)
