@@ -618,3 +618,58 @@ def test_every_measured_speedup_printed_comes_with_its_interval(capsys) -> None:
     # the note remembered with a scored kernel
     scored = CandidateScored(session_id="s", task_id=RMS, source="", report=judged, strategy="template:rowblock")
     assert shown in scored_note(scored)
+
+
+# --- 15: optimize-model keeps time for judging the re-joined layer ---------------------------------------------
+
+def test_the_regions_shares_and_the_layers_judgement_fit_the_budget() -> None:
+    from types import SimpleNamespace
+
+    from actors import policy
+    from maxkernel.extract.layer import RegionInfo
+    from orchestrators.model_opt import judgement_reserve_s, region_budget
+
+    hot, warm, cold = (RegionInfo(index=i, task_id=str(i), kind="matmul", path="", nodes=(0, 0), inputs=[],
+                                  outputs=[], primitives=[], share=s) for i, s in enumerate((0.6, 0.3, 0.1)))
+    # the reserve is optimize's own rule, at the larger of the extraction's time and a region evaluation's
+    assert judgement_reserve_s(3.0, []) == policy.reserve_s(3.0)
+    ran = [SimpleNamespace(evaluations=4, seconds=20.0)]
+    assert judgement_reserve_s(3.0, ran) == policy.reserve_s(5.0)  # type: ignore[arg-type]
+    budget, extract_s = 40.0, 3.0
+    left, given, pending = budget - extract_s, [], [hot, warm, cold]
+    for info in (hot, warm, cold):  # each session spends all it is given
+        reserve = judgement_reserve_s(extract_s, [])
+        seconds, _ = region_budget(info, pending, left, None, reserve)
+        pending.remove(info)
+        given.append(seconds)
+        left -= seconds
+    assert extract_s + sum(given) + reserve == pytest.approx(budget)  # the regions leave the reserve whole
+    assert given[0] == pytest.approx((budget - extract_s - reserve) * 0.6)
+
+
+@pytest.mark.slow
+def test_optimize_model_hands_its_regions_the_budget_less_the_layers_judgement(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Each region's session is made to spend all it is given (on the run's clock, without waiting): what the
+    regions were handed and the reserve for the layer's judgement add up to no more than the budget."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from orchestrators import model_opt
+    from orchestrators.auto import AutoBudget, AutoResult
+
+    spent = [0.0]
+    monkeypatch.setattr(model_opt, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + spent[0]))
+    given: dict[str, float] = {}
+
+    async def spends_it_all(info, budget: AutoBudget) -> AutoResult:  # type: ignore[no-untyped-def]
+        given[info.task_id] = budget.time_s
+        spent[0] += budget.time_s
+        return AutoResult(session_id=info.task_id, task_id=info.task_id, target="cpu", brain="rules",
+                          status="scored", stop_reason="nothing beat the reference")
+
+    result = asyncio.run(model_opt.run_model("mamba2_block", out=tmp_path, budget=AutoBudget(time_s=120.0),
+                                             target="cpu", run_region=spends_it_all, rules_planner=False))
+    assert len(given) == len(result.regions) and result.judgement_reserve_s > 0
+    assert sum(given.values()) + result.judgement_reserve_s <= 120.0  # what was handed out fits the budget
+    assert sorted(r.budget_s for r in result.regions) == sorted(given.values())
