@@ -162,9 +162,10 @@ def plan_params(draft: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rejudged(draft: dict[str, Any]) -> bool:
-    """Judged under a plan that did not write it: a tool's trial, or a re-measurement (baseline, confirmation)."""
+    """Judged under a plan that did not write it: a tuning trial (written at the trial's parameters), or a
+    re-measurement (the baseline, a confirmation)."""
     produced_by = draft.get("produced_by", "")
-    return produced_by.endswith(":tool") or produced_by in (policy.CONFIRM, policy.BASELINE)
+    return produced_by.startswith("tuner:") or produced_by in (policy.CONFIRM, policy.BASELINE)
 
 
 def params_key(strategy: str, params: dict[str, Any]) -> str:
