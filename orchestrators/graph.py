@@ -150,10 +150,9 @@ def judged_params(draft: dict[str, Any], known: dict[str, dict[str, Any]]) -> di
     """The parameters of the code an evaluation judged (``known``: :func:`written_at`). A tuning trial or a
     re-measurement carries the plan of the draft it came from, not the parameters its code was written at: it
     gets its code's known parameters, else none, never its plan's."""
-    sha = source_sha(draft["source"])
-    if sha in known:
-        return known[sha]
-    return {} if _rejudged(draft) else plan_params(draft)
+    if not _rejudged(draft):
+        return plan_params(draft)
+    return known.get(source_sha(draft["source"]), {})
 
 
 def plan_params(draft: dict[str, Any]) -> dict[str, Any]:
