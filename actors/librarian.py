@@ -9,6 +9,7 @@ import structlog
 from autogen_core import MessageContext, message_handler
 
 from actors.base import Actor
+from jaxbench.report import format_speedup
 from maxkernel.messages import Budget, CandidateScored, Note, Recall, RecalledKernel, RecalledNote, RecallRequest
 from maxkernel.runtime import LIBRARIAN, RECORDER
 
@@ -53,7 +54,8 @@ class Librarian(Actor):
                                      outcome="worked" if (message.report.speedup or 0) > 1 else "info",
                                      target=message.report.target), RECORDER)
             await self.finish(message, "scored", f"{message.strategy}: {message.report.status}, "
-                                                 f"speedup {message.report.speedup}", best=message)
+                                                 f"speedup {format_speedup(message.report.speedup, message.report.interval)}",
+                              best=message)
 
         await self.guarded(message, ctx, Budget(), work)
 
@@ -64,8 +66,14 @@ class Librarian(Actor):
         memory.remember_kernel(report, message.source, task=task, strategy=message.strategy,
                                produced_by=message.produced_by, session_id=message.session_id,
                                candidate_id=message.candidate_id, parent_id=message.parent_id)
-        text = (f"{message.strategy} on {report.target}: {report.speedup}x ({report.basis}), "
-                f"kernel {report.kernel_ms} ms vs reference {report.ref_ms} ms. {message.diagnosis}")[:2000]
+        text = scored_note(message)
         outcome = "worked" if (report.speedup or 0) > 1 else "info"
         memory.remember_note(text, task=task, outcome=outcome, target=report.target, session_id=message.session_id)
         return text
+
+
+def scored_note(message: CandidateScored) -> str:
+    """The note remembered with a scored kernel: its speedup with its interval (``format_speedup``) and basis."""
+    report = message.report
+    return (f"{message.strategy} on {report.target}: {format_speedup(report.speedup, report.interval)} "
+            f"({report.basis}), kernel {report.kernel_ms} ms vs reference {report.ref_ms} ms. {message.diagnosis}")[:2000]

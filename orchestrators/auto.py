@@ -119,6 +119,7 @@ class AutoResult(BaseModel):
     verdict: str = Field("", description="the claim in words, with the speedup and its interval")
     confirmation: str = Field("", description="how the confirmed speedup was reached")
     baseline_speedup: float | None = Field(None, description="the reference itself judged as a candidate")
+    baseline_speedup_ci: tuple[float, float] | None = Field(None, description="that reading's interval")
     bar: float = Field(1.0, description="the upper end of the reference's own reading as a candidate (at least 1.0); a "
                        "winner's speedup over that reading must clear 1.0 (actors.policy.cleared)")
     note: str = ""
@@ -353,7 +354,9 @@ class AutoRun:
                     self.confirmation = f"{candidate.report.basis}, deterministic"
                 base = baseline.speedup if baseline is not None else None
                 span = baseline.interval if baseline is not None else None
-                self.note = (f"{candidate.strategy} is {policy.describe(chosen.speedup, chosen.interval, value)} "
+                written = {k: v for k, v in self.params_of(candidate).items() if k not in ("source", "rewrites")}
+                at = f" at {written}" if written else ""  # the chosen kernel's own parameters, the tuner's best
+                self.note = (f"{candidate.strategy}{at} is {policy.describe(chosen.speedup, chosen.interval, value)} "
                              f"({self.confirmation})" + (f"; the reference itself run as a candidate scored "
                                                          f"{format_speedup(base, span)}" if base else ""))
                 return
@@ -680,7 +683,8 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
         stop_reason=reason, best_source=source, best_report=report, best_strategy=strategy, best_params=params,
         best_candidate_id=run.winner.candidate_id if run.winner else None, beat_reference=run.winner is not None,
         speedup=_first_reading(run, report), confirmed_speedup=run.confirmed_speedup, confirmation=run.confirmation,
-        baseline_speedup=baseline.speedup if baseline is not None else None, bar=run.bar, note=run.note,
+        baseline_speedup=baseline.speedup if baseline is not None else None,
+        baseline_speedup_ci=baseline.interval if baseline is not None else None, bar=run.bar, note=run.note,
         speedup_ci=report.interval if report is not None else None,
         claim=policy.claim(report.interval, run.cleared(report)) if run.winner is not None and report is not None
         else "at par",

@@ -284,7 +284,7 @@ def subject_view(store: Store, subject: str, job: JobInfo | None = None) -> Subj
                        contributions=contributions(data.nodes), reference_code=reference_source(data.task_id),
                        job=job_view(store, job) if job is not None else None,
                        seconds=seconds_since_start(store, data.nodes))
-    view.best = next((n for n in data.nodes if n.candidate_id == data.best_id), None)
+    view.best = data.best
     if view.best is not None:
         best = view.best
         view.best_code, report = judged_source(store, best)

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, Field
 
 from actors import policy
+from jaxbench.candidate import source_sha
 from jaxbench.report import EvalReport as JudgeReport, SpeedupInterval
 from memory import Store
 from orchestrators.tables import ensure, expansions, searches
@@ -130,6 +131,42 @@ def shown(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k != "source"}
 
 
+def written_at(events: list[Any]) -> dict[str, dict[str, Any]]:
+    """The parameters each judged code was written at, by the code's hash: a tuned kernel's from its tuning
+    report (the tuner's best, which its plan does not carry), a draft's or a fix's from its own plan."""
+    known: dict[str, dict[str, Any]] = {}
+    for event in events:
+        if event.message_type == "TuneReport":
+            known[source_sha(event.payload["best_source"])] = shown(dict(event.payload.get("best_params") or {}))
+    for event in events:
+        if event.message_type in EVALUATION_TYPES:
+            draft = event.payload["draft"]
+            if not _rejudged(draft):
+                known.setdefault(source_sha(draft["source"]), plan_params(draft))
+    return known
+
+
+def judged_params(draft: dict[str, Any], known: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The parameters of the code an evaluation judged (``known``: :func:`written_at`). A tuning trial or a
+    re-measurement carries the plan of the draft it came from, not the parameters its code was written at: it
+    gets its code's known parameters, else none, never its plan's."""
+    if not _rejudged(draft):
+        return plan_params(draft)
+    return known.get(source_sha(draft["source"]), {})
+
+
+def plan_params(draft: dict[str, Any]) -> dict[str, Any]:
+    plan = draft["plan"]
+    return shown(dict(plan["strategies"][plan["step"]].get("params") or {}))
+
+
+def _rejudged(draft: dict[str, Any]) -> bool:
+    """Judged under a plan that did not write it: a tuning trial (written at the trial's parameters), or a
+    re-measurement (the baseline, a confirmation)."""
+    produced_by = draft.get("produced_by", "")
+    return produced_by.startswith("tuner:") or produced_by in (policy.CONFIRM, policy.BASELINE)
+
+
 def params_key(strategy: str, params: dict[str, Any]) -> str:
     return f"{strategy} {json.dumps(shown(params), sort_keys=True, default=str)}"
 
@@ -171,16 +208,17 @@ def load_graph(store: Store, search_id: str) -> SearchGraph:
         confirm_runs.setdefault(candidate_id, []).append(policy.cleared(report, baseline))
     nodes: list[Node] = []
     for exp in exps:
-        for event in store.events(session_id=exp.session_id):
+        events = store.events(session_id=exp.session_id)
+        known = written_at(events)
+        for event in events:
             if event.message_type not in EVALUATION_TYPES:
                 continue
             draft, report = event.payload["draft"], event.payload["report"]
             own_parent = draft.get("parent_id")
-            strategy = draft["plan"]["strategies"][draft["plan"]["step"]]
             nodes.append(Node(
                 candidate_id=event.candidate_id or draft["candidate_id"], session_id=exp.session_id, expansion=exp.n,
                 parent_id=own_parent or exp.parent_id or ROOT, edge="fix" if own_parent else exp.edge,
-                strategy=exp.strategy, params=shown(dict(strategy.get("params") or {})), status=report["status"],
+                strategy=exp.strategy, params=judged_params(draft, known), status=report["status"],
                 passed=report["status"] == "ok" and bool(report["correct"]), speedup=report.get("speedup"),
                 speedup_ci=report.get("speedup_ci"), kernel_ms=report.get("kernel_ms"), label=report.get("label"), reason=(report.get("reason") or "")[:300],
                 niche=niche(exp.strategy, exp.params), lane=exp.lane, seq=event.seq,

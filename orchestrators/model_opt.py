@@ -14,6 +14,8 @@ from typing import Any, Awaitable, Callable
 import structlog
 from pydantic import BaseModel, Field
 
+from actors import policy
+from jaxbench.report import format_speedup
 from jaxbench.task import Task, load_task
 from maxkernel.evaluation import evaluate_candidate
 from maxkernel.extract import Extraction, extract_task
@@ -55,6 +57,8 @@ class ModelResult(BaseModel):
     speedup: float | None = None
     speedup_ci: tuple[float, float] | None = Field(None, description="the judged layer's interval")
     amdahl_bound: float = Field(1.0, description="layer speedup the kept region speedups imply, by their shares")
+    judgement_reserve_s: float = Field(0.0, description="seconds of the budget the regions left for judging the "
+                                                        "re-joined layer (judgement_reserve_s)")
     regions: list[RegionRow] = Field(default_factory=list)
     kernel_path: str | None = None
     returned_reference: bool = Field(False, description="nothing made the layer faster: the file is the reference")
@@ -103,13 +107,17 @@ async def run_model(task: str | Path, *, out: Path, budget: AutoBudget, target: 
                     rules_planner: bool = True) -> ModelResult:
     """The whole-layer run on any engine: ``run_region`` runs one region's session (its own services from
     the CLI, the daemon's shared ones in a job); ``budget``'s time and evaluations are shared by the regions'
-    shares of the layer's time (see ``region_budget``), its other limits hold for every region. With the
-    rules planner a region none of whose strategies applies on ``target`` gets no session (it could only
-    return its reference). Extraction and judging run in a thread so a daemon's loop keeps renewing its
+    shares of the layer's time (see ``region_budget``), its other limits hold for every region, and the time
+    the re-joined layer's judgement will take is kept back from them (``judgement_reserve_s``), so the command
+    ends within its budget but for what cannot be cut short: the evaluation a region's session has in flight at
+    its end, and the layer's one-at-a-time retries when the whole does not pass. With the rules planner a
+    region none of whose strategies applies on ``target`` gets no session (it could only return its reference). Extraction and judging run in a thread so a daemon's loop keeps renewing its
     leases."""
     started = time.perf_counter()
     layer = await asyncio.to_thread(load_task, task)
+    extracting = time.perf_counter()
     extraction = await asyncio.to_thread(extract_task, layer, out / "regions", target=target)
+    extract_s = time.perf_counter() - extracting
     result = ModelResult(layer=layer.id, target=target)
     deadline = started + (budget.time_s if budget.time_s is not None else 0.0)
     hottest = sorted(extraction.regions, key=lambda r: r.share, reverse=True)
@@ -118,6 +126,7 @@ async def run_model(task: str | Path, *, out: Path, budget: AutoBudget, target: 
     evals_left = budget.max_evaluations
     kernels: dict[int, str] = {}
     rows: dict[int, RegionRow] = {}
+    sessions: list[AutoResult] = []
     for info in hottest:
         row = RegionRow(index=info.index, task_id=info.task_id, kind=info.kind, share=info.share, budget_s=0.0,
                         before_ms=info.ms)
@@ -125,7 +134,9 @@ async def run_model(task: str | Path, *, out: Path, budget: AutoBudget, target: 
         if info.index in refused:
             row.status, row.note = "skipped", refused[info.index]
         else:
-            row.budget_s, row.evals = region_budget(info, pending, deadline - time.perf_counter(), evals_left)
+            result.judgement_reserve_s = judgement_reserve_s(extract_s, sessions)
+            row.budget_s, row.evals = region_budget(info, pending, deadline - time.perf_counter(), evals_left,
+                                                    result.judgement_reserve_s)
             pending.remove(info)
             if row.budget_s < MIN_REGION_BUDGET_S:
                 row.status, row.note = "skipped", f"its share of the budget ({row.budget_s:.0f} s) is too small"
@@ -133,6 +144,7 @@ async def run_model(task: str | Path, *, out: Path, budget: AutoBudget, target: 
                 session = await run_region(info, budget.model_copy(update={"time_s": row.budget_s,
                                                                            "max_evaluations": row.evals}))
                 row.session_id = session.session_id
+                sessions.append(session)
                 if evals_left is not None:
                     evals_left = max(0, evals_left - session.evaluations)
                 _settle_region(row, info, session, kernels)
@@ -159,13 +171,26 @@ async def run_model(task: str | Path, *, out: Path, budget: AutoBudget, target: 
 
 
 def region_budget(info: RegionInfo, pending: list[RegionInfo], left_s: float,
-                  evals: int | None) -> tuple[float, int | None]:
+                  evals: int | None, reserve_s: float = 0.0) -> tuple[float, int | None]:
     """Seconds and evaluations for ``info``: what is left of each, by its share among the regions still to
     run (``pending``, itself included), so what a region's session did not use goes to the regions after
-    it and none is set aside for regions that get no session."""
+    it and none is set aside for regions that get no session. ``reserve_s`` (``judgement_reserve_s``) is
+    kept back from the seconds for the layer's judgement after them, as ``optimize``'s strategies leave
+    theirs to the re-measurements (``actors.policy.share``)."""
     pool = sum(r.share for r in pending) or 1.0
     part = info.share / pool
-    return max(0.0, left_s) * part, None if evals is None else max(1, round(evals * part))
+    seconds = (policy.share(left_s - reserve_s, 1) or 0.0) * part
+    return seconds, None if evals is None else max(1, round(evals * part))
+
+
+def judgement_reserve_s(extract_s: float, sessions: list[AutoResult]) -> float:
+    """Seconds the regions leave for judging the re-joined layer: ``optimize``'s reserve for the re-measurements
+    that name a winner (``actors.policy.reserve_s``), at what one evaluation of the layer costs. That is taken
+    as the larger of the extraction's time (it ran the layer and each region once) and what one evaluation
+    has cost the region sessions so far: a whole layer is judged no faster than one of its regions."""
+    done = sum(s.evaluations for s in sessions)
+    per_region = sum(s.seconds for s in sessions) / done if done else 0.0
+    return policy.reserve_s(max(extract_s, per_region))
 
 
 def _without_strategy(extraction: Extraction, target: str) -> dict[int, str]:
@@ -212,7 +237,8 @@ def settle(layer: Task, extraction: Extraction, kernels: dict[int, str], report:
         result.kernel_ms, result.speedup, result.speedup_ci = report.kernel_ms, report.speedup, report.interval
         return report_source(layer, extraction, kernels)
     why = ("no region kernel was kept" if not kernels
-           else f"the re-joined layer is {verdict} ({report.speedup:.2f}x)" if report.speedup else "no reading")
+           else f"the re-joined layer is {verdict} ({format_speedup(report.speedup, report.interval)})" if report.speedup
+           else "no reading")
     result.notes.append(f"{why}: the reference itself is returned")
     result.returned_reference = True
     result.kernel_ms, result.speedup, result.speedup_ci = report.ref_ms, 1.0, None

@@ -25,7 +25,7 @@ from memory import Store
 from memory.errors import RecordNotFoundError
 from orchestrators import report_graph
 from orchestrators.graph import Node, load_graph
-from orchestrators.report_data import Contribution, contributions, highest_low, sessions_nodes
+from orchestrators.report_data import Contribution, contributions, highest_low, reading_of, sessions_nodes
 from orchestrators.tables import ensure, jobs, searches
 
 
@@ -39,6 +39,11 @@ class ReportData(BaseModel):
     best_id: str | None = None
     best_why: str = ""
     recalled: list[str] = []
+
+    @property
+    def best(self) -> Node | None:
+        """The named kernel's reading, the one the graph stars and labels (``report_data.reading_of``)."""
+        return reading_of(self.nodes, self.best_id) if self.best_id else None
 
 
 class UnknownSubject(LookupError):
@@ -196,7 +201,7 @@ def _table(rows: list[tuple[str, Any]]) -> str:
 
 def render(store: Store, subject: str) -> str:
     data = gather(store, subject)
-    best = next((n for n in data.nodes if n.candidate_id == data.best_id), None)
+    best = data.best
     parts = [f"<h1>{html.escape(data.title)} {html.escape(data.id)} · {html.escape(data.task_id)}</h1>",
              _table(list(data.facts.items()))]
     if best is None:

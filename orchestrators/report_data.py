@@ -10,13 +10,15 @@ from pydantic import BaseModel
 
 from jaxbench.report import format_speedup
 from memory import Store
-from orchestrators.graph import EVALUATION_TYPES, ROOT, Node, niche, shown
+from orchestrators.graph import EVALUATION_TYPES, ROOT, Node, judged_params, niche, written_at
 
 
 def session_nodes(store: Store, session_id: str) -> list[Node]:
     """An Auto/HITL/daemon session's evaluated candidates, with the edges the event log implies."""
     nodes = []
-    for event in store.events(session_id=session_id):
+    events = store.events(session_id=session_id)
+    known = written_at(events)
+    for event in events:
         if event.message_type not in EVALUATION_TYPES:
             continue
         draft, report = event.payload["draft"], event.payload["report"]
@@ -24,7 +26,7 @@ def session_nodes(store: Store, session_id: str) -> list[Node]:
         tool = draft.get("produced_by", "").endswith(":tool")
         parent = draft.get("parent_id") or ROOT
         edge = "tune" if tool else "fix" if draft.get("parent_id") else f"apply {ref['name']}"
-        params = shown(dict(ref.get("params") or {}))
+        params = judged_params(draft, known)
         nodes.append(Node(candidate_id=event.candidate_id or draft["candidate_id"], session_id=session_id,
                           parent_id=parent, edge=edge, strategy=ref["name"], params=params,
                           status=report["status"], passed=report["status"] == "ok" and bool(report["correct"]),
@@ -43,6 +45,14 @@ def sessions_nodes(store: Store, session_ids: list[str]) -> list[Node]:
 def highest_low(nodes: list[Node]) -> Node | None:
     """The passing candidate with the highest lower end of its interval: a lucky reading never wins."""
     return max((n for n in nodes if n.passed), key=lambda n: n.low, default=None)
+
+
+def reading_of(nodes: list[Node], candidate_id: str | None) -> Node | None:
+    """The one reading shown for a candidate judged more than once (a first reading and its re-measurements):
+    the passing one with the highest lower end, as :func:`highest_low` ranks, else its last. The report's table,
+    the dashboard and the graph's label all show this one, so they never name two figures for one kernel."""
+    mine = [n for n in nodes if n.candidate_id == candidate_id]
+    return highest_low(mine) or (max(mine, key=lambda n: n.seq) if mine else None)
 
 
 class Contribution(BaseModel):

@@ -14,6 +14,7 @@ import networkx as nx
 
 from jaxbench.report import format_interval
 from orchestrators.graph import ROOT, Node
+from orchestrators.report_data import reading_of
 
 ROW_IN = 0.32  # inches between two nodes of one column: one line of 7-point text and a gap
 COLUMN_IN = 4.2  # inches between two columns: the widest label fits before the next column starts
@@ -26,6 +27,8 @@ def build(nodes: list[Node]) -> nx.DiGraph:
     graph.add_node(ROOT, depth=0)
     ids = {n.candidate_id for n in nodes}
     for node in sorted(nodes, key=lambda n: n.seq):
+        if node.candidate_id in graph:  # a re-measurement of a candidate placed already: one point per kernel
+            continue
         parent = node.parent_id if node.parent_id in ids else ROOT
         depth = graph.nodes[parent]["depth"] + 1 if parent in graph else 1
         graph.add_node(node.candidate_id, depth=depth)
@@ -73,7 +76,8 @@ def figure(nodes: list[Node], best: str | None) -> Any:
     pos = layout(graph)
     path = best_path(graph, best)
     on_path = set(zip(path, path[1:]))
-    by_id = {n.candidate_id: n for n in nodes}
+    # a candidate judged again (its re-measurements) is one point, labelled with the reading the report shows
+    by_id = {cid: reading_of(nodes, cid) for cid in dict.fromkeys(n.candidate_id for n in nodes)}
     rows = max(1, max(len([p for p in pos.values() if p[0] == x]) for x in {p[0] for p in pos.values()}))
     depth = max(graph.nodes[n]["depth"] for n in graph.nodes)
     fig = plt.figure(figsize=((depth + 1) * COLUMN_IN + 0.5, rows * ROW_IN + 1.0))
@@ -89,6 +93,7 @@ def figure(nodes: list[Node], best: str | None) -> Any:
     ax.scatter([pos[ROOT][0]], [pos[ROOT][1]], s=90, c="#444", zorder=3)
     ax.text(pos[ROOT][0] + 0.12, pos[ROOT][1], "reference", va="center", fontsize=7, gid=f"label:{ROOT}")
     for cid, node in by_id.items():
+        assert node is not None
         x, y = pos[cid]
         colour = "#2a9d4b" if node.passed else "#d1495b"
         edge = "#e09f3e" if cid in path else colour

@@ -309,6 +309,7 @@ class SearchResult(BaseModel):
     claim: str = Field("at par", description="faster | at par | slower: what the confirmed interval allows")
     baseline_speedup: float | None = Field(None, description="the reference itself judged as a candidate (measured "
                                                              "only when a node was to be confirmed)")
+    baseline_speedup_ci: tuple[float, float] | None = Field(None, description="that reading's interval")
     first_correct_at: int | None = None
     resumed: int = Field(0, description="expansions found interrupted and closed from their recorded evaluations")
 
@@ -520,6 +521,7 @@ def result_of(graph: SearchGraph, reason: str, resumed: int = 0) -> SearchResult
                         best_speedup_ci=best.interval if best else None,
                         confirmed=best is not None and best.confirmed is not None, claim=claim_of(best),
                         baseline_speedup=graph.baseline.speedup if graph.baseline is not None else None,
+                        baseline_speedup_ci=graph.baseline.interval if graph.baseline is not None else None,
                         first_correct_at=first,
                         resumed=resumed)
 

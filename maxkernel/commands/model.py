@@ -68,6 +68,9 @@ def _print(result: object) -> None:
                       format_speedup(r.speedup, r.speedup_ci), r.strategy or "-",
                       r.status + (f" ({r.note})" if r.note else ""))
     console.print(table)
+    if result.judgement_reserve_s:
+        console.print(f"{result.judgement_reserve_s:.0f} s of the budget kept for judging the re-joined layer; "
+                      "what a region's session left unused went to the regions after it", highlight=False)
     for note in result.notes:
         console.print(note, highlight=False, markup=False)
     if result.correct and result.speedup is not None:

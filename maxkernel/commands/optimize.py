@@ -130,7 +130,8 @@ def _print(result: Any, kernel_path: Path | None) -> None:
     if result.note and result.verdict not in result.note:  # the verdict is said once, on the line above
         console.print(result.note, highlight=False, markup=False)
     elif result.beat_reference and result.baseline_speedup:
-        console.print(f"the reference itself, run as a candidate, scored {result.baseline_speedup:.2f}x",
+        console.print("the reference itself, run as a candidate, scored "
+                      f"{format_speedup(result.baseline_speedup, result.baseline_speedup_ci)}",
                       highlight=False, markup=False)
     console.print(f"session {result.session_id}: {result.status} ({result.stop_reason}); {result.evaluations} "
                   f"evaluation{'' if result.evaluations == 1 else 's'}, {result.seconds:.0f} s" + (f", tokens {result.tokens}, ${result.cost_usd:.4f}"

@@ -129,7 +129,8 @@ def results_table(results: list[Any], algo: str, seed: int) -> Table:
     for r in results:
         speed = (format_speedup(r.best_speedup, r.best_speedup_ci) + f" {r.claim}"
                  + (" confirmed" if r.confirmed else "")
-                 + (f"; the reference as a candidate {r.baseline_speedup:.2f}x" if r.baseline_speedup else "")
+                 + (f"; the reference as a candidate {format_speedup(r.baseline_speedup, r.baseline_speedup_ci)}"
+                    if r.baseline_speedup else "")
                  ) if r.best_speedup else "-"
         evals = f"{r.evaluations}" + (f" (first correct: {r.first_correct_at})" if r.first_correct_at else "")
         best = " ".join(x for x in (r.best_strategy, str(r.best_params) if r.best_params else "") if x) or "-"
