@@ -68,7 +68,12 @@ def cost_model_version() -> str:
                                 timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    return f"model-{h.hexdigest()[:10]}" + (f" (commit {commit})" if commit else "")
+    from maxkernel.targets.xla_tpu import compiler_installed
+
+    # XLA code is priced by XLA:TPU's own compiled program where libtpu is installed, by a fallback
+    # roofline elsewhere: two models, named apart
+    pricing = "+xla-tpu" if compiler_installed() else "+fallback"
+    return f"model-{h.hexdigest()[:10]}{pricing}" + (f" (commit {commit})" if commit else "")
 
 
 # ---------------------------------------------------------------- building the task folders
