@@ -40,6 +40,7 @@ UNFUSABLE = ("scan", "while", "cond", "random_bits", "random_wrap", "gather", "s
              "scatter_add", "sort", "conv_general_dilated", "dynamic_slice", "dynamic_update_slice", "top_k",
              "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "argsort")
 MAX_CONFIGS = 24  # points of the block space priced by the model before anything is checked
+CHECK_FLOPS = 0.8e11  # what a check may cost the judge (maxkernel.targets.check_size allows 1e11), with room
 LANES = 128
 
 
@@ -53,6 +54,7 @@ class GridAxis:
     in_axes: tuple[int | None, ...]  # per input: the axis carrying it, or None (read whole)
     out_axes: tuple[int | None, ...]  # per output (None only for a contracted axis)
     reduction: bool = False
+    floor: int = 1  # its extent at the smallest size the task is known at (how far a check may shrink it)
 
 
 @dataclass
@@ -659,6 +661,7 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
     texts: dict[tuple[tuple[int, ...], ...], str] = {}
     tails: dict[tuple[tuple[int, ...], ...], str] = {}
     base: tuple[tuple, tuple[GridAxis, ...]] | None = None  # the priced size's structure and grid
+    floors: dict[str, int] = {}
     for size in reversed(sizes):  # the priced (largest) size first: it fixes the grid
         program = _prepared(task, size)
         if isinstance(program, str):
@@ -685,6 +688,7 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
             if structure != tuple(entry for entry, _ in kept):
                 return "the parallel axes change with size"
             grid = tuple(replace(g, extent=e) for (_, g), (e, _) in zip(kept, raw))
+            floors.update({g.name: min(floors.get(g.name, g.extent), _extent_at(program, g)) for g in base[1]})
         # every gridded axis of the priced size moved to a size of its own (one long here included), so one
         # body reads each from the input that carries it at every size
         naming = _prepared(task, size, _naming_shapes(program, [(g.extent, (g.in_axes, g.out_axes)) for g in base[1]]))
@@ -748,6 +752,7 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
     assert found is not None
     if found.split is not None and len(set(texts.values())) > 1:
         return "a split matmul whose body changes with the shapes"
+    found.grid = tuple(replace(g, floor=floors.get(g.name, g.extent)) for g in found.grid)
     found.variants = {(): next(iter(texts.values()))} if len(set(texts.values())) == 1 else texts
     if found.tail is not None:
         found.after = {(): next(iter(tails.values()))} if len(set(tails.values())) == 1 else tails
@@ -882,6 +887,23 @@ def _cache_bytes(p: FusedPlan, blocks: dict[str, int]) -> int:
     return sum(math.prod(p.block_shape(v, blocks)) * max(4, np.dtype(v.dtype).itemsize) for v in h.cached)
 
 
+def check_flops(p: FusedPlan, blocks: dict[str, int]) -> float:
+    """The reference's matmul FLOPs at the size the evaluator checks these blocks at, about: every gridded
+    axis taken down to two blocks (a check must run at least two steps of an axis that has them) but not
+    below its smallest known extent, every whole axis kept (its block is the whole axis). Blocks whose check
+    would be refused are not offered."""
+    flops = 0.0
+    for node in p.program.nodes:
+        if node.prim != "dot_general" or not isinstance(node.ins[0], Var):
+            continue
+        (lc, _), _ = node.params["dimension_numbers"]
+        flops += 2.0 * node.out.size * math.prod(int(node.ins[0].shape[int(a)]) for a in lc)
+    for g in p.grid:
+        if g.extent >= 2 * blocks[g.name]:
+            flops *= max(2 * blocks[g.name], min(g.floor, g.extent)) / g.extent
+    return flops
+
+
 def vmem_budget(target: str) -> int:
     """What the general rules plan to use on ``target``: three quarters of its VMEM (the kernel then raises
     its scoped limit to that), never less than the default budget."""
@@ -922,6 +944,8 @@ def shortlist(p: FusedPlan, budget: int = TPU_VMEM_BUDGET,
         if vmem_bytes(p, blocks) > budget:
             continue
         steps = math.prod(-(-g.extent // blocks[g.name]) for g in p.grid)
+        if check_flops(p, blocks) > CHECK_FLOPS:
+            continue
         for order in orders:
             o = ordered(p, order)
             for hoisting in ((False, True) if o.hoist() is not None else (False,)):
