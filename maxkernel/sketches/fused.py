@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from maxkernel.analysis.program import Node, Program, Var, arg_names, trace_program
+from maxkernel.analysis.program import Const, Node, Program, Var, arg_names, trace_program
 from maxkernel.rewrites.activations import cheaper_activations
 from maxkernel.rewrites.emit import EmitError, emit_function, emittable
 from maxkernel.sketches.axes import Axes, Slot, analyse_axes, axis_of, parallel_labels
@@ -428,8 +429,6 @@ def one_hot_gathers(program: Program) -> None:
         zero = program.fresh(operand.shape, operand.dtype)
         masked = program.fresh(operand.shape, operand.dtype)
         summed = program.fresh(flat.shape, operand.dtype)
-        from maxkernel.analysis.program import Const
-
         nodes += [
             Node(lax.reshape_p, [indices], [flat], {"new_sizes": flat.shape, "dimensions": None, "sharding": None}, node.source, note),
             Node(lax.broadcast_in_dim_p, [flat], [wide], {"shape": operand.shape, "broadcast_dimensions": tuple(kept),
@@ -549,9 +548,9 @@ def float32_products(program: Program, passes: int) -> None:
                 isinstance(op, Var) and np.dtype(op.dtype) == np.float32 for op in node.ins):
             rounded = []
             for op in node.ins:
-                var = program.fresh(op.shape, jnp_bfloat16())
+                var = program.fresh(op.shape, jnp.bfloat16)
                 nodes.append(Node(lax.convert_element_type_p, [op], [var],
-                                  {"new_dtype": np.dtype(jnp_bfloat16()), "weak_type": False, "sharding": None},
+                                  {"new_dtype": np.dtype(jnp.bfloat16), "weak_type": False, "sharding": None},
                                   node.source, (BF16_NOTE,)))
                 rounded.append(var)
             params = dict(node.params)
@@ -561,11 +560,6 @@ def float32_products(program: Program, passes: int) -> None:
         nodes.append(node)
     program.nodes = nodes
 
-
-def jnp_bfloat16() -> Any:
-    import jax.numpy as jnp
-
-    return jnp.bfloat16
 
 
 def _names(task: "Task", size: str, grid: list[tuple[int, tuple]]) -> list[str]:
