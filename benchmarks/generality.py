@@ -30,6 +30,7 @@ import json
 import math
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -235,13 +236,16 @@ def _session_in_child(entry: dict[str, Any], target: str, evals: int, seed: int,
 
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (SESSION_MEMORY_BYTES, hard))
-    os.environ["MAXKERNEL_DATA_DIR"] = tempfile.mkdtemp(prefix="generality_session_")  # nothing recalled
+    data_dir = tempfile.mkdtemp(prefix="generality_session_")
+    os.environ["MAXKERNEL_DATA_DIR"] = data_dir  # nothing recalled; the row is what the run keeps
     configure("warning")
     try:
         row = run_session(entry, target, evals, seed)
     except Exception as exc:  # a broken session is that task's row, never the end of the run
         row = {**entry, "status": "error", "winner": "reference", "speedup": 1.0, "template_errors": [],
                "note": f"{type(exc).__name__}: {exc}"[:300]}
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
     conn.send(json.dumps(row))
     conn.close()
 

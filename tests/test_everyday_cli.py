@@ -428,3 +428,16 @@ def test_a_search_resumes_only_as_the_search_of_its_own_task(capsys) -> None:  #
     engine.dispose()
     line = one_error(capsys, "search", "41k_Gemm_Add_ReLU", "--resume", "5ea7c4")
     assert f"a search of {RMS}, not of 41k_Gemm_Add_ReLU" in line
+
+
+def test_every_variable_the_code_reads_is_one_the_settings_accept() -> None:
+    """A ``MAXKERNEL_*`` variable read somewhere but unknown to the settings would refuse every command."""
+    from maxkernel.config import check_environment
+
+    root = Path(__file__).resolve().parents[1]
+    read = {m for folder in ("maxkernel", "jaxbench", "actors", "memory", "orchestrators", "benchmarks")
+            for path in (root / folder).rglob("*.py")
+            for m in re.findall(r"[\"'](MAXKERNEL_[A-Z0-9_]+)[\"']", path.read_text())}
+    assert "MAXKERNEL_NO_TPU_COMPILER" in read and "MAXKERNEL_DATA_DIR" in read
+    for name in sorted(read):
+        check_environment({name: "1"})  # raises ConfigError for a variable no setting names

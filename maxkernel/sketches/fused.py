@@ -390,9 +390,14 @@ def _prepared(task: "Task", size: str, shapes: list[Any] | None = None) -> Progr
     except Exception as exc:  # a reference that does not trace at these shapes
         return f"the reference does not trace at the probe shapes ({type(exc).__name__})"
     one_hot_gathers(program)
+    if not drop_empty_values(program):
+        return "an empty intermediate that is not only concatenated (Mosaic has no zero-size arrays)"
     bad = sorted(set(program.primitives()) & set(UNFUSABLE))
     if bad:
         return f"{bad[0]} in the reference (not split by the general rules)"
+    unlowerable = mosaic_unlowerable(program)
+    if unlowerable is not None:
+        return unlowerable
     cheaper_activations(program)  # erfc has no Mosaic lowering; 1 - erf has
     program.dce()
     if any(n.prim == "dot_general" and all(isinstance(op, Var) and np.dtype(op.dtype) == np.float32 for op in n.ins)
@@ -400,6 +405,32 @@ def _prepared(task: "Task", size: str, shapes: list[Any] | None = None) -> Progr
         float32_products(program, _passes(task))
     integer_iotas(program)
     return program
+
+
+def mosaic_unlowerable(program: Program) -> str | None:
+    """What Mosaic cannot lower on values in VMEM: a strided slice (an associative scan's even and odd
+    elements) and interior padding (its interleave). None when there is neither."""
+    for node in program.nodes:
+        if node.prim == "slice" and any(int(s) != 1 for s in (node.params.get("strides") or ())):
+            return "a strided slice in the reference (Mosaic slices values with unit strides only)"
+        if node.prim == "pad" and any(int(interior) != 0 for _, _, interior in node.params["padding_config"]):
+            return "interior padding in the reference (Mosaic has none)"
+    return None
+
+
+def drop_empty_values(program: Program) -> bool:
+    """Drops the zero-size operands of concatenations (an associative scan's edge slices make them) and
+    then what made them; False when an empty value is still read elsewhere, which no kernel can hold."""
+    def empty(op: Any) -> bool:
+        return isinstance(op, Var) and any(int(d) == 0 for d in op.shape)
+
+    for node in program.nodes:
+        if node.prim == "concatenate" and any(empty(op) for op in node.ins):
+            kept = [op for op in node.ins if not empty(op)]
+            if kept:
+                node.ins = kept
+    program.dce()
+    return not any(empty(op) for n in program.nodes for op in n.ins) and not any(empty(o) for o in program.outputs)
 
 
 ONE_HOT_NOTE = ("one element of each row picked by an integer index, as a sum over a one-hot mask of the row "

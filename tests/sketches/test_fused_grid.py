@@ -135,6 +135,39 @@ def reference(labels, logits):
 # A near miss for the one-hot pick: the index picks a row, not an element of each row.
 ROW_PICK = XENT.replace("-jnp.take_along_axis(lp, labels[:, None], axis=-1)[:, 0]", "lp[labels]")
 
+# An associative scan: its even/odd slices are strided and its interleave pads between elements.
+RECURRENCE = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, tokens, hidden):
+    k1, k2 = jax.random.split(key)
+    return (jax.random.normal(k1, (tokens, hidden), jnp.float32), jax.random.normal(k2, (tokens, hidden), jnp.float32)), {}
+
+
+def reference(gate, x):
+    a = jax.nn.sigmoid(gate)
+    def combine(left, right):
+        return left[0] * right[0], right[0] * left[1] + right[1]
+    return jax.lax.associative_scan(combine, (a, (1.0 - a) * x), axis=0)[1]
+'''
+
+# Empty pieces joined to full ones: an empty slice concatenated is no value a kernel must hold.
+EMPTY_JOIN = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, tokens, hidden):
+    return (jax.random.normal(key, (tokens, hidden), jnp.float32),), {}
+
+
+def reference(x):
+    none = jax.lax.slice(x, (0, 0), (x.shape[0], 0))
+    return jnp.tanh(jnp.concatenate([none * 2.0, x, none], axis=1))
+'''
+
 ROWS = dict(cpu="{tokens: 256, hidden: 512}", full="{tokens: 8192, hidden: 4096}", free="tokens", dtype="float32", tol="1.0e-5")
 GEMM = dict(cpu="{m: 128, k: 1024, n: 512}", full="{m: 2048, k: 8192, n: 8192}", free="m", dtype="bfloat16", tol="2.0e-2")
 LOSS = dict(cpu="{tokens: 128, vocab: 4096}", full="{tokens: 8192, vocab: 131072}", free="tokens", dtype="bfloat16",
@@ -215,6 +248,17 @@ def test_a_per_row_pick_by_label_becomes_a_one_hot_sum_and_a_row_pick_does_not(t
     assert "jax.lax.gather" not in source and "jax.lax.broadcasted_iota(jnp.int32" in source
     assert "labels.reshape(-1, 1)" in source  # the split vector travels as a column
     assert plan(_task(tmp_path, "rp", ROW_PICK, LOSS), ("cpu", "full")) == "gather in the reference (not split by the general rules)"
+
+
+def test_what_mosaic_cannot_lower_is_refused_with_its_reason_and_empty_pieces_are_dropped(tmp_path: Path) -> None:
+    assert plan(_task(tmp_path, "rec", RECURRENCE, ROWS), ("cpu", "full")) == (
+        "a strided slice in the reference (Mosaic slices values with unit strides only)")
+    task = _task(tmp_path, "empty", EMPTY_JOIN, ROWS)
+    p = plan(task, ("cpu", "full"))
+    assert not isinstance(p, str), p
+    assert all(int(d) > 0 for n in p.program.nodes for v in n.outs for d in v.shape)
+    source = FUSED_GRID.render(task, FUSED_GRID.space(task, None, "tpu-v6e").defaults, ("cpu", "full"))  # type: ignore[arg-type]
+    assert "jax.lax.slice" not in source and "jnp.tanh" in source
 
 
 def test_a_mean_over_the_rows_is_left_to_xla_after_the_kernel(tmp_path: Path) -> None:
