@@ -21,8 +21,10 @@ Auto, search, chat and daemon jobs all ask these functions; none of them keeps a
   (``MOVE``) won on the nearest measured tasks goes first, best prior first, whatever its kind; a verified
   kernel recalled for this very task goes before even those, and the reference last. Among the rest, on
   ``tpu-*`` targets the Pallas strategies go before the plain-JAX ones (building and checking a plain-JAX
-  trial there can take a minute, and it must never starve the Pallas kernels), and strategies that failed
-  or lost clearly on similar tasks go after those memory knows nothing of.
+  trial there can take a minute, and it must never starve the Pallas kernels), except the general rules,
+  which go after the rewrites (a rewrite that removes work beats a fusion of it, and the general rules
+  apply nearly everywhere); strategies that failed or lost clearly on similar tasks go after those memory
+  knows nothing of.
 - **Confirmation.** The top candidates that clear it are measured again before one is named the winner:
   of the runs' lower ends, the lower of two runs, or the median of three when the two disagree about
   clearing the bar. A candidate whose first reading was too noisy to clear, though its centre did, is
@@ -276,11 +278,23 @@ def prior_band(prior: float | None) -> int:
     return 0 if prior > 0 else 2
 
 
+GENERAL = "general"  # the order's kind for the general rules (``maxkernel.sketches``)
+
+
+def order_kind(kind: str, name: str) -> str:
+    """A strategy's kind for :func:`work_order`: the general rules apart from the expert templates."""
+    from maxkernel.sketches import SKETCHES
+
+    return GENERAL if kind == "template" and name in {f"template:{s.name}" for s in SKETCHES} else kind
+
+
 def work_order(strategies: Sequence[S], kind_of: Callable[[S], str], target: str,
                prior_of: Callable[[S], float | None] | None = None) -> list[S]:
     """The order strategies are worked in. The planner's order already ranks by memory; on ``tpu-*``
     Pallas goes first within each of memory's bands, so a plain-JAX rewrite that clearly won on similar
-    tasks is still tried before the Pallas kernels (see the module's **Order**)."""
+    tasks is still tried before the Pallas kernels (see the module's **Order**). The general rules
+    (``kind_of`` says ``general``) come after the rewrites: a rewrite removes work (a pre-summed weight),
+    where the general rules fuse the work there is, and they apply to nearly every task."""
     if not target.startswith("tpu"):
         return list(strategies)
 
@@ -292,6 +306,8 @@ def work_order(strategies: Sequence[S], kind_of: Callable[[S], str], target: str
         if kind == "reference":
             return 3, 0, index
         band = prior_band(prior_of(strategy) if prior_of is not None else None)
-        return band, 0 if band == 0 or is_pallas(kind) else 1, index
+        if band == 0:
+            return band, 0, index
+        return band, 2 if kind == GENERAL else 0 if is_pallas(kind) else 1, index
 
     return [s for _, s in sorted(enumerate(strategies), key=key)]

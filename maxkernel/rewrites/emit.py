@@ -433,6 +433,25 @@ def _gather(em: Emitter, n: Node) -> str:
             f"fill_value={None if fill is None else scalar_text(fill)})")
 
 
+SCATTERS = {"scatter": "jax.lax.scatter", "scatter-add": "jax.lax.scatter_add", "scatter_add": "jax.lax.scatter_add",
+            "scatter-mul": "jax.lax.scatter_mul", "scatter-min": "jax.lax.scatter_min", "scatter-max": "jax.lax.scatter_max"}
+
+
+def _scatter(em: Emitter, n: Node) -> str:
+    p = n.params
+    if p.get("update_consts"):
+        raise EmitError("a scatter whose update reads constants")
+    dn = p["dimension_numbers"]
+    fields = ["update_window_dims", "inserted_window_dims", "scatter_dims_to_operand_dims", "operand_batching_dims",
+              "scatter_indices_batching_dims"]
+    dn_text = ", ".join(f"{f}={tuple(int(x) for x in getattr(dn, f))}" for f in fields)
+    operand, indices, updates = (em.operand(op) for op in n.ins)
+    return (f"{SCATTERS[n.prim]}({operand}, {indices}, {updates}, "
+            f"dimension_numbers=jax.lax.ScatterDimensionNumbers({dn_text}), "
+            f"indices_are_sorted={bool(p['indices_are_sorted'])}, unique_indices={bool(p['unique_indices'])}, "
+            f"mode=jax.lax.GatherScatterMode.{p['mode'].name})")
+
+
 def _top_k(em: Emitter, n: Node) -> str:
     axis = n.params.get("axis", -1)
     if axis not in (-1, len(n.ins[0].shape) - 1):
@@ -479,7 +498,7 @@ _EMITTERS: dict[str, Callable[[Emitter, Node], str]] = {
     "cumprod": _cumulative("cumprod"), "cummin": _cumulative("cummin"), "argmax": _argminmax("argmax"),
     "argmin": _argminmax("argmin"), "conv_general_dilated": _conv, "gather": _gather, "top_k": _top_k,
     "clamp": _clamp, "rev": _rev, "pad": _pad, "random_wrap": _random_wrap, "random_unwrap": _random_unwrap,
-    "random_bits": _random_bits, "bitcast_convert_type": _bitcast,
+    "random_bits": _random_bits, "bitcast_convert_type": _bitcast, **{name: _scatter for name in SCATTERS},
 }
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from maxkernel.analysis.program import Const, Node, Program, Var, arg_names, trace_program
 from maxkernel.rewrites.activations import cheaper_activations
+from maxkernel.rewrites.conv_taps import convs_as_taps
 from maxkernel.rewrites.emit import EmitError, emit_function, emittable
 from maxkernel.sketches.axes import Axes, Slot, analyse_axes, axis_of, parallel_labels
 from maxkernel.sketches.pieces import HEADER, bodies_source, sublane
@@ -202,6 +203,7 @@ class Tail:
     inputs: tuple[int, ...]  # then these task inputs, by index
     places: tuple[tuple[str, int], ...]  # per original output: ("kernel", j) or ("after", i)
     text: str = ""  # ``_after`` written directly (a final reshape), else emitted from ``program``
+    why: str = "What no gridded axis reaches, left to XLA: from the kernel's outputs to the rest of the reference's."
 
 
 def cut_tail(program: Program) -> tuple[Program, Tail | None]:
@@ -264,6 +266,71 @@ def cut_tail(program: Program) -> tuple[Program, Tail | None]:
     if not parallel_labels(kernel, analyse_axes(kernel)):
         return program, None
     return kernel, Tail(after, index, tuple(read_inputs), places)
+
+
+HEAVY = frozenset({"dot_general", "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin"})
+
+
+def cut_unfusable(program: Program) -> tuple[Program, Tail | None] | str:
+    """A reference with ops no kernel holds (``top_k``, a sort, a scatter, a scan, ...): the kernel runs
+    the work before the first of them, XLA the rest from the kernel's outputs. Light work (casts, an
+    index, a bias) that only the rest reads goes with the rest, so the kernel writes what its heavy work
+    (a contraction, a reduction) made; nothing heavy before them leaves no kernel to write."""
+    if not any(n.prim in UNFUSABLE for n in program.nodes):
+        return program, None
+    first = next(n.prim for n in program.nodes if n.prim in UNFUSABLE)
+    tail: set[int] = set()
+    made_after: set[int] = set()
+    for node in program.nodes:  # everything that reads what an unfusable op made
+        if node.prim in UNFUSABLE or any(isinstance(op, Var) and id(op) in made_after for op in node.ins):
+            tail.add(id(node))
+            made_after.update(id(o) for o in node.outs)
+    producers = program.producers()
+    heavy: dict[int, bool] = {}  # per node: a contraction or reduction on its way from the inputs
+    for node in program.nodes:
+        heavy[id(node)] = node.prim in HEAVY or any(
+            isinstance(op, Var) and op in producers and heavy[id(producers[op])] for op in node.ins)
+    outputs = {id(o) for o in program.outputs if isinstance(o, Var)}
+    moved = True
+    while moved:  # light values only the rest reads are computed there
+        moved = False
+        users = program.users()
+        for node in reversed(program.nodes):
+            if id(node) in tail or heavy[id(node)] or any(id(o) in outputs for o in node.outs):
+                continue
+            readers = [u for o in node.outs for u in users.get(o, [])]
+            if readers and all(id(u) in tail for u in readers):
+                tail.add(id(node))
+                moved = True
+    head = [n for n in program.nodes if id(n) not in tail]
+    if not any(heavy[id(n)] for n in head):
+        return f"{first} in the reference, with no contraction or reduction before it to write a kernel for"
+    head_made = {id(o) for n in head for o in n.outs}
+    tail_nodes = [n for n in program.nodes if id(n) in tail]
+    inputs = {id(v): i for i, v in enumerate(program.inputs)}
+    frontier: list[Var] = []
+    read_inputs: list[int] = []
+    for op in [op for n in tail_nodes for op in n.ins] + list(program.outputs):
+        if not isinstance(op, Var):
+            continue
+        if id(op) in head_made and all(op is not f for f in frontier):
+            frontier.append(op)
+        elif id(op) in inputs and inputs[id(op)] not in read_inputs and any(op in n.ins for n in tail_nodes):
+            read_inputs.append(inputs[id(op)])
+    kernel = Program(program.inputs, head, list(frontier), None, program._counter, dict(program.dim_names),
+                     list(program.notes)).dce()
+    kernel.out_tree = jax.tree_util.tree_structure(tuple(range(len(frontier))))
+    if not parallel_labels(kernel, analyse_axes(kernel)):
+        return f"{first} in the reference, and no parallel axis in the work before it"
+    read_inputs.sort()
+    rest = [o for o in program.outputs if isinstance(o, Var) and id(o) not in head_made and id(o) not in inputs]
+    after = Program(frontier + [program.inputs[i] for i in read_inputs], tail_nodes, rest)
+    after.out_tree = jax.tree_util.tree_structure(tuple(range(len(rest))))
+    places = tuple(("kernel", next(j for j, f in enumerate(frontier) if f is o)) if any(f is o for f in frontier)
+                   else ("after", next(i for i, r in enumerate(rest) if r is o)) for o in program.outputs)
+    return kernel, Tail(after, tuple(range(len(frontier))), tuple(read_inputs), places,
+                        why=f"From {first} on, left to XLA (no Mosaic lowering): from the kernel's outputs to the "
+                            "rest of the reference's.")
 
 
 UNARY = frozenset({"convert_element_type", "neg", "exp", "log", "tanh", "logistic", "abs", "sqrt", "rsqrt",
@@ -334,6 +401,20 @@ def peel_reshapes(program: Program) -> tuple[Program, Tail | None]:
     return kernel, Tail(after, index, (), tuple(places), text)
 
 
+def split_tail(program: Program) -> tuple[Program | str, Tail | None]:
+    """The part of the reference a kernel runs and what XLA runs after it: ops no kernel holds and what
+    reads them, else outputs no gridded axis reaches, else a final reshape into heads."""
+    cut = cut_unfusable(program)
+    if isinstance(cut, str):
+        return cut, None
+    if cut[1] is not None:
+        return cut
+    program, tail = cut_tail(program)
+    if tail is None and _reshaped_outputs(program):
+        program, tail = peel_reshapes(program)
+    return program, tail
+
+
 def _reshape_shape(name: str, src: tuple[int, ...], dst: tuple[int, ...]) -> str:
     """``dst`` written from ``src``: the leading axes they share read from the array (so a batch of any size
     follows), the rest as numbers with the last left to follow (-1)."""
@@ -390,11 +471,9 @@ def _prepared(task: "Task", size: str, shapes: list[Any] | None = None) -> Progr
     except Exception as exc:  # a reference that does not trace at these shapes
         return f"the reference does not trace at the probe shapes ({type(exc).__name__})"
     one_hot_gathers(program)
+    convs_as_taps(program)
     if not drop_empty_values(program):
         return "an empty intermediate that is not only concatenated (Mosaic has no zero-size arrays)"
-    bad = sorted(set(program.primitives()) & set(UNFUSABLE))
-    if bad:
-        return f"{bad[0]} in the reference (not split by the general rules)"
     unlowerable = mosaic_unlowerable(program)
     if unlowerable is not None:
         return unlowerable
@@ -693,9 +772,9 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
             return program
         if not program.inputs or any(not isinstance(o, Var) for o in program.outputs):
             return "an output is a constant or an input passed through"
-        program, tail = cut_tail(program)
-        if tail is None and _reshaped_outputs(program):
-            program, tail = peel_reshapes(program)
+        program, tail = split_tail(program)  # type: ignore[assignment]
+        if isinstance(program, str):
+            return program
         read = _read(program)
         if isinstance(read, str):
             return read
@@ -719,9 +798,9 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
         naming = _prepared(task, size, _naming_shapes(program, [(g.extent, (g.in_axes, g.out_axes)) for g in base[1]]))
         if isinstance(naming, str):
             return naming
-        naming, naming_tail = cut_tail(naming)
-        if naming_tail is None and tail is not None:
-            naming, naming_tail = peel_reshapes(naming)
+        naming, naming_tail = split_tail(naming)  # type: ignore[assignment]
+        if isinstance(naming, str):
+            return naming
         if (naming_tail is None) != (tail is None):
             return "the part left to XLA changes with the extents"
         if naming_tail is not None:  # written from the unique extents, so each is read where it is
@@ -729,8 +808,7 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
             if reason is not None:
                 return reason
             after = tail.text if tail is not None and tail.text else emit_function(
-                naming_tail.program, "_after", "What no gridded axis reaches, left to XLA: from the kernel's outputs "
-                "to the rest of the reference's.", size_names=False)
+                naming_tail.program, "_after", naming_tail.why, size_names=False)
         naming_read = _read(naming)
         if isinstance(naming_read, str):
             return naming_read

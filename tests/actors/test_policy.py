@@ -83,6 +83,16 @@ def test_on_tpu_a_clear_prior_outranks_the_pallas_first_rule() -> None:
     assert policy.work_order(list(range(len(plan))), lambda i: plan[i][0], "cpu", lambda i: plan[i][1]) == list(range(8))
 
 
+def test_on_tpu_the_general_rules_come_after_the_rewrites_unless_memory_says_they_won() -> None:
+    names = [("template", "template:fused_grid"), ("rewrite", "rewrite:sum_after_matmul"),
+             ("template", "template:tpu_gemm"), ("reference", "reference")]
+    kinds = [policy.order_kind(kind, name) for kind, name in names]
+    assert kinds == ["general", "rewrite", "template", "reference"]
+    assert policy.work_order(list(range(4)), lambda i: kinds[i], "tpu-v6e") == [2, 1, 0, 3]
+    won = {0: 1.0}  # the general rules clearly won on similar tasks: first, like any clear winner
+    assert policy.work_order(list(range(4)), lambda i: kinds[i], "tpu-v6e", won.get) == [0, 2, 1, 3]
+
+
 def test_prior_bands_need_a_clear_win_or_loss() -> None:
     assert policy.prior_band(None) == 1 and policy.prior_band(0.05) == 1 and policy.prior_band(-0.05) == 1
     assert policy.prior_band(policy.MOVE * 1.01) == 0 and policy.prior_band(-policy.MOVE * 1.01) == 2

@@ -396,7 +396,7 @@ def test_tuning_starts_where_the_plan_drafted() -> None:
 @pytest.mark.slow
 def test_on_tpu_a_rewrite_that_won_on_a_similar_task_is_worked_before_the_pallas_kernels(tmp_path: Path) -> None:
     """The plan's prior travels to the work order: on ``tpu-*`` the Pallas-first rule no longer undoes it."""
-    from actors.policy import work_order
+    from actors.policy import order_kind, work_order
 
     target, task_id = "tpu-v6e", "27k_Matmul_Mish_Mish"
     services = Services(ActorConfig(data_dir=str(tmp_path / "data")))
@@ -408,7 +408,7 @@ def test_on_tpu_a_rewrite_that_won_on_a_similar_task_is_worked_before_the_pallas
             tools = Tools(task=services.task(task_id), target=target, size="cpu", evaluate=unused, recall=unused)  # type: ignore[arg-type]
             request = OptimizeRequest(session_id="s", task_id=task_id, target=target)
             outcome = asyncio.run(RulesBrain("planner", services, tools).plan(request, Recall(session_id="s", task_id=task_id)))
-            return work_order(outcome.strategies, lambda ref: ref.kind, target, lambda ref: ref.prior)
+            return work_order(outcome.strategies, lambda ref: order_kind(ref.kind, ref.name), target, lambda ref: ref.prior)
 
         cold = plan()
         assert cold[0].kind != "rewrite" and cold[0].prior is None  # no memory: Pallas first

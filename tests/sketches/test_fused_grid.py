@@ -168,6 +168,48 @@ def reference(x):
     return jnp.tanh(jnp.concatenate([none * 2.0, x, none], axis=1))
 '''
 
+ROUTER = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, tokens, hidden):
+    k1, k2 = jax.random.split(key)
+    return (jax.random.normal(k2, (hidden, 64), jnp.float32) / hidden ** 0.5,
+            jax.random.normal(k1, (tokens, hidden), jnp.float32)), {"k": 4}
+
+
+def reference(w, x, *, k):
+    probs = jax.nn.softmax(jnp.dot(x, w, precision=jax.lax.Precision.HIGHEST), axis=-1)
+    top, idx = jax.lax.top_k(probs, k)
+    top = top / jnp.sum(top, axis=-1, keepdims=True)
+    return jnp.zeros_like(probs).at[jnp.arange(probs.shape[0])[:, None], idx].set(top)
+'''
+
+# A near miss: the same top-k straight on the inputs, with no contraction or reduction before it.
+ROUTER_BARE = ROUTER.replace("jax.nn.softmax(jnp.dot(x, w, precision=jax.lax.Precision.HIGHEST), axis=-1)",
+                             "jnp.abs(x[:, :64] + w[0, :64])")
+
+CONV = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, batch, length, channels):
+    k1, k2 = jax.random.split(key)
+    return (jax.random.normal(k1, (batch, channels, length), jnp.float32),
+            0.3 * jax.random.normal(k2, (channels, 1, 4), jnp.float32)), {}
+
+
+def reference(x, w):
+    y = jax.lax.conv_general_dilated(x, w, window_strides=(1,), padding=[(3, 0)],
+                                     dimension_numbers=("NCW", "OIW", "NCW"), feature_group_count=x.shape[1])
+    return jax.nn.silu(y)
+'''
+
+CONV_SIZES = dict(cpu="{batch: 2, length: 512, channels: 256}", full="{batch: 8, length: 4096, channels: 2048}",
+                  free="batch", dtype="float32", tol="1.0e-4")
+
 ROWS = dict(cpu="{tokens: 256, hidden: 512}", full="{tokens: 8192, hidden: 4096}", free="tokens", dtype="float32", tol="1.0e-5")
 GEMM = dict(cpu="{m: 128, k: 1024, n: 512}", full="{m: 2048, k: 8192, n: 8192}", free="m", dtype="bfloat16", tol="2.0e-2")
 LOSS = dict(cpu="{tokens: 128, vocab: 4096}", full="{tokens: 8192, vocab: 131072}", free="tokens", dtype="bfloat16",
@@ -247,7 +289,9 @@ def test_a_per_row_pick_by_label_becomes_a_one_hot_sum_and_a_row_pick_does_not(t
     source = FUSED_GRID.render(task, FUSED_GRID.space(task, None, "tpu-v6e").defaults, ("cpu", "full"))  # type: ignore[arg-type]
     assert "jax.lax.gather" not in source and "jax.lax.broadcasted_iota(jnp.int32" in source
     assert "labels.reshape(-1, 1)" in source  # the split vector travels as a column
-    assert plan(_task(tmp_path, "rp", ROW_PICK, LOSS), ("cpu", "full")) == "gather in the reference (not split by the general rules)"
+    row_pick = plan(_task(tmp_path, "rp", ROW_PICK, LOSS), ("cpu", "full"))  # a row picked: no one-hot, left to XLA
+    assert not isinstance(row_pick, str) and row_pick.tail is not None
+    assert "gather" in row_pick.tail.program.primitives() and "gather" not in row_pick.program.primitives()
 
 
 def test_what_mosaic_cannot_lower_is_refused_with_its_reason_and_empty_pieces_are_dropped(tmp_path: Path) -> None:
@@ -259,6 +303,28 @@ def test_what_mosaic_cannot_lower_is_refused_with_its_reason_and_empty_pieces_ar
     assert all(int(d) > 0 for n in p.program.nodes for v in n.outs for d in v.shape)
     source = FUSED_GRID.render(task, FUSED_GRID.space(task, None, "tpu-v6e").defaults, ("cpu", "full"))  # type: ignore[arg-type]
     assert "jax.lax.slice" not in source and "jnp.tanh" in source
+
+
+def test_a_top_k_and_what_follows_it_are_left_to_xla_after_the_kernel(tmp_path: Path) -> None:
+    task = _task(tmp_path, "router", ROUTER, ROWS)
+    p = plan(task, ("cpu", "full"))
+    assert not isinstance(p, str), p
+    assert "dot_general" in p.program.primitives() and "top_k" not in p.program.primitives()
+    assert p.tail is not None and {"top_k", "scatter"} <= set(p.tail.program.primitives())
+    source = FUSED_GRID.render(task, FUSED_GRID.space(task, None, "tpu-v6e").defaults, ("cpu", "full"))  # type: ignore[arg-type]
+    assert "def _after(" in source and "jax.lax.top_k(" in source and "jax.lax.scatter(" in source
+    assert plan(_task(tmp_path, "bare", ROUTER_BARE, ROWS), ("cpu", "full")) == (
+        "top_k in the reference, with no contraction or reduction before it to write a kernel for")
+
+
+def test_a_depthwise_convolution_becomes_taps_over_its_parallel_channels(tmp_path: Path) -> None:
+    task = _task(tmp_path, "conv", CONV, CONV_SIZES)
+    assert [(g[0], g[2]) for g in _grid(task)] == [("batch", (0, None)), ("channels", (1, 0))]
+    source = FUSED_GRID.render(task, FUSED_GRID.space(task, None, "tpu-v6e").defaults, ("cpu", "full"))  # type: ignore[arg-type]
+    assert "conv_general_dilated" not in source and "jax.lax.pad(" in source and "kernel's taps" in source
+    strided = _task(tmp_path, "strided", CONV.replace("window_strides=(1,)", "window_strides=(2,)"), CONV_SIZES)
+    assert plan(strided, ("cpu", "full")) == (
+        "conv_general_dilated in the reference, with no contraction or reduction before it to write a kernel for")
 
 
 def test_a_mean_over_the_rows_is_left_to_xla_after_the_kernel(tmp_path: Path) -> None:
@@ -276,7 +342,8 @@ def test_a_mean_over_the_rows_is_left_to_xla_after_the_kernel(tmp_path: Path) ->
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,source,sizes", [("dq", DEQUANT, GEMM), ("ms", MASKED, SOFTMAX), ("ln", LAYERNORM_OTHER, ROWS),
-                                               ("xe", XENT, LOSS), ("nm", NORMED, GEMM)])
+                                               ("xe", XENT, LOSS), ("nm", NORMED, GEMM), ("router", ROUTER, ROWS),
+                                               ("conv", CONV, CONV_SIZES)])
 def test_the_general_kernel_lowers_checks_and_is_priced_on_tpu_v6e(tmp_path: Path, name: str, source: str,
                                                                    sizes: dict[str, str]) -> None:
     from maxkernel.evaluation import evaluate_candidate
