@@ -69,11 +69,11 @@ def cost_model_version() -> str:
                                 timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    from maxkernel.targets.xla_tpu import compiler_installed
+    from maxkernel.targets.xla_tpu import compiler_used
 
     # XLA code is priced by XLA:TPU's own compiled program where libtpu is installed, by a fallback
     # roofline elsewhere: two models, named apart
-    pricing = "+xla-tpu" if compiler_installed() else "+fallback"
+    pricing = "+xla-tpu" if compiler_used() else "+fallback"
     return f"model-{h.hexdigest()[:10]}{pricing}" + (f" (commit {commit})" if commit else "")
 
 

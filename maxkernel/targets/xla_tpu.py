@@ -55,13 +55,19 @@ def compiler_installed() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
+def compiler_used() -> bool:
+    """Whether XLA code is priced by XLA:TPU's program: libtpu installed and not switched off
+    (``MAXKERNEL_NO_TPU_COMPILER``, so a figure compares with runs made without it)."""
+    return not os.environ.get("MAXKERNEL_NO_TPU_COMPILER") and compiler_installed()
+
+
 STARTUP_ERRORS: dict[str, str] = {}  # generation -> why an installed TPU compiler could not be used
 
 
 @lru_cache(maxsize=8)
 def tpu_compiler(generation: str) -> Any | None:
     """A device of ``generation``'s topology to compile for, or None without the TPU compiler."""
-    if os.environ.get("MAXKERNEL_NO_TPU_COMPILER") or not compiler_installed() or generation not in TOPOLOGIES:
+    if not compiler_used() or generation not in TOPOLOGIES:
         return None
     from jax.experimental import topologies
 

@@ -36,9 +36,9 @@ def test_small_blocks_are_overhead_bound_and_big_blocks_near_peak(rows: list[Cal
 def test_the_docs_table_is_the_one_the_model_prints(rows: list[CalibrationRow]) -> None:
     from pathlib import Path
 
-    from maxkernel.targets.xla_tpu import compiler_installed
+    from maxkernel.targets.xla_tpu import compiler_used
 
-    if compiler_installed():  # the page's table is the default install's; XLA:TPU prices the jnp rows otherwise
+    if compiler_used():  # the page's table is the default install's; XLA:TPU prices the jnp rows otherwise
         pytest.skip("the docs' table is priced without the TPU compiler (the tpu-compiler extra is installed here)")
 
     page = (Path(__file__).parents[2] / "docs" / "targets-tpu.md").read_text()
