@@ -15,7 +15,6 @@ from maxkernel.templates.tpu_ragged import TPU_RAGGED_PAGED
 from maxkernel.templates.tpu_retention import TPU_RETENTION
 from maxkernel.templates.tpu_rows import TPU_ROWS
 from maxkernel.templates.tpu_ssd import TPU_SSD
-from maxkernel.templates.tpu_xent import TPU_XENT
 
-TPU_TEMPLATES: tuple[Template, ...] = (PAGED_ATTENTION, TPU_RAGGED_PAGED, TPU_DECODE, TPU_GEMM, TPU_CONV, TPU_XENT, TPU_MLP, TPU_MOE,
+TPU_TEMPLATES: tuple[Template, ...] = (PAGED_ATTENTION, TPU_RAGGED_PAGED, TPU_DECODE, TPU_GEMM, TPU_CONV, TPU_MLP, TPU_MOE,
                                      TPU_ROWS, TPU_RETENTION, TPU_MLA, TPU_SSD)

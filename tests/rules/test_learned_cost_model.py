@@ -120,12 +120,12 @@ def test_it_drafts_only_strategies_it_has_seen_measured() -> None:
     from maxkernel.messages import StrategyRef
 
     model = LearnedCostModel.fit(samples_where_mid_blocks_win())
-    assert model is not None and model.knows("template:rowblock") and not model.knows("template:tpu_xent")
+    assert model is not None and model.knows("template:rowblock") and not model.knows("template:fused_grid")
     rows = 4096
     space = {"block_rows": [rows // f for f in (1, 2, 4, 8, 16)]}
     seen = StrategyRef(name="template:rowblock", kind="template", params={"block_rows": rows}, space=space,
                        extents={"block_rows": rows})
-    unseen = seen.model_copy(update={"name": "template:tpu_xent"})
+    unseen = seen.model_copy(update={"name": "template:fused_grid"})
     for_strategy = predictor((model, gemm(rows, 128)))
     assert for_strategy(unseen) is None and for_strategy(seen) is not None
     drafted, notes = draft_params([seen, unseen], [], [], for_strategy)
