@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from jaxbench.task import Task
     from maxkernel.analysis import TaskAnalysis
 
+# A masked score filled with this or less weighs exactly nothing in a float32 softmax of a row that sees a
+# key (exp underflows to 0), as -inf does; rows that see no key are refused.
+MASK_FLOOR = -1e9
 CHAIN = ("mul", "div", "add", "sub", "select_n", "convert_element_type", "tanh")
 PASS_BACK = ("convert_element_type", "reshape", "copy")
 
@@ -91,15 +94,22 @@ def evaluate_static(program: Program, var: Var) -> np.ndarray:
     return np.asarray(evaluate_nodes(program.ancestors(var), {})[var])
 
 
-def _scalar_factor(program: Program, var: Var, stop: Var) -> float:
-    """Constant factors applied to input ``stop`` on the way to ``var`` (through casts and reshapes)."""
+def _scalar_factor(program: Program, var: Var, stop: Var, moved: bool = False) -> float:
+    """Constant factors applied to input ``stop`` on the way to ``var`` (through casts and reshapes; with
+    ``moved``, through transposes and a head repeat too)."""
+    from maxkernel.templates.attention_layout import repeat_axis
+
     producers = program.producers()
     factor = 1.0
     while var is not stop:
         node = producers.get(var)
         if node is None:
             return factor
-        if node.prim in PASS_BACK:
+        if moved and node.prim == "reshape" and node.ins[0] in producers and \
+                repeat_axis(producers[node.ins[0]], node) is not None:  # type: ignore[index]
+            var = producers[node.ins[0]].ins[0]  # type: ignore[index,assignment]
+            continue
+        if node.prim in PASS_BACK or (moved and node.prim == "transpose"):
             var = node.ins[0]  # type: ignore[assignment]
             continue
         consts = [op for op in node.ins if isinstance(op, Const) and op.scalar() is not None]
@@ -113,16 +123,17 @@ def _scalar_factor(program: Program, var: Var, stop: Var) -> float:
     return factor
 
 
-def match_attention(program: Program) -> AttentionPlan | str:
+def match_attention(program: Program, moved: bool = False) -> AttentionPlan | str:
     """The attention plan of ``program``, or why it has none (also when its masks are too large to evaluate
-    in this process)."""
+    in this process). ``moved``: the program's inputs were moved to ``[batch, heads, seq, head_dim]``
+    (``templates.attention_layout``), so transposes and a head repeat may lie between them and the matmuls."""
     try:
-        return _match_attention(program)
+        return _match_attention(program, moved)
     except TooLargeToEvaluate as exc:
         return f"mask not evaluated: {exc}"
 
 
-def _match_attention(program: Program) -> AttentionPlan | str:
+def _match_attention(program: Program, moved: bool = False) -> AttentionPlan | str:
     rank4 = [v for v in program.inputs if len(v.shape) == 4]
     if len(rank4) < 3:
         return "no q, k, v inputs of rank 4"
@@ -142,7 +153,8 @@ def _match_attention(program: Program) -> AttentionPlan | str:
         dep = [program.reads(op) if isinstance(op, Var) else set() for op in dots[0].ins]
         if dep != [{q.name}, {k.name}]:
             return "score matmul does not read q and k alone"
-        q_factor = _scalar_factor(program, dots[0].ins[0], q) * _scalar_factor(program, dots[0].ins[1], k)  # type: ignore[arg-type]
+        q_factor = (_scalar_factor(program, dots[0].ins[0], q, moved)  # type: ignore[arg-type]
+                    * _scalar_factor(program, dots[0].ins[1], k, moved))  # type: ignore[arg-type]
     except EmitError as exc:
         return str(exc)
     users = program.users()
@@ -168,8 +180,8 @@ def _match_attention(program: Program) -> AttentionPlan | str:
             if not isinstance(pred, Var) or len(cases) != 2 or program.reads(pred):
                 return "a mask that depends on inputs"
             fill_value = fill.scalar() if isinstance(fill, Const) else _uniform(program, fill)
-            if fill_value is None or not np.isneginf(fill_value):
-                return "a mask that fills with something other than -inf"
+            if fill_value is None or not fill_value <= MASK_FLOOR:
+                return "a mask that fills with something other than -inf or a large negative value"
             keeps = cases[1] is current
             mask &= _visible_keys(program, pred, tuple(score.shape),
                                   jnp.logical_not if keeps else (lambda hidden: hidden))
@@ -179,6 +191,10 @@ def _match_attention(program: Program) -> AttentionPlan | str:
             first = node.ins[0] is current
             if isinstance(other, Const) and other.scalar() is not None:
                 steps.append(ChainStep(node.prim, other, first, "scalar"))
+            elif isinstance(other, Var) and not program.reads(other) and not other.shape and \
+                    _uniform(program, other) is not None:  # a scale computed from constants (sqrt(d))
+                value = np.asarray(_uniform(program, other), dtype=other.dtype)
+                steps.append(ChainStep(node.prim, Const(value, (), np.dtype(other.dtype), False), first, "scalar"))
             elif isinstance(other, Var):
                 names = program.reads(other)
                 if names & {q.name, k.name, v.name}:

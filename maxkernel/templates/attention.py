@@ -35,6 +35,7 @@ from maxkernel.analysis.program import Program, Var, arg_names, static_args, tra
 from maxkernel.rewrites.emit import EmitError, dtype_expr, scalar_text
 from maxkernel.rewrites.numeric import TooLargeToEvaluate
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
+from maxkernel.templates.attention_layout import Layout, canonical_program, find_layout, wrapper_source
 from maxkernel.templates.bias import TILES_SOURCE, bias_tile_count, is_relative_bias
 from maxkernel.templates.masks import MaskFormula, recover
 
@@ -63,21 +64,24 @@ class AttentionShape:
     bias_structure: tuple[str, ...] = ()  # the primitives computing the bias from the table
     buckets: int = 0  # the bias table's last axis
     soft_cap: float | None = None  # scores pass through cap * tanh(s / cap) after the scale (Gemma 2)
+    layout: Layout | None = None  # the reference's own argument order and axes, where they differ
 
     @property
     def group(self) -> int:
         return self.q_heads // self.kv_heads
 
 
-def match(program: Program, static: dict[str, Any] | None = None, size_checked: bool = True) -> AttentionShape | str:
+def match(program: Program, static: dict[str, Any] | None = None, size_checked: bool = True,
+          moved: bool = False) -> AttentionShape | str:
     """The attention this program computes, or why the flash template cannot compute it.
 
     A bias's values are checked only when ``size_checked`` (evaluating it builds [heads, seq, seq]).
+    ``moved``: the program is the reference moved to ``[batch, heads, seq, head_dim]`` (``attention_layout``).
     """
     # Imported here: blocked_attention imports the template registry, which imports this module.
     from maxkernel.rewrites.blocked_attention import match_attention
 
-    plan = match_attention(program)
+    plan = match_attention(program, moved)
     if isinstance(plan, str):
         return plan
     if plan.pv_out is not None:
@@ -178,10 +182,28 @@ def analyse(task: "Task", size: str) -> AttentionShape | str:
     if key not in _ANALYSED:
         # The bias is checked on values at the cpu size; larger sizes must trace to the same structure.
         try:
-            _ANALYSED[key] = match(trace_program(task, size).dce(), static_args(task, size), size_checked=size == "cpu")
+            _ANALYSED[key] = _analysed(task, size)
         except TooLargeToEvaluate as exc:  # a mask too large to evaluate here: decline, never crash the planner
             _ANALYSED[key] = f"mask not evaluated at {size}: {exc}"
     return _ANALYSED[key]
+
+
+def _analysed(task: "Task", size: str) -> AttentionShape | str:
+    """The match of the reference as written, else of the reference moved to ``[batch, heads, seq,
+    head_dim]`` when its arguments are in another order or layout."""
+    program = trace_program(task, size).dce()
+    found = match(program, static_args(task, size), size_checked=size == "cpu")
+    if not isinstance(found, str):
+        return found
+    layout = find_layout(program)
+    if isinstance(layout, str) or layout.identity:
+        return found
+    moved = match(canonical_program(task, size, layout).dce(), static_args(task, size), size_checked=size == "cpu",
+                  moved=True)
+    if isinstance(moved, str):
+        return f"{moved} (with the arguments moved to [batch, heads, seq, head_dim])"
+    moved.layout = layout
+    return moved
 
 
 @dataclass
@@ -195,6 +217,7 @@ class FlashPlan:
     static: tuple[str, ...]
     bias: str | None = None
     soft_cap: float | None = None
+    layout: Layout | None = None
 
 
 def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
@@ -218,8 +241,10 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
         return "a soft cap that changes with size"
     if found[0].bias is not None and ("cpu" not in sizes or len({s.bias_structure for s in found}) != 1):
         return "a bias whose values were not checked at the cpu size, or that is computed differently by size"
+    if len({s.layout for s in found}) != 1:
+        return "arguments whose roles or axes change with size"
     return FlashPlan(mask, scale_text, found[0].in_dtype, found[0].out_dtype, tuple(found[0].static), found[0].bias,
-                     found[0].soft_cap)
+                     found[0].soft_cap, found[0].layout)
 
 
 def vmem_bytes(a: AttentionShape, block_q: int, block_k: int) -> int:
@@ -274,7 +299,14 @@ class FlashAttentionTemplate:
         if isinstance(found, str):
             raise EmitError(found)
         block_q = int(params["block_q"])
-        return render_flash(task, found, block_q, int(params.get("block_k", block_q)))
+        block_k = int(params.get("block_k", block_q))
+        if found.layout is None:
+            return render_flash(task, found, block_q, block_k)
+        names = arg_names(task)
+        moved = [names[i] + ("_bhsd" if slot < 3 and found.layout.perms[slot] != (0, 1, 2, 3) else "")
+                 for slot, i in enumerate(found.layout.order)]
+        return (render_flash(task, found, block_q, block_k, names=moved, entry="_flash_attention") + "\n\n"
+                + wrapper_source(names, found.layout, found.static, "_flash_attention"))
 
 
 def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int, names: list[str] | None = None,

@@ -1,0 +1,221 @@
+"""Attention in any layout and argument order, read as the ``[batch, heads, seq, head_dim]`` form the flash
+kernel computes.
+
+People write attention many ways: ``[batch, seq, heads, head_dim]`` inputs scored with
+``einsum("bqhd,bkhd->bhqk")``, the values before the queries, grouped-query keys widened with
+``jnp.repeat`` over the heads. The roles are found by data flow, never by argument order or name: the
+queries and keys are what the first matmul reads, the values what the second reads besides the scores.
+Each role's axes are read from the matmuls' dimension numbers, traced back to the argument through casts,
+scalar scales, transposes and a head repeat. The reference is then traced again as a function of the
+three in ``[batch, heads, seq, head_dim]`` order (and its other arguments after them), its output moved to
+the same order, which is the program the flash template matches; the candidate's wrapper moves the
+arguments and the output with the same permutations, which XLA does as copies around the kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxkernel.analysis.program import Const, Program, ProgramBuilder, Var, arg_names, input_shapes, size_names, static_args
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
+
+SAME_SHAPE = ("convert_element_type", "copy", "reduce_precision")
+SCALED = ("mul", "div")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the flash kernel's operands are among the reference's arguments, and how their axes lie."""
+
+    order: tuple[int, ...]  # argument indices: queries, keys, values, then the others in their order
+    perms: tuple[tuple[int, ...], ...]  # per queries, keys, values: their axes as (batch, heads, seq, head_dim)
+    out_perm: tuple[int, ...]  # the reference's output axes, as axes of the (batch, heads, seq, dim) result
+
+    @property
+    def identity(self) -> bool:
+        return (self.order == tuple(range(len(self.order))) and all(p == (0, 1, 2, 3) for p in self.perms)
+                and self.out_perm == (0, 1, 2, 3))
+
+
+def _source_axes(program: Program, operand: Any, source: Var) -> list[int] | None:
+    """For each axis of ``operand``, the axis of the argument ``source`` it is, through casts, scalar
+    scales, transposes and a head repeat (a broadcast that adds an axis right after one, merged back into
+    it by a reshape, as ``jnp.repeat`` writes it); None when the path holds anything else."""
+    producers = program.producers()
+    if not isinstance(operand, Var):
+        return None
+    axes = list(range(len(operand.shape)))
+    var = operand
+    while var is not source:
+        node = producers.get(var)
+        if node is None:
+            return None
+        if node.prim in SAME_SHAPE:
+            var = node.ins[0]  # type: ignore[assignment]
+        elif node.prim in SCALED and any(isinstance(op, Const) and op.scalar() is not None for op in node.ins):
+            var = next(op for op in node.ins if isinstance(op, Var))
+            if tuple(var.shape) != tuple(node.out.shape):
+                return None
+        elif node.prim == "transpose":
+            perm = [int(p) for p in node.params["permutation"]]
+            axes = [perm[a] for a in axes]
+            var = node.ins[0]  # type: ignore[assignment]
+        elif node.prim == "reshape" and isinstance(node.ins[0], Var) and node.ins[0] in producers:
+            widened = producers[node.ins[0]]
+            merged = repeat_axis(widened, node)
+            if merged is None:
+                return None
+            dims = [int(d) for d in widened.params["broadcast_dimensions"]]
+            # output axis j is the widened axis j (before the merge) or j + 1 (after it)
+            axes = [dims.index(a if a <= merged else a + 1) for a in axes]
+            var = widened.ins[0]  # type: ignore[assignment]
+        else:
+            return None
+        if not isinstance(var, Var):
+            return None
+    return axes
+
+
+def repeat_axis(widened: Any, reshape: Any) -> int | None:
+    """The axis ``jnp.repeat`` widened (a new axis right after it, merged back by ``reshape``), else None."""
+    if widened.prim != "broadcast_in_dim" or not isinstance(widened.ins[0], Var):
+        return None
+    dims = [int(d) for d in widened.params["broadcast_dimensions"]]
+    wide = [int(d) for d in widened.params["shape"]]
+    if len(wide) != len(dims) + 1 or dims != sorted(dims):
+        return None
+    new = next(i for i in range(len(wide)) if i not in dims)
+    if new == 0:
+        return None
+    merged = new - 1
+    expected = wide[:merged] + [wide[merged] * wide[new]] + wide[new + 1:]
+    if [int(d) for d in reshape.out.shape] != expected or int(widened.ins[0].shape[dims.index(merged)]) != wide[merged]:
+        return None
+    return merged
+
+
+def find_layout(program: Program) -> Layout | str:
+    """The roles and axes of an attention's arguments, by data flow, or why they cannot be read."""
+    dots = [n for n in program.nodes if n.prim == "dot_general"]
+    if len(dots) != 2:
+        return "not two matmuls (scores, then scores times values)"
+    scores, values = dots
+
+    def single(op: Any) -> int | None:
+        names = program.reads(op) if isinstance(op, Var) else set()
+        return next((i for i, v in enumerate(program.inputs) if {v.name} == names), None)
+
+    side = [isinstance(op, Var) and scores in program.ancestors(op) for op in values.ins]
+    if side.count(True) != 1:
+        return "the second matmul does not read the scores on one side"
+    at = side.index(True)  # the scores' side of the second matmul; the values are the other
+    iq, ik = single(scores.ins[0]), single(scores.ins[1])
+    iv = single(values.ins[1 - at])
+    if iq is None or ik is None or iv is None or len({iq, ik, iv}) < 3:
+        return "queries, keys and values are not three arguments the two matmuls read one each"
+    q, k, v = (program.inputs[i] for i in (iq, ik, iv))
+    if any(len(x.shape) != 4 for x in (q, k, v)):
+        return "queries, keys and values are not four-dimensional"
+    (lc, rc), (lb, rb) = scores.params["dimension_numbers"]
+    contracted, batched = values.params["dimension_numbers"]
+    pc, vc, pb, vb = contracted[at], contracted[1 - at], batched[at], batched[1 - at]
+    if len(lb) != 2 or len(lc) != 1 or len(pb) != 2 or len(pc) != 1:
+        return "matmuls that are not batched over two axes with one contracted"
+    if tuple(pb) != (0, 1) or tuple(pc) != (3,) or len(values.ins[at].shape) != 4:
+        return "the second matmul does not contract the scores' key axis"
+    qa, ka, va = (_source_axes(program, op, x) for op, x in ((scores.ins[0], q), (scores.ins[1], k), (values.ins[1 - at], v)))
+    if qa is None or ka is None or va is None:
+        return "something other than casts, scales, transposes and a head repeat between an argument and its matmul"
+
+    def free(batch: Any, contracted: Any) -> int:
+        return next(a for a in range(4) if a not in tuple(batch) + tuple(contracted))
+
+    perms = [[qa[lb[0]], qa[lb[1]], qa[free(lb, lc)], qa[lc[0]]],
+             [ka[rb[0]], ka[rb[1]], ka[free(rb, rc)], ka[rc[0]]],
+             [va[vb[0]], va[vb[1]], va[vc[0]], va[free(vb, vc)]]]
+    if int(k.shape[perms[1][0]]) < int(q.shape[perms[0][0]]):  # the keys' heads are the axis with fewer of them
+        perms = [[p[1], p[0], p[2], p[3]] for p in perms]
+    # the second matmul writes (batch, heads) then its left operand's free axis, then its right one's
+    out = _output_perm(program, values.out, [0, 1, 2, 3] if at == 0 else [0, 1, 3, 2])
+    if out is None:
+        return "something other than casts, scalings and transposes between the attention and the output"
+    order = (iq, ik, iv) + tuple(i for i in range(len(program.inputs)) if i not in (iq, ik, iv))
+    return Layout(order, tuple(tuple(p) for p in perms), out)
+
+
+def _output_perm(program: Program, start: Var, perm: list[int]) -> tuple[int, ...] | None:
+    """The reference's output axes as axes of the (batch, heads, seq, dim) result, where ``perm`` says that
+    of ``start`` (its shape kept up to transposes on the way to the output)."""
+    if len(program.outputs) != 1 or not isinstance(program.outputs[0], Var):
+        return None
+    users = program.users()
+    var = start
+    while var is not program.outputs[0]:
+        readers = users.get(var, [])
+        if len(readers) != 1:
+            return None
+        node = readers[0]
+        if node.prim == "transpose":
+            perm = [perm[int(p)] for p in node.params["permutation"]]
+        elif tuple(node.out.shape) != tuple(var.shape) or len(node.outs) != 1:
+            return None
+        var = node.out
+    return tuple(perm)
+
+
+def canonical_program(task: "Task", size: str, layout: Layout) -> Program:
+    """The reference traced as a function of queries, keys and values in ``[batch, heads, seq, head_dim]``
+    order (then its other arguments), with its output in that order."""
+    static = static_args(task, size)
+    shapes = list(input_shapes(task, size))
+    names = arg_names(task)
+    inverse = [tuple(int(a) for a in np.argsort(p)) for p in layout.perms]
+
+    def canonical(*moved: Any) -> Any:
+        args: list[Any] = [None] * len(shapes)
+        for slot, position in enumerate(layout.order):
+            args[position] = jnp.transpose(moved[slot], inverse[slot]) if slot < 3 else moved[slot]
+        out = task.reference(*args, **static)
+        return jnp.transpose(out, tuple(int(a) for a in np.argsort(layout.out_perm)))
+
+    specs = []
+    for slot, position in enumerate(layout.order):
+        s = shapes[position]
+        specs.append(jax.ShapeDtypeStruct(tuple(s.shape[a] for a in layout.perms[slot]), s.dtype) if slot < 3 else s)
+    closed = jax.make_jaxpr(canonical)(*specs)
+    program = ProgramBuilder().build(closed, [names[p] for p in layout.order])
+    program.out_tree = jax.tree_util.tree_structure(0)
+    program.dim_names = size_names(task.size(size) if size in task.spec.sizes else {}, names)
+    return program
+
+
+def wrapper_source(names: list[str], layout: Layout, static: tuple[str, ...], entry: str) -> str:
+    """``kernel``: the reference's arguments in its own order and layout, moved for ``entry`` and back."""
+    keywords = "".join(f", {s}" for s in static)
+    passed = "".join(f", {s}={s}" for s in static)
+    lines = [f"def kernel({', '.join(names)}{', *' + keywords if static else ''}):",
+             '    """The arguments moved to (batch, heads, seq, head_dim) for the kernel, its output moved back to '
+             'the reference\'s layout."""']
+    moved = []
+    for slot in range(3):
+        name = names[layout.order[slot]]
+        perm = layout.perms[slot]
+        if perm == (0, 1, 2, 3):
+            moved.append(name)
+        else:
+            lines.append(f"    {name}_bhsd = jnp.transpose({name}, {perm})")
+            moved.append(f"{name}_bhsd")
+    rest = [names[p] for p in layout.order[3:]]
+    call = f"{entry}({', '.join(moved + rest)}{passed})"
+    if layout.out_perm == (0, 1, 2, 3):
+        lines.append(f"    return {call}")
+    else:
+        lines.append(f"    return jnp.transpose({call}, {layout.out_perm})")
+    return "\n".join(lines) + "\n"

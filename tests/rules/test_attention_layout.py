@@ -1,0 +1,101 @@
+"""Attention written in another layout and argument order is read by data flow and served by the flash
+kernel, its arguments moved around it; a near miss (keys tiled, not repeated, over the heads) is not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jaxbench.task import load_task
+from maxkernel.analysis.program import trace_program
+from maxkernel.templates.attention import FLASH_ATTENTION, analyse, plan
+from maxkernel.templates.attention_layout import find_layout
+
+YAML = """\
+id: {id}
+name: {id}
+category: attention
+description: attention written for the layout tests.
+dtype: float32
+tolerance: {{atol: 1.0e-3, rtol: 1.0e-3}}
+sizes:
+  cpu: {{batch: 1, heads: 8, kv_heads: 2, seq: 256, head_dim: 64}}
+  full: {{batch: 2, heads: 16, kv_heads: 4, seq: 2048, head_dim: 128}}
+free: {{batch: {{}}}}
+"""
+
+# Values first, then queries, then keys; [batch, seq, heads, head_dim]; keys and values repeated per group;
+# a sliding causal window filled with a large negative number, the scale computed from a constant.
+BSHD = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, batch, heads, kv_heads, seq, head_dim):
+    k1, k2, k3 = jax.random.split(key, 3)
+    vals = jax.random.normal(k1, (batch, seq, kv_heads, head_dim), jnp.float32)
+    qs = jax.random.normal(k2, (batch, seq, heads, head_dim), jnp.float32)
+    ks = jax.random.normal(k3, (batch, seq, kv_heads, head_dim), jnp.float32)
+    return (vals, qs, ks), {"window": 96}
+
+
+def reference(vals, qs, ks, *, window):
+    rep = qs.shape[2] // ks.shape[2]
+    ks = jnp.repeat(ks, rep, axis=2)
+    vals = jnp.repeat(vals, rep, axis=2)
+    s = jnp.einsum("bqhd,bkhd->bhqk", qs, ks) / jnp.sqrt(jnp.float32(qs.shape[-1]))
+    i = jnp.arange(s.shape[-1])[:, None]
+    j = jnp.arange(s.shape[-1])[None, :]
+    s = jnp.where((j <= i) & (i - j < window), s, -1e30)
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", p, vals)
+'''
+
+# A near miss: the keys tiled over the heads (query head h reads kv head h % kv_heads), not repeated.
+TILED = BSHD.replace("jnp.repeat(ks, rep, axis=2)", "jnp.tile(ks, (1, 1, rep, 1))").replace(
+    "jnp.repeat(vals, rep, axis=2)", "jnp.tile(vals, (1, 1, rep, 1))")
+
+
+def _task(tmp_path: Path, name: str, source: str):  # type: ignore[no-untyped-def]
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "task.yaml").write_text(YAML.format(id=name))
+    (folder / "reference.py").write_text(source)
+    return load_task(folder)
+
+
+def test_roles_and_axes_are_read_by_data_flow(tmp_path: Path) -> None:
+    layout = find_layout(trace_program(_task(tmp_path, "bshd", BSHD), "cpu").dce())
+    assert not isinstance(layout, str), layout
+    assert layout.order == (1, 2, 0)  # queries, keys, values, wherever they are among the arguments
+    assert layout.perms == ((0, 2, 1, 3),) * 3 and layout.out_perm == (0, 2, 1, 3)
+    shape = analyse(_task(tmp_path, "again", BSHD), "cpu")
+    assert not isinstance(shape, str), shape
+    assert (shape.q_heads, shape.kv_heads, shape.seq_q, shape.head_dim) == (8, 2, 256, 64)
+
+
+def test_the_moved_kernel_is_the_flash_kernel_with_a_wrapper(tmp_path: Path) -> None:
+    task = _task(tmp_path, "bshd", BSHD)
+    found = plan(task, ("cpu", "full"))
+    assert not isinstance(found, str), found
+    assert found.mask is not None and "window" in found.mask.description
+    source = FLASH_ATTENTION.render(task, {"block_q": 256, "block_k": 256}, ("cpu", "full"))
+    assert "def kernel(vals, qs, ks, *, window):" in source
+    assert "qs_bhsd = jnp.transpose(qs, (0, 2, 1, 3))" in source
+    assert "_flash_attention(qs_bhsd, ks_bhsd, vals_bhsd, window=window)" in source
+
+
+def test_keys_tiled_over_the_heads_are_not_taken_for_a_repeat(tmp_path: Path) -> None:
+    assert isinstance(plan(_task(tmp_path, "tiled", TILED), ("cpu",)), str)
+
+
+@pytest.mark.slow
+def test_the_moved_kernel_checks_correct_and_is_priced_on_tpu_v6e(tmp_path: Path) -> None:
+    from maxkernel.evaluation import evaluate_candidate
+
+    task = _task(tmp_path, "bshd", BSHD)
+    source = FLASH_ATTENTION.render(task, {"block_q": 256, "block_k": 256}, ("cpu", "full"))
+    report = evaluate_candidate(task, source, target="tpu-v6e")
+    assert report.status == "ok", report.reason
+    assert report.label == "pallas-kernel" and report.speedup is not None and report.speedup > 1.0
