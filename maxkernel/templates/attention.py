@@ -37,6 +37,7 @@ from maxkernel.rewrites.numeric import TooLargeToEvaluate
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
 from maxkernel.templates.attention_layout import Layout, canonical_program, find_layout, wrapper_source
 from maxkernel.templates.bias import TILES_SOURCE, bias_tile_count, is_relative_bias
+from maxkernel.templates.tpu_gemm import _mxu_source
 from maxkernel.templates.masks import MaskFormula, recover
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class AttentionShape:
     buckets: int = 0  # the bias table's last axis
     soft_cap: float | None = None  # scores pass through cap * tanh(s / cap) after the scale (Gemma 2)
     layout: Layout | None = None  # the reference's own argument order and axes, where they differ
+    dense: tuple[int, ...] = ()  # a bias read whole: the score axes its axes are (e.g. heads, query, key)
 
     @property
     def group(self) -> int:
@@ -103,8 +105,11 @@ def match(program: Program, static: dict[str, Any] | None = None, size_checked: 
             assert isinstance(step.operand, Var)
             if program.reads(step.operand) != {extra[0].name}:
                 return "a score term that reads more than the bias table"
-            if size_checked and not is_relative_bias(program, step.operand, extra[0], plan.q.shape[2], plan.k.shape[2]):
-                return "a score bias that is not table[head, clip(query - key, 0, buckets - 1)]"
+            dense = dense_bias_axes(program, step.operand, extra[0])
+            if dense is None and size_checked and not is_relative_bias(program, step.operand, extra[0], plan.q.shape[2],
+                                                                       plan.k.shape[2]):
+                return ("a score bias that is neither an array over (heads,) query and key nor "
+                        "table[head, clip(query - key, 0, buckets - 1)]")
             bias = extra[0].name
             bias_structure = tuple(n.prim for n in program.ancestors(step.operand))
         elif bias is not None and step.kind == "scalar":
@@ -128,9 +133,39 @@ def match(program: Program, static: dict[str, Any] | None = None, size_checked: 
     if extra and bias is None:
         return "an input that is not q, k, v or an additive score bias"
     q, k = plan.q, plan.k
+    dense_axes = dense_bias_axes(program, next(st.operand for st in plan.steps if st.kind == "side"), extra[0]) \
+        if bias is not None else None
     return AttentionShape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], scale,
                           np.dtype(q.dtype), np.dtype(plan.out_dtype), plan.mask, dict(static or {}), bias,
-                          bias_structure, int(extra[0].shape[-1]) if bias is not None else 0, soft_cap)
+                          bias_structure, int(extra[0].shape[-1]) if bias is not None and dense_axes is None else 0,
+                          soft_cap, dense=dense_axes or ())
+
+
+def dense_bias_axes(program: Program, term: Any, table: Var) -> tuple[int, ...] | None:
+    """The score axes (of batch, heads, query, key) that the bias input's axes are, when ``term`` is the
+    input itself, cast and broadcast to the scores (an additive bias or mask read whole); else None."""
+    producers = program.producers()
+    axes: list[int] | None = None
+    var = term
+    while var is not table:
+        node = producers.get(var) if isinstance(var, Var) else None
+        if node is None:
+            return None
+        if node.prim == "convert_element_type":
+            var = node.ins[0]
+        elif node.prim == "broadcast_in_dim" and axes is None and len(node.out.shape) == 4:
+            dims = [int(d) for d in node.params["broadcast_dimensions"]]
+            operand = node.ins[0]
+            if not isinstance(operand, Var) or any(int(operand.shape[i]) != int(node.out.shape[d]) for i, d in enumerate(dims)):
+                return None
+            axes = dims
+            var = operand
+        else:
+            return None
+    found = tuple(axes) if axes is not None else tuple(range(4)) if len(table.shape) == 4 else None
+    if found is None or found[-2:] != (2, 3) or found not in ((2, 3), (1, 2, 3), (0, 1, 2, 3)):
+        return None
+    return found
 
 
 def _soft_cap(steps: list[Any]) -> tuple[float, set[int]] | None | str:
@@ -218,6 +253,8 @@ class FlashPlan:
     bias: str | None = None
     soft_cap: float | None = None
     layout: Layout | None = None
+    dense: tuple[int, ...] = ()  # see AttentionShape.dense
+    passes: int = 6  # bfloat16 MXU passes of a float32 product: 1 where the task's tolerance admits it
 
 
 def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
@@ -241,10 +278,22 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
         return "a soft cap that changes with size"
     if found[0].bias is not None and ("cpu" not in sizes or len({s.bias_structure for s in found}) != 1):
         return "a bias whose values were not checked at the cpu size, or that is computed differently by size"
-    if len({s.layout for s in found}) != 1:
+    if len({s.layout for s in found}) != 1 or len({s.dense for s in found}) != 1:
         return "arguments whose roles or axes change with size"
     return FlashPlan(mask, scale_text, found[0].in_dtype, found[0].out_dtype, tuple(found[0].static), found[0].bias,
-                     found[0].soft_cap, found[0].layout)
+                     found[0].soft_cap, found[0].layout, found[0].dense,
+                     float32_passes(task) if np.dtype(found[0].in_dtype) == np.float32 else 6)
+
+
+def float32_passes(task: "Task") -> int:
+    """The fewest bfloat16 passes the task's float32 products may use (``maxkernel.analysis.precision``);
+    six where the reference cannot be run to tell."""
+    from maxkernel.analysis.precision import admitted_passes, precision_need
+
+    try:
+        return admitted_passes(precision_need(task))[0]
+    except Exception:  # the reference cannot be run at the analysis size: keep its precision exact
+        return 6
 
 
 def vmem_bytes(a: AttentionShape, block_q: int, block_k: int) -> int:
@@ -255,7 +304,9 @@ def vmem_bytes(a: AttentionShape, block_q: int, block_k: int) -> int:
     blocks = 2 * (q_rows * a.head_dim * (item + out) + 2 * block_k * a.head_dim * item)
     scratch = q_rows * a.head_dim * 4 + 2 * q_rows * 128 * 4
     tiles = 0
-    if a.bias is not None:  # every distance's tile, double-buffered (see bias.TILES_SOURCE)
+    if a.dense:  # the bias block of each step, double-buffered, as float32 at most
+        tiles = 2 * (a.group if 1 in a.dense else 1) * block_q * block_k * 4
+    elif a.bias is not None:  # every distance's tile, double-buffered (see bias.TILES_SOURCE)
         tiles = 2 * a.group * (bias_tile_count(a.buckets, block_q) * block_q * block_k * item)
     return blocks + scratch + tiles + 2 * block_q * block_k * 4
 
@@ -277,19 +328,19 @@ class FlashAttentionTemplate:
         if tpu_target(target):
             fits = [(bq, bk) for bq in TPU_BLOCKS_Q for bk in TPU_BLOCKS_K
                     if a.seq_q % bq == 0 and a.seq_k % bk == 0 and vmem_bytes(a, bq, bk) <= TPU_VMEM_BUDGET
-                    and (a.bias is None or bq == bk)]
+                    and (a.bias is None or a.dense or bq == bk)]
             # Default: the biggest square-ish block that fits (fewest steps; causal waste stays small).
             best = max(fits, key=lambda t: (min(t), t[0] * t[1]), default=None)
             if best is None:
                 return TemplateSpace(defaults={"block_q": 0, "block_k": 0}, space={"block_q": [], "block_k": []})
-            if a.bias is not None:  # square blocks: one parameter
+            if a.bias is not None and not a.dense:  # square blocks: one parameter
                 return TemplateSpace(defaults={"block_q": best[0]}, space={"block_q": sorted({f[0] for f in fits})})
             return TemplateSpace(defaults={"block_q": best[0], "block_k": best[1]},
                                  space={"block_q": sorted({f[0] for f in fits}), "block_k": sorted({f[1] for f in fits})})
         # CPU (interpret mode): grid steps are expensive, so only a few large blocks are worth trying.
         opts_q = sorted(d for d in divisors(a.seq_q) if a.seq_q // d <= 4)
         opts_k = sorted(d for d in divisors(a.seq_k) if a.seq_k // d <= 4)
-        if a.bias is not None:
+        if a.bias is not None and not a.dense:
             return TemplateSpace(defaults={"block_q": a.seq_q}, space={"block_q": sorted(set(opts_q) & set(opts_k))})
         return TemplateSpace(defaults={"block_q": a.seq_q, "block_k": a.seq_k if a.mask.all() else a.seq_k // 2},
                              space={"block_q": opts_q, "block_k": opts_k})
@@ -309,22 +360,38 @@ class FlashAttentionTemplate:
                 + wrapper_source(names, found.layout, found.static, "_flash_attention"))
 
 
+SCORES_DN = "(((1,), (1,)), ((), ()))"  # queries [rows, head_dim] times keys [keys, head_dim]
+VALUES_DN = "(((1,), (0,)), ((), ()))"  # probabilities [rows, keys] times values [keys, dim]
+
+# The bias block of a step, by the score axes the bias has: the group's heads (all heads share it when it has
+# none), the step's query block and key block.
+DENSE_SPECS = {
+    (0, 1, 2, 3): "            pl.BlockSpec((None, group, block_q, block_k), lambda b, g, t, qb, kb, f: (b, g, qb[t], kb[t])),",
+    (1, 2, 3): "            pl.BlockSpec((group, block_q, block_k), lambda b, g, t, qb, kb, f: (g, qb[t], kb[t])),",
+    (2, 3): "            pl.BlockSpec((block_q, block_k), lambda b, g, t, qb, kb, f: (qb[t], kb[t])),",
+}
+
+
 def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int, names: list[str] | None = None,
                  entry: str = "kernel", doc: str | None = None) -> str:
     """The candidate source; ``names`` (the arguments, default the task's), ``entry`` (the function's name)
     and ``doc`` (the module docstring) let another template call this kernel from its own ``kernel``."""
     names = names if names is not None else arg_names(task)
     q, k, v = names[:3]
-    table = names[3] if p.bias is not None else ""
-    if p.bias is not None and block_q != block_k:
+    table = names[3] if p.bias is not None and not p.dense else ""  # a relative-position table
+    dense = names[3] if p.dense else ""  # a bias read whole, block by block
+    if table and block_q != block_k:
         raise EmitError("a blocked bias needs square blocks (block_q == block_k)")
-    bias_arg = f", {table}" if table else ""
-    bias_ref = " bias_ref," if table else ""
+    bias_arg = f", {table or dense}" if table or dense else ""
+    bias_ref = " bias_ref," if table or dense else ""
     static = "".join(f", {name}" for name in p.static)
     keywords = f", *{static}" if p.static else ""
     passed = ", ".join(f"{name}={name}" for name in p.static)
     f32 = np.dtype(p.in_dtype) == np.float32
-    precision = ", precision=jax.lax.Precision.HIGHEST" if f32 else ""
+    one_pass = f32 and p.passes == 1  # float32 operands rounded to bfloat16 once: what the tolerance admits
+    split = f32 and p.passes == 3  # three passes: each float32 operand as a high and a low bfloat16 part
+    precision = ", precision=jax.lax.Precision.HIGHEST" if f32 and p.passes == 6 else ""
+    operand = ".astype(jnp.bfloat16)" if one_pass else ""
     what = p.mask.description if p.mask is not None else "every key"
     doc = doc if doc is not None else (f'"""{task.id}: flash attention over the visible key blocks ({what}).\n\n'
            "Grid (batch, kv head, step): each step multiplies one query block, holding every query head that\n"
@@ -358,6 +425,8 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int, names: 
         lines += [p.mask.source(), ""]
     if table:
         lines += [TILES_SOURCE, ""]
+    if split:
+        lines += [_mxu_source(SCORES_DN, 3, "_scores"), _mxu_source(VALUES_DN, 3, "_values", split=False)]
     lines += [
         f"def _schedule(seq_q, seq_k, block_q, block_k{keywords}):",
         '    """The grid steps: every (query block, key block) pair with a visible key, row by row, and flags.',
@@ -410,14 +479,18 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int, names: 
     lines += [
         *(["        distance = jnp.clip(q_blocks_ref[t] - kv_blocks_ref[t], -1, far) + 1  # the bias tile"] if table else []),
         "        for h in range(q_ref.shape[0]):  # the query heads that share this kv head",
-        "            s = jax.lax.dot_general(q_ref[h], k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32"
-        f"{precision})",
+        ("            s = _scores(q_ref[h], k)" if split else
+         f"            s = jax.lax.dot_general(q_ref[h]{operand}, k{operand}, {SCORES_DN}, "
+         f"preferred_element_type=jnp.float32{precision})"),
         "            s = s * scale  # on the f32 scores: a scaled copy of a bf16 q would round every query",
         *(["            s = SOFT_CAP * jnp.tanh(s / SOFT_CAP)  # before the mask: a hidden score stays hidden"]
           if p.soft_cap is not None else []),
     ]
     if table:
         lines += ["            s = s + bias_ref[h, distance].astype(jnp.float32)  # this block distance's bias tile"]
+    if dense:
+        lines += [f"            s = s + bias_ref[{'h' if 1 in p.dense else '...'}].astype(jnp.float32)  # the bias block "
+                  "of these queries and keys"]
     lines += [
         "            if masked:",
         "                s = jnp.where(visible, s, MASK_VALUE)",
@@ -430,8 +503,9 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int, names: 
     ]
     lines += [
         "            l_ref[h] = alpha * l_ref[h] + jnp.sum(p, axis=1, keepdims=True)",
-        "            pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),",
-        f"                                     preferred_element_type=jnp.float32{precision})",
+        ("            pv = _values(p, v)" if split else
+         f"            pv = jax.lax.dot_general(p.astype({'jnp.bfloat16' if one_pass else 'v.dtype'}), v{operand}, "
+         f"{VALUES_DN}, preferred_element_type=jnp.float32{precision})"),
         "            acc_ref[h] = alpha * acc_ref[h] + pv",
         "            m_ref[h] = m_next",
         "",
@@ -469,6 +543,7 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int, names: 
         *(["            # The group's bias tiles stay in VMEM for all of its steps: fetched once per (batch, kv head).",
            "            pl.BlockSpec((group, tiles.shape[1], block_q, block_k), lambda b, g, t, qb, kb, f: (g, 0, 0, 0)),"]
           if table else []),
+        *([DENSE_SPECS[p.dense]] if dense else []),
         "        ],",
         "        out_specs=pl.BlockSpec((None, group, block_q, v_dim), lambda b, g, t, qb, kb, f: (b, g, qb[t], 0)),",
         "        scratch_shapes=[",
@@ -482,7 +557,7 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int, names: 
         "        grid_spec=grid_spec,",
         f"        out_shape=jax.ShapeDtypeStruct((batch, q_heads, seq_q, v_dim), {dtype_expr(p.out_dtype)}),",
         '        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),',
-        f"    )(q_blocks, kv_blocks, flags, {q}, {k}, {v}{', tiles' if table else ''})",
+        f"    )(q_blocks, kv_blocks, flags, {q}, {k}, {v}{', tiles' if table else ''}{', ' + dense if dense else ''})",
     ]
     return "\n".join(lines) + "\n"
 

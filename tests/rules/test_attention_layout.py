@@ -57,6 +57,12 @@ TILED = BSHD.replace("jnp.repeat(ks, rep, axis=2)", "jnp.tile(ks, (1, 1, rep, 1)
     "jnp.repeat(vals, rep, axis=2)", "jnp.tile(vals, (1, 1, rep, 1))")
 
 
+# A bias over (heads, query, key) read whole, block by block; no mask.
+BIASED = BSHD.replace('return (vals, qs, ks), {"window": 96}', 'return (vals, qs, ks, jax.random.normal(k1, (heads, seq, seq))), {}').replace(
+    "def reference(vals, qs, ks, *, window):", "def reference(vals, qs, ks, bias):").replace(
+    "s = jnp.where((j <= i) & (i - j < window), s, -1e30)", "s = s + bias")
+
+
 def _task(tmp_path: Path, name: str, source: str):  # type: ignore[no-untyped-def]
     folder = tmp_path / name
     folder.mkdir()
@@ -86,16 +92,29 @@ def test_the_moved_kernel_is_the_flash_kernel_with_a_wrapper(tmp_path: Path) -> 
     assert "_flash_attention(qs_bhsd, ks_bhsd, vals_bhsd, window=window)" in source
 
 
+def test_a_bias_over_heads_queries_and_keys_is_read_block_by_block(tmp_path: Path) -> None:
+    task = _task(tmp_path, "biased", BIASED)
+    found = plan(task, ("cpu", "full"))
+    assert not isinstance(found, str), found
+    assert found.bias == "bias" and found.dense == (1, 2, 3) and found.mask is None
+    source = FLASH_ATTENTION.render(task, {"block_q": 256, "block_k": 128}, ("cpu", "full"))
+    assert "def kernel(vals, qs, ks, bias):" in source and "s = s + bias_ref[h].astype(jnp.float32)" in source
+    assert "lambda b, g, t, qb, kb, f: (g, qb[t], kb[t])" in source
+
+
 def test_keys_tiled_over_the_heads_are_not_taken_for_a_repeat(tmp_path: Path) -> None:
     assert isinstance(plan(_task(tmp_path, "tiled", TILED), ("cpu",)), str)
 
 
 @pytest.mark.slow
-def test_the_moved_kernel_checks_correct_and_is_priced_on_tpu_v6e(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name,reference,blocks", [("bshd", BSHD, {"block_q": 256, "block_k": 256}),
+                                                   ("biased", BIASED, {"block_q": 256, "block_k": 128})])
+def test_the_moved_kernel_checks_correct_and_is_priced_on_tpu_v6e(tmp_path: Path, name: str, reference: str,
+                                                                  blocks: dict[str, int]) -> None:
     from maxkernel.evaluation import evaluate_candidate
 
-    task = _task(tmp_path, "bshd", BSHD)
-    source = FLASH_ATTENTION.render(task, {"block_q": 256, "block_k": 256}, ("cpu", "full"))
+    task = _task(tmp_path, name, reference)
+    source = FLASH_ATTENTION.render(task, blocks, ("cpu", "full"))
     report = evaluate_candidate(task, source, target="tpu-v6e")
     assert report.status == "ok", report.reason
     assert report.label == "pallas-kernel" and report.speedup is not None and report.speedup > 1.0
