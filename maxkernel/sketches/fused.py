@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxkernel.analysis.program import Const, Node, Program, Var, arg_names, trace_program
+from maxkernel.analysis.program import Const, Node, Program, Var, arg_names, static_args, trace_program
 from maxkernel.rewrites.activations import cheaper_activations
 from maxkernel.rewrites.conv_taps import convs_as_taps
 from maxkernel.rewrites.emit import EmitError, emit_function, emittable
@@ -360,7 +360,7 @@ def sink_reshapes(program: Program) -> None:
             break
 
 
-def peel_reshapes(program: Program) -> tuple[Program, Tail | None]:
+def peel_reshapes(program: Program, statics: dict[str, Any] | None = None) -> tuple[Program, Tail | None]:
     """Outputs made by a final reshape (a projection's columns split into heads) computed before it, the
     reshape left to XLA after the kernel, where it only renames the layout: a reshape that splits or
     merges an axis would otherwise keep that axis whole in every block."""
@@ -394,16 +394,17 @@ def peel_reshapes(program: Program) -> tuple[Program, Tail | None]:
         return program, None
     index = tuple(next(j for j, k in enumerate(kernel_outputs) if k is f) for f in frontier)
     names = [f"value{i}" for i in range(len(frontier))]
-    lines = [f"    {names[frontier.index(n.ins[0])]}.reshape({_reshape_shape(names[frontier.index(n.ins[0])], n.ins[0].shape, n.out.shape)})"  # type: ignore[arg-type]
+    lines = [f"    {names[frontier.index(n.ins[0])]}.reshape({_reshape_shape(names[frontier.index(n.ins[0])], n.ins[0].shape, n.out.shape, statics or {})})"  # type: ignore[arg-type]
              for n in peeled if n is not None]
-    text = (f"def _after({', '.join(names)}):\n    \"\"\"The kernel's outputs in the reference's shapes: a reshape XLA does "
-            f"as a change of layout.\"\"\"\n    return (\n" + ",\n".join("    " + line for line in lines) + ",\n    )")
+    text = (f"def _after({', '.join(names)}, static):\n    \"\"\"The kernel's outputs in the reference's shapes: a reshape XLA "
+            f"does as a change of layout (the task's static arguments give the extents they name).\"\"\"\n    return (\n" + ",\n".join("    " + line for line in lines) + ",\n    )")
     return kernel, Tail(after, index, (), tuple(places), text)
 
 
-def split_tail(program: Program) -> tuple[Program | str, Tail | None]:
+def split_tail(program: Program, statics: dict[str, Any] | None = None) -> tuple[Program | str, Tail | None]:
     """The part of the reference a kernel runs and what XLA runs after it: ops no kernel holds and what
-    reads them, else outputs no gridded axis reaches, else a final reshape into heads."""
+    reads them, else outputs no gridded axis reaches, else a final reshape into heads (``statics``: the
+    task's static arguments, which may name the heads)."""
     cut = cut_unfusable(program)
     if isinstance(cut, str):
         return cut, None
@@ -411,17 +412,21 @@ def split_tail(program: Program) -> tuple[Program | str, Tail | None]:
         return cut
     program, tail = cut_tail(program)
     if tail is None and _reshaped_outputs(program):
-        program, tail = peel_reshapes(program)
+        program, tail = peel_reshapes(program, statics)
     return program, tail
 
 
-def _reshape_shape(name: str, src: tuple[int, ...], dst: tuple[int, ...]) -> str:
+def _reshape_shape(name: str, src: tuple[int, ...], dst: tuple[int, ...], statics: dict[str, Any]) -> str:
     """``dst`` written from ``src``: the leading axes they share read from the array (so a batch of any size
-    follows), the rest as numbers with the last left to follow (-1)."""
+    follows), the rest as the static argument whose value they are (``static["heads"]``) or as numbers,
+    with the last left to follow (-1)."""
     lead = 0
     while lead < min(len(src), len(dst)) and src[lead] == dst[lead]:
         lead += 1
-    rest = [str(int(d)) for d in dst[lead:]]
+    values = [v for v in statics.values() if isinstance(v, int) and not isinstance(v, bool)]
+    named = {int(v): k for k, v in statics.items()
+             if isinstance(v, int) and not isinstance(v, bool) and v > 1 and values.count(v) == 1}
+    rest = [f'static["{named[int(d)]}"]' if int(d) in named else str(int(d)) for d in dst[lead:]]
     if rest:
         rest[-1] = "-1"
     head = f"{name}.shape[:{lead}]" if lead else "()"
@@ -772,7 +777,7 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
             return program
         if not program.inputs or any(not isinstance(o, Var) for o in program.outputs):
             return "an output is a constant or an input passed through"
-        program, tail = split_tail(program)  # type: ignore[assignment]
+        program, tail = split_tail(program, static_args(task, size))  # type: ignore[assignment]
         if isinstance(program, str):
             return program
         read = _read(program)
@@ -798,7 +803,7 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
         naming = _prepared(task, size, _naming_shapes(program, [(g.extent, (g.in_axes, g.out_axes)) for g in base[1]]))
         if isinstance(naming, str):
             return naming
-        naming, naming_tail = split_tail(naming)  # type: ignore[assignment]
+        naming, naming_tail = split_tail(naming, static_args(task, size))  # type: ignore[assignment]
         if isinstance(naming, str):
             return naming
         if (naming_tail is None) != (tail is None):

@@ -222,7 +222,7 @@ def kernel({args}, **static):
         out_specs=({', '.join(out_specs)},),{scratch}
         compiler_params=pltpu.CompilerParams(dimension_semantics=({semantics},){limit}),
     )({', '.join(operands)})
-    {"after = _after_for(key)(" + reads + ")" + nl + "    " if p.tail is not None else ""}return {returned}
+    {"after = _after_for(key)(" + reads + (", static" if p.tail.text else "") + ")" + nl + "    " if p.tail is not None else ""}return {returned}
 '''
 
 

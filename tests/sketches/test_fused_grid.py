@@ -327,6 +327,17 @@ def test_a_depthwise_convolution_becomes_taps_over_its_parallel_channels(tmp_pat
         "conv_general_dilated in the reference, with no contraction or reduction before it to write a kernel for")
 
 
+def test_a_projection_split_into_heads_reads_the_head_count_from_its_static_argument(tmp_path: Path) -> None:
+    heads = NORMED.replace("return (a, w), {}", 'return (a, w), {"heads": 16}').replace(
+        "def reference(a, w):", "def reference(a, w, *, heads):").replace(
+        "preferred_element_type=jnp.float32).astype(jnp.bfloat16)",
+        "preferred_element_type=jnp.float32).astype(jnp.bfloat16).reshape(a.shape[0], heads, -1)")
+    task = _task(tmp_path, "heads", heads, GEMM)
+    source = FUSED_GRID.render(task, FUSED_GRID.space(task, None, "tpu-v6e").defaults, ("cpu", "full"))  # type: ignore[arg-type]
+    assert 'reshape(value0.shape[:1] + (static["heads"], -1))' in source  # not the 16 it was traced with
+    assert "_after_for(key)(results[0].reshape(outs[0].shape), static)" in source
+
+
 def test_a_mean_over_the_rows_is_left_to_xla_after_the_kernel(tmp_path: Path) -> None:
     loss = XENT.replace("    return -jnp.take_along_axis(lp, labels[:, None], axis=-1)[:, 0]",
                         "    nll = -jnp.take_along_axis(lp, labels[:, None], axis=-1)[:, 0]\n"
