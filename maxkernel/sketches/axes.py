@@ -209,6 +209,14 @@ def _visit(axes: Axes, node: Node, split: Node | None = None) -> None:
         for v in ins:
             axes.mark((id(v), along), "a concatenation joins along it")
         return
+    if prim == "stack":  # a new axis at ``axis``, each operand's axes after it shifted by one
+        along = int(params["axis"])
+        out = outs[0]
+        for v in ins:
+            for a in range(len(v.shape)):
+                axes.tie((id(v), a), (id(out), a if a < along else a + 1))
+        axes.mark((id(out), along), "a stack joins along it")
+        return
     if prim == "split":
         along = int(params["axis"])
         src = node.ins[0]

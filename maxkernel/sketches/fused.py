@@ -31,6 +31,7 @@ from maxkernel.rewrites.conv_taps import convs_as_taps
 from maxkernel.rewrites.emit import EmitError, emit_function, emittable
 from maxkernel.sketches.axes import Axes, Slot, analyse_axes, axis_of, parallel_labels
 from maxkernel.sketches.pieces import HEADER, bodies_source, sublane
+from maxkernel.targets.blocks import padded_bytes
 from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, tpu_target
 
 if TYPE_CHECKING:
@@ -921,8 +922,8 @@ def legal_blocks(p: FusedPlan, g: GridAxis) -> list[int]:
 
 
 def _block_bytes(v: Var, axes_blocks: dict[int, int]) -> int:
-    shape = [axes_blocks.get(a, int(d)) for a, d in enumerate(v.shape)]
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+    """A block in VMEM tiles: a minor axis of 2 takes 128 lanes (``targets.blocks.padded_bytes``)."""
+    return padded_bytes(tuple(axes_blocks.get(a, int(d)) for a, d in enumerate(v.shape)), np.dtype(v.dtype))
 
 
 def vmem_bytes(p: FusedPlan, blocks: dict[str, int]) -> int:
@@ -938,8 +939,8 @@ def vmem_bytes(p: FusedPlan, blocks: dict[str, int]) -> int:
     biggest = 0
     for node in p.program.nodes:
         for out in node.outs:
-            size = math.prod(p.block_shape(out, blocks))
-            biggest = max(biggest, size * max(4, np.dtype(out.dtype).itemsize))
+            wide = np.dtype(np.float32) if np.dtype(out.dtype).itemsize < 4 else np.dtype(out.dtype)
+            biggest = max(biggest, padded_bytes(tuple(p.block_shape(out, blocks)), wide))
     return 2 * io + biggest
 
 

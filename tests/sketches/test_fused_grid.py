@@ -239,6 +239,13 @@ def test_a_norm_is_gridded_over_its_rows_however_it_is_written(tmp_path: Path) -
     assert other == [("tokens", 8192, (None, 0), False)]  # the same axis, found in the second argument
 
 
+def test_a_stack_keeps_the_axes_it_does_not_join(tmp_path: Path) -> None:
+    stacked = LAYERNORM.replace("    return (x - mu) * jax.lax.rsqrt(var + 1e-5) * gamma",
+                                "    pair = jnp.stack([x - mu, (x - mu) * gamma], axis=1)\n"
+                                "    return pair[:, 0, :] * jax.lax.rsqrt(var + 1e-5) + pair[:, 1, :]")
+    assert _grid(_task(tmp_path, "stacked", stacked, ROWS)) == [("tokens", 8192, (0, None), False)]
+
+
 def test_statistics_over_the_batch_grid_the_columns_not_the_rows(tmp_path: Path) -> None:
     assert _grid(_task(tmp_path, "bn", BATCH_STATS, ROWS)) == [("hidden", 4096, (1, 0), False)]
 
