@@ -231,13 +231,14 @@ def _analysed(task: "Task", size: str) -> AttentionShape | str:
     if not isinstance(found, str):
         return found
     layout = find_layout(program)
-    if isinstance(layout, str) or layout.identity:
+    if isinstance(layout, str):
         return found
-    moved = match(canonical_program(task, size, layout).dce(), static_args(task, size), size_checked=size == "cpu",
-                  moved=True)
+    # in order and layout already, the keys may still be repeated over the heads: matched as moved
+    target = program if layout.identity else canonical_program(task, size, layout).dce()
+    moved = match(target, static_args(task, size), size_checked=size == "cpu", moved=True)
     if isinstance(moved, str):
-        return f"{moved} (with the arguments moved to [batch, heads, seq, head_dim])"
-    moved.layout = layout
+        return f"{moved} (with the arguments read as [batch, heads, seq, head_dim])"
+    moved.layout = None if layout.identity else layout
     return moved
 
 

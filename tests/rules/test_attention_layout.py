@@ -63,6 +63,26 @@ BIASED = BSHD.replace('return (vals, qs, ks), {"window": 96}', 'return (vals, qs
     "s = jnp.where((j <= i) & (i - j < window), s, -1e30)", "s = s + bias")
 
 
+# Already [batch, heads, seq, head_dim] and in order, the kv heads repeated over the query heads.
+BHSD_REPEAT = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, batch, heads, kv_heads, seq, head_dim):
+    k1, k2, k3 = jax.random.split(key, 3)
+    return (jax.random.normal(k1, (batch, heads, seq, head_dim), jnp.float32),
+            jax.random.normal(k2, (batch, kv_heads, seq, head_dim), jnp.float32),
+            jax.random.normal(k3, (batch, kv_heads, seq, head_dim), jnp.float32)), {}
+
+
+def reference(q, k, v):
+    rep = q.shape[1] // k.shape[1]
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, jnp.repeat(k, rep, axis=1)) * q.shape[-1] ** -0.5
+    return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, axis=-1), jnp.repeat(v, rep, axis=1))
+'''
+
+
 def _task(tmp_path: Path, name: str, source: str):  # type: ignore[no-untyped-def]
     folder = tmp_path / name
     folder.mkdir()
@@ -100,6 +120,15 @@ def test_a_bias_over_heads_queries_and_keys_is_read_block_by_block(tmp_path: Pat
     source = FLASH_ATTENTION.render(task, {"block_q": 256, "block_k": 128}, ("cpu", "full"))
     assert "def kernel(vals, qs, ks, bias):" in source and "s = s + bias_ref[h].astype(jnp.float32)" in source
     assert "lambda b, g, t, qb, kb, f: (g, qb[t], kb[t])" in source
+
+
+def test_keys_repeated_over_the_heads_in_the_kernel_s_own_layout_need_no_wrapper(tmp_path: Path) -> None:
+    task = _task(tmp_path, "repeat", BHSD_REPEAT)
+    found = plan(task, ("cpu", "full"))
+    assert not isinstance(found, str), found
+    assert found.layout is None
+    source = FLASH_ATTENTION.render(task, {"block_q": 256, "block_k": 256}, ("cpu", "full"))
+    assert "def kernel(q, k, v):" in source and "jnp.transpose" not in source
 
 
 def test_keys_tiled_over_the_heads_are_not_taken_for_a_repeat(tmp_path: Path) -> None:
