@@ -4,6 +4,7 @@
     python benchmarks/suite_speedup.py [--tasks 12p_RMSNorm 21k_...] [--budget 120] [--json FILE]
     python benchmarks/suite_speedup.py --target tpu-v6e [--tasks ...] [--budget 30] [--json FILE]
     python benchmarks/suite_speedup.py --from-json A.json B.json   # one table from runs split over processes
+    python benchmarks/suite_speedup.py --compare BEFORE.json AFTER.json   # two runs side by side (Markdown)
 
 ``--target tpu-v5e|tpu-v6e|...``: each task is one ``orchestrators.api.optimize`` session for that target,
 in a process of its own with a bounded address space (what a render allocates must not take the machine).
@@ -53,9 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="cpu", help="cpu (measured) or a TPU, e.g. tpu-v6e (modelled)")
     parser.add_argument("--from-json", nargs="+", type=Path, metavar="FILE",
                         help="print the TPU table and counts from the rows of earlier --target tpu-* runs (no run)")
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
+                        help="one Markdown table of two --target tpu-* runs' JSON, task by task (no run)")
     args = parser.parse_args(argv)
     if args.from_json:
         return _tpu_from_json(args.from_json)
+    if args.compare:
+        return _tpu_compare(*args.compare)
     from maxkernel.targets.names import TargetError, parse_target
 
     try:
@@ -256,6 +261,43 @@ def _tpu_from_json(paths: list[Path]) -> int:
     rows.sort(key=lambda r: order.get(r["task"], len(order)))
     _print_tpu(Console(width=200), rows, targets.pop(), budgets.pop())
     return 0
+
+
+def _tpu_compare(before: Path, after: Path) -> int:
+    """Two runs side by side (the same target and budget, run at the same time on one machine): per task
+    what won in each and the speedups, then each run's counts; the tasks only one run reached are left out."""
+    runs = []
+    for path in (before, after):
+        try:
+            saved = json.loads(path.read_text())
+            runs.append((saved["target"], saved["budget_s"], {r["task"]: r for r in saved["rows"]}))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: {path}: not the JSON of a --target tpu-* run ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return 2
+    if runs[0][:2] != runs[1][:2]:
+        print(f"error: the runs differ in target or budget: {runs[0][:2]} and {runs[1][:2]}", file=sys.stderr)
+        return 2
+    from jaxbench.task import list_tasks
+
+    shared = [t.id for t in list_tasks() if t.id in runs[0][2] and t.id in runs[1][2]]
+    print("| task | before | speedup | after | speedup | change |")
+    print("|---|---|---|---|---|---|")
+    for task in shared:
+        a, b = runs[0][2][task], runs[1][2][task]
+        ratio = float(b.get("speedup") or 1.0) / float(a.get("speedup") or 1.0)
+        print(f"| {task} | {_short(a)} | {float(a.get('speedup') or 1.0):.2f}x | {_short(b)} | "
+              f"{float(b.get('speedup') or 1.0):.2f}x | {ratio:.2f} |")
+    for name, (_, _, rows) in zip(("before", "after"), runs):
+        summary = tpu_summary([rows[t] for t in shared])
+        print(f"\n{name}: a Pallas kernel faster on {summary['pallas_faster']}/{summary['tasks']}, plain JAX on "
+              f"{summary['jax_faster']}, sessions failed {summary['errors']}, geometric mean {summary['geomean']:.2f}x")
+    return 0
+
+
+def _short(row: dict[str, Any]) -> str:
+    if row.get("status") == "error":
+        return "session failed"
+    return str(row.get("strategy") or "-").removeprefix("template:")
 
 
 def tpu_row(task_id: str, ours: dict[str, Any]) -> dict[str, Any]:

@@ -33,3 +33,22 @@ def test_an_unknown_target_is_one_line_and_exit_code_2(capsys) -> None:  # type:
     assert main(["--target", "tpu-v9", "--tasks", "12p_RMSNorm"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown target 'tpu-v9'" in err[0]
+
+
+def test_two_runs_compare_task_by_task_on_the_tasks_both_reached(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    before = [tpu_row("12p_RMSNorm", _ours("reference", "reference-equivalent", 1.0, False)),
+              tpu_row("13p_Cross_Entropy", _ours("template:tpu_xent", "pallas-kernel", 3.0, True))]
+    after = [tpu_row("13p_Cross_Entropy", _ours("template:fused_grid", "pallas-kernel", 3.6, True)),
+             tpu_row("12p_RMSNorm", _ours("reference", "reference-equivalent", 1.0, False)),
+             tpu_row("14p_Ragged_Dot", _ours("template:grouped_matmul", "pallas-kernel", 2.0, True))]
+    for name, rows, budget in (("a", before, 20.0), ("b", after, 20.0), ("c", after, 30.0)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"target": "tpu-v6e", "budget_s": budget, "rows": rows}))
+    assert main(["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| 13p_Cross_Entropy | tpu_xent | 3.00x | fused_grid | 3.60x | 1.20 |" in out
+    assert "14p_Ragged_Dot" not in out  # reached by one run only
+    assert "after: a Pallas kernel faster on 1/2" in out
+    assert main(["--compare", str(tmp_path / "a.json"), str(tmp_path / "c.json")]) == 2  # budgets differ
+    assert "differ in target or budget" in capsys.readouterr().err
