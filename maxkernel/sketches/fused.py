@@ -32,16 +32,13 @@ from maxkernel.rewrites.emit import EmitError, emit_function, emittable
 from maxkernel.sketches.axes import Axes, Slot, analyse_axes, axis_of, parallel_labels
 from maxkernel.sketches.pieces import HEADER, bodies_source, sublane
 from maxkernel.targets.blocks import padded_bytes
-from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, tpu_target
+from maxkernel.templates.base import FIT_SOURCE, NO_MOSAIC, TPU_VMEM_BUDGET, TemplateSpace, tpu_target
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
     from maxkernel.analysis import TaskAnalysis
 
 # What Mosaic cannot run on a block (or what the general rules do not split): left to other sketches.
-UNFUSABLE = ("scan", "while", "cond", "random_bits", "random_wrap", "gather", "scatter", "scatter-add",
-             "scatter_add", "sort", "conv_general_dilated", "dynamic_slice", "dynamic_update_slice", "top_k",
-             "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "argsort")
 MAX_CONFIGS = 24  # points of the block space priced by the model before anything is checked
 CHECK_FLOPS = 0.8e11  # what a check may cost the judge (maxkernel.targets.check_size allows 1e11), with room
 LANES = 128
@@ -277,13 +274,13 @@ def cut_unfusable(program: Program) -> tuple[Program, Tail | None] | str:
     the work before the first of them, XLA the rest from the kernel's outputs. Light work (casts, an
     index, a bias) that only the rest reads goes with the rest, so the kernel writes what its heavy work
     (a contraction, a reduction) made; nothing heavy before them leaves no kernel to write."""
-    if not any(n.prim in UNFUSABLE for n in program.nodes):
+    if not any(n.prim in NO_MOSAIC for n in program.nodes):
         return program, None
-    first = next(n.prim for n in program.nodes if n.prim in UNFUSABLE)
+    first = next(n.prim for n in program.nodes if n.prim in NO_MOSAIC)
     tail: set[int] = set()
     made_after: set[int] = set()
     for node in program.nodes:  # everything that reads what an unfusable op made
-        if node.prim in UNFUSABLE or any(isinstance(op, Var) and id(op) in made_after for op in node.ins):
+        if node.prim in NO_MOSAIC or any(isinstance(op, Var) and id(op) in made_after for op in node.ins):
             tail.add(id(node))
             made_after.update(id(o) for o in node.outs)
     producers = program.producers()

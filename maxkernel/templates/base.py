@@ -22,6 +22,10 @@ Shape = TypeVar("Shape")
 
 # VMEM a template plans to use on TPU (leaves headroom under v5e's 16 MiB scoped default).
 TPU_VMEM_BUDGET = 12 * 2**20
+# Primitives no Mosaic kernel holds: a kernel body with one of them does not lower for TPU.
+NO_MOSAIC = ("scan", "while", "cond", "random_bits", "random_wrap", "gather", "scatter", "scatter-add",
+             "scatter_add", "sort", "conv_general_dilated", "dynamic_slice", "dynamic_update_slice", "top_k",
+             "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "argsort")
 
 # Emitted into shape-generic candidates: a named block constant, shrunk only to divide a smaller extent.
 FIT_SOURCE = '''def _fit(block, extent):

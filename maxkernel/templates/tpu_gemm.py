@@ -34,7 +34,7 @@ from maxkernel.analysis.program import Node, Program, Var, arg_names, probe_size
 from maxkernel.rewrites.activations import cheaper_activations
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
 from maxkernel.templates.gemm_prologue import Prologue, split_draws
-from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, tpu_target
+from maxkernel.templates.base import FIT_SOURCE, NO_MOSAIC, TPU_VMEM_BUDGET, TemplateSpace, tpu_target
 
 if TYPE_CHECKING:
     from jaxbench.report import EvalReport
@@ -425,6 +425,8 @@ def placement(task: "Task", p: GemmPlan) -> str:
         return "tile"
     if any(n.prim.startswith("random") for n in p.tail.nodes):
         return "xla"  # random bits drawn per block would not be the reference's draws over the whole product
+    if any(n.prim in NO_MOSAIC for n in p.tail.nodes):
+        return "xla"  # a top-k, a sort, a gather after the matmul: no kernel holds them
     out = p.out
     rows = row_layout(task, "cpu")
     if rows is not None and rows.independent and rows.row_dims == 1 and out.shape and out.shape[0] == p.m:

@@ -153,3 +153,38 @@ def test_a_product_summed_over_its_columns_is_left_to_the_pre_summed_weight_rewr
         assert "template:tpu_gemm" not in names and any("sum_after_matmul" in n for n in names)
     kept = load_task("36k_Matmul_Sigmoid_Sum")  # a sum after a nonlinearity: the GEMM is needed
     assert TPU_GEMM.applies(kept, analyze_task(kept)) is None
+
+
+ROUTER = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, tokens, hidden):
+    k1, k2 = jax.random.split(key)
+    return (jax.random.normal(k1, (tokens, hidden), jnp.float32),
+            jax.random.normal(k2, (hidden, 256), jnp.float32) / hidden ** 0.5), {}
+
+
+def reference(x, w):
+    probs = jax.nn.softmax(jnp.dot(x, w, precision=jax.lax.Precision.HIGHEST), axis=-1)
+    top, idx = jax.lax.top_k(probs, 8)
+    return jnp.zeros_like(probs).at[jnp.arange(probs.shape[0])[:, None], idx].set(top / top.sum(-1, keepdims=True))
+'''
+
+
+def test_a_top_k_after_the_matmul_runs_in_xla_not_in_the_kernel(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    folder = tmp_path / "router"
+    folder.mkdir()
+    (folder / "task.yaml").write_text(
+        "id: router\nname: router\ncategory: moe\ndescription: a router.\ndtype: float32\n"
+        "tolerance: {atol: 1.0e-3, rtol: 1.0e-3}\nsizes:\n  cpu: {tokens: 256, hidden: 512}\n"
+        "  full: {tokens: 4096, hidden: 4096}\nfree: {tokens: {}}\n")
+    (folder / "reference.py").write_text(ROUTER)
+    task = load_task(folder)
+    full = plan(task, ("full",))
+    assert not isinstance(full, str) and full.placement == "xla"  # its rows are independent, but no kernel holds top_k
+    source = TPU_GEMM.render(task, {"block_m": 512, "block_n": 256, "block_k": 512, "passes": 3}, ("cpu", "full"))
+    assert "_rows_kernel" not in source
+    result = validate_tpu(source, task, "v6e")
+    assert result.ok, result.reason
