@@ -23,7 +23,7 @@ import numpy as np
 from maxkernel.analysis.program import arg_names, input_shapes, static_args, trace_program
 from maxkernel.analysis.rows import block_probe
 from maxkernel.rewrites.emit import EmitError, emit_function, emittable
-from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
+from maxkernel.templates.base import NO_MOSAIC, TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
 from maxkernel.templates.tpu_rows import RowsPlan, _bodies_source, _kernel_source, _key
 
 if TYPE_CHECKING:
@@ -58,6 +58,8 @@ class RowBlockTemplate:
         rows = analysis.rows.rows
         options = divisors(rows)
         if tpu_target(target):
+            if any(p in analysis.primitives for p in NO_MOSAIC):  # a top-k or a sort in the rows: no Mosaic body
+                return TemplateSpace(defaults={"block_rows": 0}, space={"block_rows": []})
             full_rows = _layout(task, "full")[0]
             per_row, whole = _row_bytes(task, "full")
             options = [d for d in divisors(full_rows) if (d % 8 == 0 or d == full_rows)
