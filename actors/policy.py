@@ -22,9 +22,10 @@ Auto, search, chat and daemon jobs all ask these functions; none of them keeps a
   kernel recalled for this very task goes before even those, and the reference last. Among the rest, on
   ``tpu-*`` targets the Pallas strategies go before the plain-JAX ones (building and checking a plain-JAX
   trial there can take a minute, and it must never starve the Pallas kernels), except the general rules,
-  which go after the rewrites (a rewrite that removes work beats a fusion of it, and the general rules
-  apply nearly everywhere); strategies that failed or lost clearly on similar tasks go after those memory
-  knows nothing of.
+  which go after the rewrites that remove work (a rewrite that removes work beats a fusion of it, and the
+  general rules apply nearly everywhere) and before those that remove none (counted by shapes,
+  ``maxkernel.rewrites.program_work``); strategies that failed or lost clearly on similar tasks go after
+  those memory knows nothing of.
 - **Confirmation.** The top candidates that clear it are measured again before one is named the winner:
   of the runs' lower ends, the lower of two runs, or the median of three when the two disagree about
   clearing the bar. A candidate whose first reading was too noisy to clear, though its centre did, is
@@ -279,13 +280,20 @@ def prior_band(prior: float | None) -> int:
 
 
 GENERAL = "general"  # the order's kind for the general rules (``maxkernel.sketches``)
+RESTATED = "restated"  # a rewrite that does not remove work (it writes the same arithmetic another way)
+REMOVES_WORK = 0.9  # a rewrite whose arithmetic is at most this share of the reference's removes work
 
 
-def order_kind(kind: str, name: str) -> str:
-    """A strategy's kind for :func:`work_order`: the general rules apart from the expert templates."""
+def order_kind(kind: str, name: str, work_ratio: float | None = None) -> str:
+    """A strategy's kind for :func:`work_order`: the general rules apart from the expert templates, and a
+    rewrite that removes no work (``work_ratio`` above ``REMOVES_WORK``) apart from one that does."""
     from maxkernel.sketches import SKETCHES
 
-    return GENERAL if kind == "template" and name in {f"template:{s.name}" for s in SKETCHES} else kind
+    if kind == "template" and name in {f"template:{s.name}" for s in SKETCHES}:
+        return GENERAL
+    if kind == "rewrite" and work_ratio is not None and work_ratio > REMOVES_WORK:
+        return RESTATED
+    return kind
 
 
 def work_order(strategies: Sequence[S], kind_of: Callable[[S], str], target: str,
@@ -293,8 +301,9 @@ def work_order(strategies: Sequence[S], kind_of: Callable[[S], str], target: str
     """The order strategies are worked in. The planner's order already ranks by memory; on ``tpu-*``
     Pallas goes first within each of memory's bands, so a plain-JAX rewrite that clearly won on similar
     tasks is still tried before the Pallas kernels (see the module's **Order**). The general rules
-    (``kind_of`` says ``general``) come after the rewrites: a rewrite removes work (a pre-summed weight),
-    where the general rules fuse the work there is, and they apply to nearly every task."""
+    (``kind_of`` says ``general``) come after the rewrites that remove work (a pre-summed weight: they
+    fuse the work there is, and apply to nearly every task), and before those that only restate it
+    (``restated``), which XLA compiles to what it ran already."""
     if not target.startswith("tpu"):
         return list(strategies)
 
@@ -308,6 +317,6 @@ def work_order(strategies: Sequence[S], kind_of: Callable[[S], str], target: str
         band = prior_band(prior_of(strategy) if prior_of is not None else None)
         if band == 0:
             return band, 0, index
-        return band, 2 if kind == GENERAL else 0 if is_pallas(kind) else 1, index
+        return band, {GENERAL: 2, RESTATED: 3}.get(kind, 0 if is_pallas(kind) else 1), index
 
     return [s for _, s in sorted(enumerate(strategies), key=key)]

@@ -72,6 +72,8 @@ class StrategyRef(BaseModel):
                                      "memory drafts it at others: what a draft at memory's parameters falls back to")
     prior: float | None = Field(None, description="memory's score of it on the nearest measured tasks (log of the "
                                 "speedup, similarity weighted; < 0: failed or lost there); None: memory knows nothing")
+    work_ratio: float | None = Field(None, description="a rewrite's arithmetic over the reference's, by shapes "
+                                     "(under 1: it removes work); None: not a rewrite, or not counted")
 
 
 class Plan(BusMessage):

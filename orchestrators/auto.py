@@ -428,8 +428,8 @@ class AutoRun:
         outcome = await self.bus.plan(request, self.grace())
         if isinstance(outcome, SessionFinished):
             return outcome.reason or f"planner ended with {outcome.status}"
-        ordered = policy.work_order(outcome.strategies, lambda ref: policy.order_kind(ref.kind, ref.name), self.target,
-                                    lambda ref: ref.prior)
+        ordered = policy.work_order(outcome.strategies, lambda ref: policy.order_kind(ref.kind, ref.name, ref.work_ratio),
+                                    self.target, lambda ref: ref.prior)
         self.catalog = outcome.model_copy(update={"strategies": ordered})
         self.recalled = sorted(set(self.recalled) | set(outcome.recalled))
         self.emit("plan", {"strategies": [s.name for s in ordered], "recalled": outcome.recalled})

@@ -33,7 +33,8 @@ class RulesBrain(Brain):
         proposed = await asyncio.to_thread(propose_strategies, task, analysis, request.target)
         tried = set(request.exclude)
         strategies = [StrategyRef(name=s.name, kind=s.kind, params=dict(s.params), space=dict(s.space),
-                                  rationale=s.rationale, target=s.target, extents=dict(s.extents))
+                                  rationale=s.rationale, target=s.target, extents=dict(s.extents),
+                                  work_ratio=s.work_ratio)
                       for s in proposed if s.name not in tried]
         # A kernel already verified for this very task (and target: recall filters by it) is tried first:
         # it costs one evaluation. Similarity scores mix in the code, so the task id decides, not the score.

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from maxkernel.analysis.program import Program, trace_probes, trace_program
 from maxkernel.rewrites.activations import CHEAPER_ACTIVATIONS
 from maxkernel.rewrites.base import Rewrite
@@ -42,6 +44,22 @@ class RewrittenProgram:
     names: list[str]  # the rewrites that changed something, in order
     program: Program
     sites: dict[str, int] = field(default_factory=dict)
+    work_ratio: float | None = None  # its work (``program_work``) over the reference's
+
+
+def program_work(program: Program) -> float:
+    """The arithmetic a program does by its shapes: 2·M·N·K a matmul, one operation per output element
+    for everything else; what tells a rewrite that removes work from one that only rewrites it."""
+    total = 0.0
+    for node in program.nodes:
+        if node.prim == "dot_general":
+            (lc, _), _ = node.params["dimension_numbers"]
+            lhs = node.ins[0]
+            total += 2.0 * float(np.prod(node.out.shape, dtype=np.float64)) * float(
+                np.prod([lhs.shape[a] for a in lc], dtype=np.float64))
+        else:
+            total += sum(float(np.prod(o.shape, dtype=np.float64)) for o in node.outs)
+    return total
 
 
 def apply_rewrites(program: Program, names: list[str]) -> RewrittenProgram:
@@ -94,8 +112,10 @@ def propose_rewrites(task: "Task", size: str = "cpu", target: str = "cpu") -> li
         if all(combined.names != f.names for f in found):
             found.insert(0, combined)
     unique: dict[str, RewrittenProgram] = {}
+    work = program_work(program.copy().dce()) or 1.0
     for f in found:
         if emittable(f.program) is None:
+            f.work_ratio = program_work(f.program) / work
             unique.setdefault(jax_candidate({size: f.program}, ""), f)
     return list(unique.values())
 

@@ -27,6 +27,7 @@ class Strategy(BaseModel):
     rationale: str = ""
     target: str = "cpu"
     extents: dict[str, int] = Field(default_factory=dict, description="what each block parameter tiles")
+    work_ratio: float | None = Field(None, description="a rewrite's arithmetic over the reference's (by shapes)")
 
 
 REFERENCE = "reference"
@@ -42,7 +43,7 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
         why = "; ".join(f"{BY_NAME[n].description} ({rewritten.sites[n]} site{'s' if rewritten.sites[n] > 1 else ''})"
                         for n in rewritten.names)
         found.append(Strategy(name=f"rewrite:{label}", kind="rewrite", params={"rewrites": rewritten.names},
-                              rationale=why, target=target))
+                              rationale=why, target=target, work_ratio=rewritten.work_ratio))
     for structural in structural_rewrites():
         if structural.applies(task, analysis) is not None:
             continue

@@ -93,6 +93,14 @@ def test_on_tpu_the_general_rules_come_after_the_rewrites_unless_memory_says_the
     assert policy.work_order(list(range(4)), lambda i: kinds[i], "tpu-v6e", won.get) == [0, 2, 1, 3]
 
 
+def test_a_rewrite_that_removes_no_work_comes_after_the_general_rules() -> None:
+    plan = [("rewrite", "rewrite:idle_subgraphs", 1.0), ("template", "template:fused_grid", None),
+            ("rewrite", "rewrite:sum_after_matmul", 0.001), ("reference", "reference", None)]
+    kinds = [policy.order_kind(kind, name, ratio) for kind, name, ratio in plan]
+    assert kinds == ["restated", "general", "rewrite", "reference"]
+    assert policy.work_order(list(range(4)), lambda i: kinds[i], "tpu-v6e") == [2, 1, 0, 3]
+
+
 def test_prior_bands_need_a_clear_win_or_loss() -> None:
     assert policy.prior_band(None) == 1 and policy.prior_band(0.05) == 1 and policy.prior_band(-0.05) == 1
     assert policy.prior_band(policy.MOVE * 1.01) == 0 and policy.prior_band(-policy.MOVE * 1.01) == 2

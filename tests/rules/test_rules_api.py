@@ -117,3 +117,12 @@ def test_tpu_target_works_pallas_first_and_ranks_by_the_cost_model(evaluator) ->
     assert result.beat_reference and result.best_report is not None
     assert result.best_report.basis == "modelled" and result.best_report.model is not None
     assert result.confirmation == "modelled, deterministic" and "confirm" not in {t.role for t in result.trials}
+
+
+def test_a_rewrite_says_how_much_of_the_reference_s_work_it_keeps() -> None:
+    from maxkernel.rewrites import propose_rewrites
+
+    found = {tuple(r.names): r.work_ratio for r in propose_rewrites(load_task("21k_Gemm_Divide_Sum_Scaling"), "cpu", "tpu-v6e")}
+    assert found[("sum_after_matmul",)] is not None and found[("sum_after_matmul",)] < 0.01  # the matmul became a matvec
+    kept = {tuple(r.names): r.work_ratio for r in propose_rewrites(load_task("13p_Cross_Entropy"), "cpu", "tpu-v6e")}
+    assert all(ratio is not None and ratio > 0.9 for ratio in kept.values())
