@@ -303,7 +303,9 @@ def work_order(strategies: Sequence[S], kind_of: Callable[[S], str], target: str
     tasks is still tried before the Pallas kernels (see the module's **Order**). The general rules
     (``kind_of`` says ``general``) come after the rewrites that remove work (a pre-summed weight: they
     fuse the work there is, and apply to nearly every task), and before those that only restate it
-    (``restated``), which XLA compiles to what it ran already."""
+    (``restated``), which XLA compiles to what it ran already. A clear win of the general rules on similar
+    tasks does not move them forward (they win on most tasks; it says little of this one); a loss moves
+    them back like any strategy."""
     if not target.startswith("tpu"):
         return list(strategies)
 
@@ -315,6 +317,8 @@ def work_order(strategies: Sequence[S], kind_of: Callable[[S], str], target: str
         if kind == "reference":
             return 3, 0, index
         band = prior_band(prior_of(strategy) if prior_of is not None else None)
+        if band == 0 and kind == GENERAL:  # they apply nearly everywhere: a win on a neighbour says little here
+            band = 1
         if band == 0:
             return band, 0, index
         return band, {GENERAL: 2, RESTATED: 3}.get(kind, 0 if is_pallas(kind) else 1), index

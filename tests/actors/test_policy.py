@@ -89,8 +89,12 @@ def test_on_tpu_the_general_rules_come_after_the_rewrites_unless_memory_says_the
     kinds = [policy.order_kind(kind, name) for kind, name in names]
     assert kinds == ["general", "rewrite", "template", "reference"]
     assert policy.work_order(list(range(4)), lambda i: kinds[i], "tpu-v6e") == [2, 1, 0, 3]
-    won = {0: 1.0}  # the general rules clearly won on similar tasks: first, like any clear winner
-    assert policy.work_order(list(range(4)), lambda i: kinds[i], "tpu-v6e", won.get) == [0, 2, 1, 3]
+    won = {0: 1.0}  # the general rules clearly won on similar tasks: that moves them no earlier
+    assert policy.work_order(list(range(4)), lambda i: kinds[i], "tpu-v6e", won.get) == [2, 1, 0, 3]
+    three = ["general", "restated", "reference"]
+    assert policy.work_order([0, 1, 2], lambda i: three[i], "tpu-v6e") == [0, 1, 2]
+    lost = {0: -1.0}  # ... but a loss there moves them back, behind a rewrite that restates the work
+    assert policy.work_order([0, 1, 2], lambda i: three[i], "tpu-v6e", lost.get) == [1, 0, 2]
 
 
 def test_a_rewrite_that_removes_no_work_comes_after_the_general_rules() -> None:
