@@ -31,6 +31,7 @@ import math
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -250,6 +251,17 @@ def _session_in_child(entry: dict[str, Any], target: str, evals: int, seed: int,
     conn.close()
 
 
+LIVE_SESSIONS: set[Any] = set()  # the session processes running now, ended with the run
+
+
+def stop_sessions(signum: int, _frame: Any = None) -> None:
+    """A run told to stop (SIGTERM) ends its sessions' processes too, then itself: nothing keeps running
+    for a run that is gone (``--resume`` picks up from the rows written)."""
+    for proc in list(LIVE_SESSIONS):
+        proc.kill()
+    os._exit(128 + signum)
+
+
 def bounded_session(entry: dict[str, Any], target: str, evals: int, seed: int) -> dict[str, Any]:
     """``run_session`` in a process of its own (spawned: a fresh JAX), answered or killed after the wall guard."""
     ctx = multiprocessing.get_context("spawn")
@@ -257,16 +269,20 @@ def bounded_session(entry: dict[str, Any], target: str, evals: int, seed: int) -
     proc = ctx.Process(target=_session_in_child, args=(entry, target, evals, seed, send))
     started = time.monotonic()
     proc.start()
+    LIVE_SESSIONS.add(proc)
     send.close()
     reply = None
-    if receive.poll(SESSION_WALL_S):
-        try:
-            reply = receive.recv()
-        except EOFError:
-            reply = None
-    if reply is None and proc.is_alive():
-        proc.kill()
-    proc.join(30)
+    try:
+        if receive.poll(SESSION_WALL_S):
+            try:
+                reply = receive.recv()
+            except EOFError:
+                reply = None
+        if reply is None and proc.is_alive():
+            proc.kill()
+        proc.join(30)
+    finally:
+        LIVE_SESSIONS.discard(proc)
     if reply is not None:
         return json.loads(reply)
     why = "no answer within the wall guard" if proc.exitcode is None else f"the session's process ended with exit code {proc.exitcode}"
@@ -392,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, stop_sessions)
     from maxkernel.targets.names import TargetError, parse_target
 
     if args.report:

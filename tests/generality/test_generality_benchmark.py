@@ -114,3 +114,33 @@ def test_peer_programs_become_task_folders_that_pass_task_check(tmp_path: Path) 
         assert task.spec.sizes["full"]["seq_len"] == 2048
         result = check_task(task, timing=False)
         assert result.ok, result.problems
+
+
+def test_a_run_told_to_stop_ends_its_sessions_processes_too(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    root = ROOT
+    script = (
+        "import multiprocessing, os, signal, time\n"
+        "from benchmarks import generality as g\n"
+        "if __name__ == '__main__':\n"
+        "    p = multiprocessing.get_context('spawn').Process(target=time.sleep, args=(120,))\n"
+        "    p.start()\n"
+        "    g.LIVE_SESSIONS.add(p)\n"
+        "    signal.signal(signal.SIGTERM, g.stop_sessions)\n"
+        "    print(p.pid, flush=True)\n"
+        "    time.sleep(120)\n")
+    (tmp_path / "run.py").write_text(script)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "run.py")], cwd=root, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    child = int(proc.stdout.readline())  # type: ignore[union-attr]
+    proc.terminate()
+    assert proc.wait(30) == 128 + 15
+    for _ in range(50):  # killed, then reaped by init
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"session process {child} still running after its run stopped")
