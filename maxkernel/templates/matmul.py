@@ -126,6 +126,11 @@ def block_epilogue(shape: MatmulShape, bm: int, bn: int) -> Program:
                    shape.epilogue.out_tree)
 
 
+def tile_vmem_bytes(block_m: int, block_n: int, block_k: int) -> int:
+    """VMEM of one step: double-buffered x, w and output tiles and the f32 accumulator, as float32."""
+    return 4 * (2 * (block_m * block_k + block_k * block_n + block_m * block_n) + block_m * block_n)
+
+
 class MatmulTemplate:
     name = "matmul_epilogue"
     description = "tiled matmul, K-loop into an f32 VMEM accumulator, the reference's epilogue fused on the last K step"
@@ -144,14 +149,17 @@ class MatmulTemplate:
             bms = [d for d in divisors(s.m) if d % 8 == 0 and d in (128, 256, 512, 1024)] or [s.m]
             bns = [d for d in divisors(s.n) if d % 128 == 0 and d in (128, 256, 512, 1024, 2048)] or [s.n]
             bks = [d for d in divisors(s.k) if d % 128 == 0 and d in (256, 512, 1024, 2048)] or [s.k]
-            item = 4
+            # The tuner tries every combination of the lists, and VMEM grows with each block: the largest
+            # values are dropped (the contraction's first) until the largest combination fits too.
+            lists = [sorted(bks), sorted(bns), sorted(bms)]
+            while tile_vmem_bytes(lists[2][-1], lists[1][-1], lists[0][-1]) > TPU_VMEM_BUDGET:
+                longest = next((x for x in lists if len(x) > 1), None)
+                if longest is None:
+                    break
+                longest.pop()
+            bks, bns, bms = lists
             space = {"block_m": bms, "block_n": bns, "block_k": bks}
-            fits = [(a, b, c) for a in bms for b in bns for c in bks
-                    if item * (2 * (a * c + c * b + a * b) + a * b) <= TPU_VMEM_BUDGET]
-            best = max(fits, key=lambda t: (t[0] * t[1], t[2]), default=(bms[0], bns[0], bks[0]))
-            space = {"block_m": sorted({f[0] for f in fits}) or bms, "block_n": sorted({f[1] for f in fits}) or bns,
-                     "block_k": sorted({f[2] for f in fits}) or bks}
-            return TemplateSpace(defaults={"block_m": best[0], "block_n": best[1], "block_k": best[2]}, space=space)
+            return TemplateSpace(defaults={"block_m": bms[-1], "block_n": bns[-1], "block_k": bks[-1]}, space=space)
         # CPU: interpreted grid steps are costly; whole extents or halves only.
         space = {"block_m": sorted({s.m, max(1, s.m // 2)}), "block_n": sorted({s.n, max(1, s.n // 2)}),
                  "block_k": sorted({s.k, max(1, s.k // 2)})}

@@ -126,3 +126,17 @@ def test_a_rewrite_says_how_much_of_the_reference_s_work_it_keeps() -> None:
     assert found[("sum_after_matmul",)] is not None and found[("sum_after_matmul",)] < 0.01  # the matmul became a matvec
     kept = {tuple(r.names): r.work_ratio for r in propose_rewrites(load_task("13p_Cross_Entropy"), "cpu", "tpu-v6e")}
     assert all(ratio is not None and ratio > 0.9 for ratio in kept.values())
+
+
+def test_every_combination_of_the_matmul_template_s_blocks_fits_vmem() -> None:
+    """The tuner tries every combination of a space's lists: the largest of each together must fit too."""
+    import itertools
+
+    from maxkernel.analysis import analyze_task
+    from maxkernel.templates.base import TPU_VMEM_BUDGET
+    from maxkernel.templates.matmul import MATMUL, tile_vmem_bytes
+
+    task = load_task("19k_Matmul_Subtract_Multiply_ReLU")
+    space = MATMUL.space(task, analyze_task(task, "tpu-v6e"), "tpu-v6e").space
+    combos = list(itertools.product(space["block_m"], space["block_n"], space["block_k"]))
+    assert len(combos) > 1 and all(tile_vmem_bytes(*c) <= TPU_VMEM_BUDGET for c in combos)
