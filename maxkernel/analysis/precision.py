@@ -88,6 +88,15 @@ def admitted_passes(need: PrecisionNeed) -> list[int]:
     return [6]
 
 
+def kernel_passes(task: "Task") -> int:
+    """The fewest bfloat16 passes a kernel's float32 products may use for ``task``; six where the reference
+    cannot be run at the analysis size to tell."""
+    try:
+        return admitted_passes(precision_need(task))[0]
+    except Exception:  # the reference cannot be run at the analysis size: keep its precision exact
+        return 6
+
+
 _cache: dict[tuple[Any, ...], PrecisionNeed] = {}
 _lock = threading.Lock()
 

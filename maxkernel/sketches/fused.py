@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxkernel.analysis.precision import kernel_passes
 from maxkernel.analysis.program import Const, Node, Program, Var, arg_names, static_args, trace_program
 from maxkernel.rewrites.activations import cheaper_activations
 from maxkernel.rewrites.conv_taps import convs_as_taps
@@ -744,7 +745,7 @@ def _emit(naming: Program, split: tuple[Slot, Program, Program, Split] | None) -
 
 @functools.lru_cache(maxsize=64)
 def _passes_of(path: str, digest: str, holder: Any) -> int:
-    return _passes_uncached(holder())
+    return kernel_passes(holder())
 
 
 def _passes(task: "Task") -> int:
@@ -752,13 +753,6 @@ def _passes(task: "Task") -> int:
     return _passes_of(str(task.path), task.source_digest, _Holder(task))
 
 
-def _passes_uncached(task: "Task") -> int:
-    from maxkernel.analysis.precision import admitted_passes, precision_need
-
-    try:
-        return admitted_passes(precision_need(task))[0]
-    except Exception:  # the reference cannot be run at the analysis size: keep its precision exact
-        return 6
 
 
 @functools.lru_cache(maxsize=64)

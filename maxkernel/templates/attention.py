@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from maxkernel.analysis.program import Program, Var, arg_names, static_args, trace_program
+from maxkernel.analysis.precision import kernel_passes
 from maxkernel.rewrites.emit import EmitError, dtype_expr, scalar_text
 from maxkernel.rewrites.numeric import TooLargeToEvaluate
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
@@ -283,18 +284,7 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
         return "arguments whose roles or axes change with size"
     return FlashPlan(mask, scale_text, found[0].in_dtype, found[0].out_dtype, tuple(found[0].static), found[0].bias,
                      found[0].soft_cap, found[0].layout, found[0].dense,
-                     float32_passes(task) if np.dtype(found[0].in_dtype) == np.float32 else 6)
-
-
-def float32_passes(task: "Task") -> int:
-    """The fewest bfloat16 passes the task's float32 products may use (``maxkernel.analysis.precision``);
-    six where the reference cannot be run to tell."""
-    from maxkernel.analysis.precision import admitted_passes, precision_need
-
-    try:
-        return admitted_passes(precision_need(task))[0]
-    except Exception:  # the reference cannot be run at the analysis size: keep its precision exact
-        return 6
+                     kernel_passes(task) if np.dtype(found[0].in_dtype) == np.float32 else 6)
 
 
 def vmem_bytes(a: AttentionShape, block_q: int, block_k: int) -> int:
