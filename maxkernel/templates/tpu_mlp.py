@@ -65,6 +65,9 @@ class ChainPlan:
     act: Program  # inputs: the first-stage products, then vectors of [hidden]; output: the second's lhs
     tail: Program  # inputs: the second product, then vectors of [n]; output: the reference's
     tileable: bool  # the tail is elementwise (else it reduces along whole rows of the second product)
+    # One first weight holding every first stage side by side (a fused gate/up weight, its product split
+    # into equal column parts): the number of parts, each read through its own block index; 0 if separate.
+    fused_parts: int = 0
     act_text: str = ""
     tail_text: str = ""
 
@@ -94,6 +97,36 @@ def _weight(program: Program, dot: Node, rank: int) -> tuple[Var, bool, list[Nod
         assert isinstance(w, Var)
         return w, True, [src]
     return "a weight that is not a 2-D input (or its transpose)"
+
+
+def _column_parts(program: Program, product: Var) -> tuple[list[Var], list[Node]] | None:
+    """The equal column parts ``product`` is read through, in column order, and the nodes that cut them:
+    one ``split`` of its last axis, or unit-stride slices of it that tile the last axis; None otherwise."""
+    readers = [nd for nd in program.nodes if product in nd.ins]
+    if not readers or product in program.outputs:
+        return None
+    last = len(product.shape) - 1
+    width = product.shape[last]
+    if len(readers) == 1 and readers[0].prim == "split":
+        node = readers[0]
+        sizes = [int(v) for v in node.params["sizes"]]
+        if int(node.params["axis"]) != last or len(sizes) < 2 or len(set(sizes)) != 1:
+            return None
+        return list(node.outs), [node]
+    pieces: list[tuple[int, Var]] = []
+    for node in readers:
+        if node.prim != "slice" or any(int(v) != 1 for v in node.params.get("strides") or ()):
+            return None
+        start, limit = tuple(node.params["start_indices"]), tuple(node.params["limit_indices"])
+        if any(start[a] != 0 or limit[a] != product.shape[a] for a in range(last)):
+            return None
+        pieces.append((int(start[last]), node.out))
+    pieces.sort(key=lambda piece: piece[0])
+    size = width // len(pieces) if len(pieces) >= 2 else 0
+    if not size or [start for start, _ in pieces] != [i * size for i in range(len(pieces))] or any(
+            v.shape[last] != size for _, v in pieces):
+        return None
+    return [v for _, v in pieces], list(readers)
 
 
 def _precision(dot: Node) -> str:
@@ -171,6 +204,11 @@ def match(program: Program) -> ChainPlan | str:
         return "operands that are not all float32 or all bfloat16"
     if len({_precision(d) for d in dots}) != 1:
         return "matmuls at different precisions"
+    first_products = [d.out for d in first_dots]
+    parts = _column_parts(program, first_dots[0].out) if len(first_dots) == 1 else None
+    if parts is not None:  # one fused weight whose product is cut into the stages' columns
+        first_products, cuts = parts
+        upstream += cuts
     hidden_in = second_dot.ins[0]
     if not isinstance(hidden_in, Var) or len(hidden_in.shape) != rank:
         return "the second matmul's left operand is not the activation of the first products"
@@ -184,11 +222,11 @@ def match(program: Program) -> ChainPlan | str:
     tail_nodes = [nd for nd in program.nodes if id(nd) not in upstream_ids and id(nd) not in act_ids]
     m = int(np.prod(x.shape[:-1]))
     k = int(x.shape[-1])
-    hidden = int(first_dots[0].out.shape[-1])
+    hidden = int(first_products[0].shape[-1])
     n = int(second_dot.out.shape[-1])
     dtype = np.dtype(first_dots[0].out.dtype)
-    firsts = [Var(f"first{i}", tuple(d.out.shape), d.out.dtype) for i, d in enumerate(first_dots)]
-    act = _subprogram(program, act_nodes, [(d.out, v) for d, v in zip(first_dots, firsts)], hidden, [hidden_in], None)
+    firsts = [Var(f"first{i}", tuple(v.shape), v.dtype) for i, v in enumerate(first_products)]
+    act = _subprogram(program, act_nodes, list(zip(first_products, firsts)), hidden, [hidden_in], None)
     if isinstance(act, str):
         return act
     if [v.name for v in act.inputs[: len(firsts)]] != [v.name for v in firsts] or any(
@@ -208,8 +246,9 @@ def match(program: Program) -> ChainPlan | str:
         return "a vector broadcast over the leading axes of a rank-3 x"
     if dtype != np.dtype("float32"):
         return "first products not accumulated in float32"
-    return ChainPlan(m, k, hidden, n, x, [w for w, _ in weights[:-1]], weights[-1][0], w_nk, np.dtype(x.dtype),
-                     _precision(dots[0]), act, tail, tileable)
+    first_weights = [w for w, _ in weights[:-1]] * (len(first_products) if parts is not None else 1)
+    return ChainPlan(m, k, hidden, n, x, first_weights, weights[-1][0], w_nk, np.dtype(x.dtype), _precision(dots[0]),
+                     act, tail, tileable, len(first_products) if parts is not None else 0)
 
 
 def plan(task: "Task", sizes: tuple[str, ...]) -> ChainPlan | str:
@@ -227,7 +266,7 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> ChainPlan | str:
         p.act_text = emit_function(p.act, "_activation", "The reference between its matmuls, on a tile of products.")
         p.tail_text = emit_function(p.tail, "_epilogue", "The reference after its second matmul, on whole rows.")
         found.append(p)
-    if len({(p.act_text, p.tail_text, p.w_nk, p.in_dtype, p.precision, p.tileable, len(p.firsts))
+    if len({(p.act_text, p.tail_text, p.w_nk, p.in_dtype, p.precision, p.tileable, len(p.firsts), p.fused_parts)
             for p in found}) != 1:
         return "the activation or the epilogue is written differently at different sizes"
     return found[-1]
@@ -355,8 +394,16 @@ def _vector(name: str) -> str:
     return f"{name}_ref[...].reshape(({name}_ref.shape[1],))"
 
 
+def _first_names(p: ChainPlan) -> list[str]:
+    """What the kernel calls each first-stage weight block: the argument's name, with the part's number
+    when one fused weight is read once per part."""
+    if p.fused_parts:
+        return [f"{w.name}_{i}" for i, w in enumerate(p.firsts)]
+    return [w.name for w in p.firsts]
+
+
 def _body_source(p: ChainPlan) -> str:
-    firsts = [w.name for w in p.firsts]
+    firsts = _first_names(p)
     act_others = [v.name for v in p.act.inputs[len(p.firsts):]]
     tail_others = [v.name for v in p.tail.inputs[1:]]
     refs = ", ".join(f"{name}_ref" for name in ["x"] + firsts + [p.second.name] + act_others + tail_others)
@@ -387,14 +434,21 @@ def _kernel_source(p: ChainPlan, names: list[str]) -> str:
     x = p.x.name
     w0 = p.firsts[0].name
     hidden_expr = f"{w0}.shape[0]" if p.w_nk else f"{w0}.shape[1]"
+    if p.fused_parts:
+        hidden_expr += f" // {p.fused_parts}  # {p.fused_parts} equal column parts, one per first stage"
     n_expr = f"{p.second.name}.shape[0]" if p.w_nk else f"{p.second.name}.shape[1]"
-    first_spec = ("pl.BlockSpec((block_h, k), lambda i, j: (j, 0))" if p.w_nk
-                  else "pl.BlockSpec((k, block_h), lambda i, j: (0, j))")
+
+    def first_spec(part: int) -> str:  # a fused weight's part starts ``part`` hidden widths along it
+        col = f"j + {part} * steps" if part else "j"
+        return (f"pl.BlockSpec((block_h, k), lambda i, j: ({col}, 0))" if p.w_nk
+                else f"pl.BlockSpec((k, block_h), lambda i, j: (0, {col}))")
+
     second_spec = ("pl.BlockSpec((n, block_h), lambda i, j: (0, j))" if p.w_nk
                    else "pl.BlockSpec((block_h, n), lambda i, j: (j, 0))")
     act_others = [v.name for v in p.act.inputs[len(p.firsts):]]
     tail_others = [v.name for v in p.tail.inputs[1:]]
-    in_specs = (["pl.BlockSpec((block_m, k), lambda i, j: (i, 0))"] + [first_spec] * len(p.firsts) + [second_spec]
+    first_specs = [first_spec(i if p.fused_parts else 0) for i in range(len(p.firsts))]
+    in_specs = (["pl.BlockSpec((block_m, k), lambda i, j: (i, 0))"] + first_specs + [second_spec]
                 + ["pl.BlockSpec((1, block_h), lambda i, j: (0, j))"] * len(act_others)
                 + ["pl.BlockSpec((1, n), lambda i, j: (0, 0))"] * len(tail_others))
     operands = (["rows"] + [w.name for w in p.firsts] + [p.second.name] + [f"{v}.reshape((1, hidden))" for v in act_others]
@@ -414,6 +468,7 @@ def _kernel_source(p: ChainPlan, names: list[str]) -> str:
         f"    hidden = {hidden_expr}",
         f"    n = {n_expr}",
         "    block_m, block_h = _fit(BLOCK_M, m), _fit(BLOCK_H, hidden)",
+        *(["    steps = hidden // block_h  # hidden blocks a part spans"] if p.fused_parts else []),
         *shape_lines,
         "    # What one step holds (blocks double-buffered, the accumulator, the products, split operands): the",
         "    # limit is raised to it, with headroom for Mosaic's own temporaries.",

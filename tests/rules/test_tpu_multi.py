@@ -105,3 +105,74 @@ def test_moe_template_compares_the_reference_before_it_applies(monkeypatch) -> N
 
     monkeypatch.setattr(type(task), "reference", property(lambda self: doubled))
     assert not computes_the_reference(task)
+
+
+FUSED_YAML = """\
+id: {id}
+name: {id}
+category: matmul
+description: a gated MLP with one fused gate/up weight, written for the chain template's tests.
+dtype: float32
+tolerance: {{atol: 0.02, rtol: 0.02}}
+sizes:
+  cpu: {{tokens: 64, d_model: 256, d_ff: 512}}
+  full: {{tokens: 256, d_model: 1024, d_ff: 4096}}
+free: {{tokens: {{}}}}
+"""
+
+FUSED_MLP = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, tokens, d_model, d_ff):
+    k1, k2, k3 = jax.random.split(key, 3)
+    h = jax.random.normal(k1, (tokens, d_model), jnp.float32)
+    w_gate_up = jax.random.normal(k2, {gate_up_shape}, jnp.float32) / d_model ** 0.5
+    w_down = jax.random.normal(k3, {down_shape}, jnp.float32) / d_ff ** 0.5
+    return (h, w_gate_up, w_down), {{}}
+
+
+def reference(h, w_gate_up, w_down):
+    gu = {product}
+    {cut}
+    return (jax.nn.silu(gate) * up) @ {down}
+'''
+
+
+def _fused_task(tmp_path, name: str, transposed: bool, sliced: bool):  # type: ignore[no-untyped-def]
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "task.yaml").write_text(FUSED_YAML.format(id=name))
+    cut = ("d_ff = gu.shape[-1] // 2\n    gate, up = gu[:, :d_ff], gu[:, d_ff:]" if sliced
+           else "gate, up = jnp.split(gu, 2, axis=-1)")
+    (folder / "reference.py").write_text(FUSED_MLP.format(
+        gate_up_shape="(2 * d_ff, d_model)" if transposed else "(d_model, 2 * d_ff)",
+        product="h @ w_gate_up.T" if transposed else "jnp.dot(h, w_gate_up)", cut=cut,
+        down_shape="(d_model, d_ff)" if transposed else "(d_ff, d_model)", down="w_down.T" if transposed else "w_down"))
+    return load_task(folder)
+
+
+@pytest.mark.parametrize("transposed, sliced", [(False, False), (True, True)])
+def test_a_fused_gate_up_weight_is_read_once_per_part(tmp_path, declared_size_evaluator, transposed: bool,
+                                                      sliced: bool) -> None:  # type: ignore[no-untyped-def]
+    """One weight holding gate and up side by side, its product split (or sliced) in halves: each half is a
+    first stage read through its own block index into the one weight, never a copy of it."""
+    task = _fused_task(tmp_path, f"fused_{int(transposed)}{int(sliced)}", transposed, sliced)
+    p = plan(task, ("cpu", "full"))
+    assert not isinstance(p, str), p
+    assert p.fused_parts == 2 and p.hidden == 4096 and p.w_nk == transposed
+    passes = TPU_MLP.space(task, analyze_task(task, "tpu-v6e"), "tpu-v6e").defaults["passes"]
+    source = TPU_MLP.render(task, {"block_m": 32, "block_h": 128, "passes": passes}, ("cpu", "full"))
+    assert "_activation(_product(x, w_gate_up_0_ref[...]), _product(x, w_gate_up_1_ref[...]))" in source
+    assert ("(j + 1 * steps, 0)" if transposed else "(0, j + 1 * steps)") in source
+    report = declared_size_evaluator.evaluate(task, source)  # cpu size: 2 row blocks by 4 hidden blocks a part
+    assert report.passed and report.label == "pallas-kernel", report.reason
+    _lowers_at_defaults(TPU_MLP, task)
+
+
+def test_a_product_cut_into_unequal_parts_is_not_a_fused_weight(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    task = _fused_task(tmp_path, "unequal", False, True)
+    source = task.reference_path.read_text().replace("gu[:, d_ff:]", "gu[:, 128:d_ff + 128]")  # overlapping parts
+    task.reference_path.write_text(source)
+    assert isinstance(plan(load_task(task.reference_path.parent), ("cpu",)), str)
