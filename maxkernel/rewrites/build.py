@@ -67,14 +67,9 @@ class Splice:
         self.program.substitute(old.out, result)
 
 
-def splice_traced(program: Program, old: Node, fn: Any, operands: list[Var] | None = None) -> list[Node]:
-    """Replace ``old`` by the equations of ``fn`` traced at the shapes of ``operands`` (default: its own).
-
-    The replacement is written as ordinary JAX (easier to get right than node-by-node construction);
-    its equations are inlined with fresh names, so the emitter writes them out like any other node.
-    Returns the inserted nodes.
-    """
-    operands = list(old.ins) if operands is None else list(operands)
+def inline_traced(program: Program, fn: Any, operands: list[Var]) -> tuple[list[Node], list[Operand]]:
+    """The equations of ``fn`` traced at the shapes of ``operands``, as new nodes of ``program`` (fresh
+    names, not yet placed) reading ``operands``, and the operands standing for its outputs."""
     specs = [jax.ShapeDtypeStruct(op.shape, op.dtype) for op in operands]
     closed = jax.make_jaxpr(fn)(*specs)
     nodes: list[Node] = []
@@ -100,7 +95,18 @@ def splice_traced(program: Program, old: Node, fn: Any, operands: list[Var] | No
             env.update(zip(eqn.outvars, outs))
         return [operand(env, a) for a in jaxpr.outvars]
 
-    (result,) = inline(closed.jaxpr, closed.consts, list(operands))
+    results = inline(closed.jaxpr, closed.consts, list(operands))
+    return nodes, results
+
+
+def splice_traced(program: Program, old: Node, fn: Any, operands: list[Var] | None = None) -> list[Node]:
+    """Replace ``old`` by the equations of ``fn`` traced at the shapes of ``operands`` (default: its own).
+
+    The replacement is written as ordinary JAX (easier to get right than node-by-node construction);
+    its equations are inlined with fresh names, so the emitter writes them out like any other node.
+    Returns the inserted nodes.
+    """
+    nodes, (result,) = inline_traced(program, fn, list(old.ins) if operands is None else list(operands))
     if not isinstance(result, Var):
         raise ValueError("the replacement returns a constant")
     index = program.nodes.index(old)

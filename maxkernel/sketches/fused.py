@@ -29,6 +29,7 @@ from maxkernel.analysis.precision import kernel_passes
 from maxkernel.analysis.program import Const, Node, Program, Var, arg_names, static_args, trace_program
 from maxkernel.rewrites.activations import cheaper_activations
 from maxkernel.rewrites.conv_taps import convs_as_taps
+from maxkernel.rewrites.lane_pairs import lane_pairs
 from maxkernel.rewrites.emit import EmitError, emit_function, emittable
 from maxkernel.sketches.axes import Axes, Slot, analyse_axes, axis_of, parallel_labels
 from maxkernel.sketches.pieces import HEADER, bodies_source, sublane
@@ -476,6 +477,7 @@ def _prepared(task: "Task", size: str, shapes: list[Any] | None = None) -> Progr
         return f"the reference does not trace at the probe shapes ({type(exc).__name__})"
     one_hot_gathers(program)
     convs_as_taps(program)
+    lane_pairs(program)  # a minor axis of 2 fills 2 lanes of 128: the pairs on the merged axis instead
     if not drop_empty_values(program):
         return "an empty intermediate that is not only concatenated (Mosaic has no zero-size arrays)"
     unlowerable = mosaic_unlowerable(program)

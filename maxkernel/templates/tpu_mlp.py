@@ -46,6 +46,9 @@ PREFERRED_BLOCK_H = 256
 # rows a step holds (x, the f32 accumulator and the output rows, all [rows, width]) set the HBM traffic,
 # and they are worth more VMEM than the single GEMM's share.
 MLP_VMEM_SHARE = 0.75
+# Row blocks below the GEMM's smallest, for decode batches (a few dozen tokens): all their rows in one
+# step, so the weights stream past them once; tried only where no larger block divides the rows.
+DECODE_BLOCKS_M = (8, 16, 32, 64)
 
 
 @dataclass
@@ -313,6 +316,7 @@ def chain_space(target: str, rules: Callable[[], tuple[Legal, dict[str, Any], di
     legal, defaults, space = rules()
     cap = chain_vmem_cap(target)
     fits = {(bm, bh) for bm in TPU_BLOCKS_M for bh in TPU_BLOCKS_H if legal(bm, bh, cap)}
+    fits = fits or {(bm, bh) for bm in DECODE_BLOCKS_M for bh in TPU_BLOCKS_H if legal(bm, bh, cap)}
     if not fits:
         return TemplateSpace(defaults={"block_m": 0}, space={"block_m": []})
     bm = max(b for b, _ in fits)
@@ -347,7 +351,8 @@ def _rules(task: "Task") -> tuple[Legal, dict[str, Any], dict[str, list[Any]]]:
         if not fits(bm, bh, cap):
             return False
         if cap not in checkable:
-            checkable[cap] = any(fits(m, h, cap) and small_twin(m, h) for m in TPU_BLOCKS_M for h in TPU_BLOCKS_H)
+            checkable[cap] = any(fits(m, h, cap) and small_twin(m, h) for m in TPU_BLOCKS_M + DECODE_BLOCKS_M
+                                 for h in TPU_BLOCKS_H)
         return not checkable[cap] or small_twin(bm, bh)
 
     return legal, {"passes": worst}, {"passes": admitted}
