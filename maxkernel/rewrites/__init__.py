@@ -18,7 +18,6 @@ from maxkernel.rewrites.base import Rewrite
 from maxkernel.rewrites.conv_matmul import CONV_AS_MATMUL
 from maxkernel.rewrites.dead_code import DEAD_CODE
 from maxkernel.rewrites.emit import EmitError, emittable
-from maxkernel.rewrites.lane_pairs import LANE_PAIRS
 from maxkernel.rewrites.numeric import IDLE_SUBGRAPHS
 from maxkernel.rewrites.pool_fold import POOL_INTO_WEIGHTS
 from maxkernel.rewrites.scalar_fold import SCALAR_CHAINS
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
 
 # Order matters: removing idle work first exposes sums that sit right after a matmul.
 REWRITES: tuple[Rewrite, ...] = (DEAD_CODE, VECTORIZE_MAPS, SIZE_ONE_REDUCTIONS, IDLE_SUBGRAPHS, SUM_AFTER_MATMUL, POOL_INTO_WEIGHTS,
-                                 SCALAR_CHAINS, LANE_PAIRS,
+                                 SCALAR_CHAINS,
                                  CONV_AS_MATMUL, WIDEN_MATMULS, CHEAPER_ACTIVATIONS)
 BY_NAME = {r.name: r for r in REWRITES}
 
