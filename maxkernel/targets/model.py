@@ -349,7 +349,9 @@ def xla_basis_note(cost: XlaCost, what: str) -> str:
         return (f"{what}: priced by XLA:TPU's compiled program ({cost.tpu.seconds * 1e3:.4g} ms optimal_seconds, "
                 f"{cost.tpu.bytes:.4g} bytes accessed, {cost.tpu.temp_bytes:.4g} temp bytes)")
     why = next(iter(STARTUP_ERRORS.values()), None)
-    missing = f"the TPU compiler could not start: {why}" if why else f"the TPU compiler is not installed: {INSTALL_HINT}"
+    missing = (f"XLA:TPU did not compile it: {cost.refused}" if cost.refused
+               else f"the TPU compiler could not start: {why}" if why
+               else f"the TPU compiler is not installed: {INSTALL_HINT}")
     return (f"{what}: FALLBACK roofline on XLA:CPU's bytes ({cost.bytes:.4g} accessed; {missing}); XLA:TPU's "
             f"fusion is not modelled, measured off by up to "
             f"{FALLBACK_ERROR} on real v6e programs (docs/cost-model.md)")

@@ -40,6 +40,17 @@ class XlaCost:
     counts: OpCounts
     xla_flops: float
     tpu: CompiledCost | None = None  # XLA:TPU's own compiled figures, where the TPU compiler is installed
+    refused: str | None = None  # why XLA:TPU, installed, did not compile the program (the fallback priced it)
+
+
+def _compiled(closed: core.ClosedJaxpr, records: dict[Path, Any], device: Any) -> CompiledCost | str:
+    """XLA:TPU's figures for the program, or why it would not compile it: a program that needs more HBM than
+    the chip has (a reference that materializes its attention scores at a long sequence) is still priced,
+    by the fallback roofline, never a failed session."""
+    try:
+        return program_cost(closed, records, device)
+    except Exception as exc:  # XLA:TPU's own refusal (RESOURCE_EXHAUSTED, an op it does not lower)
+        return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:240]}"
 
 
 @contextmanager
@@ -115,11 +126,11 @@ def xla_cost(fn: Callable[..., Any], arg_shapes: Sequence[Any], known: Known | N
     records = program_records(closed, known or (lambda: [UNKNOWN] * len(closed.in_avals)))
     counts = count_ops(closed.jaxpr, records)
     device = tpu_compiler(tpu_generation) if tpu_generation else None
-    if device is not None:
-        tpu = program_cost(closed, records, device)
+    tpu = _compiled(closed, records, device) if device is not None else None
+    if isinstance(tpu, CompiledCost):
         return XlaCost(tpu.bytes, counts, tpu.flops, tpu)
     nbytes, xla_flops = _cost_analysis(traced)
-    return XlaCost(nbytes + loop_bytes(closed.jaxpr, records), counts, xla_flops)
+    return XlaCost(nbytes + loop_bytes(closed.jaxpr, records), counts, xla_flops, refused=tpu)
 
 
 def loop_bytes(jaxpr: core.Jaxpr, records: dict[Path, Any], path: Path = ()) -> float:
@@ -249,12 +260,12 @@ def _region_cost(closed: core.ClosedJaxpr, known: Known | None, tpu_generation: 
         inner = program_records(traced.jaxpr, inputs)
         counts = count_ops(traced.jaxpr.jaxpr, inner)
         device = tpu_compiler(tpu_generation) if tpu_generation else None
-        if device is not None:
-            tpu = program_cost(traced.jaxpr, inner, device)
+        tpu = _compiled(traced.jaxpr, inner, device) if device is not None else None
+        if isinstance(tpu, CompiledCost):
             total = XlaCost(tpu.bytes, counts, tpu.flops, tpu)
         else:
             nbytes, xla_flops = _cost_analysis(traced)
-            total = XlaCost(nbytes + loop_bytes(traced.jaxpr.jaxpr, inner), counts, xla_flops)
+            total = XlaCost(nbytes + loop_bytes(traced.jaxpr.jaxpr, inner), counts, xla_flops, refused=tpu)
     for eqn, path in hoisted:
         if eqn.primitive.name != "pallas_call":
             _add(total, _flow_cost(eqn, records.get(path), tpu_generation))

@@ -469,12 +469,17 @@ def _mxu_source(dn: str, passes: int, name: str = "_product", split: bool = True
     return dot(x_hi, w_hi) + (dot(x_hi, w_lo) + dot(x_lo, w_hi))
 
 '''
-    precision = ", precision=jax.lax.Precision.HIGHEST" if passes == 6 else ""
-    why = ("f32 operands at full precision (six bf16 passes)" if passes == 6
-           else "MXU operands in the input dtype, accumulated in f32")
+    if passes == 6:
+        return f'''def {name}(x, w):
+    """One tile product: f32 operands at full precision (six bf16 passes)."""
+    return jax.lax.dot_general(x, w, {dn}, preferred_element_type=jnp.float32, precision=jax.lax.Precision.HIGHEST)
+
+'''
     return f'''def {name}(x, w):
-    """One tile product: {why}."""
-    return jax.lax.dot_general(x, w, {dn}, preferred_element_type=jnp.float32{precision})
+    """One tile product in one MXU pass, accumulated in f32: float32 operands are rounded to bf16 first, as a
+    default-precision product on a TPU rounds them (fed as float32 the MXU takes them at a slower rate)."""
+    x, w = (v.astype(jnp.bfloat16) if v.dtype == jnp.float32 else v for v in (x, w))
+    return jax.lax.dot_general(x, w, {dn}, preferred_element_type=jnp.float32)
 
 '''
 

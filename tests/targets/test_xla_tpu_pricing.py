@@ -40,6 +40,24 @@ def test_without_the_compiler_the_model_says_it_is_the_fallback(matmul_task, no_
     assert "FALLBACK" in note and xla_tpu.INSTALL_HINT in note and "XLA:CPU" in note
 
 
+def test_a_program_xla_tpu_will_not_compile_is_priced_by_the_fallback_with_its_reason(
+        matmul_task, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reference that needs more HBM than the chip has is refused by XLA:TPU's compiler: the session still
+    gets a price (the fallback roofline), and the note says why the compiled program did not price it."""
+    from maxkernel.targets import xla_cost
+
+    def out_of_hbm(*args: object) -> None:
+        raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+                           "temporaries (34.50G) exceeds available HBM (31.25G).\nmore lines")
+
+    monkeypatch.setattr(xla_cost, "tpu_compiler", lambda generation: object())  # a compiler that is there
+    monkeypatch.setattr(xla_cost, "program_cost", out_of_hbm)
+    estimate = model_reference(matmul_task, "v6e")
+    (note,) = [n for n in estimate.notes if "XLA program" in n]
+    assert "FALLBACK" in note and "XLA:TPU did not compile it: RuntimeError: RESOURCE_EXHAUSTED" in note
+    assert "more lines" not in note and estimate.time_ms > 0
+
+
 @pytest.mark.skipif(not xla_tpu.compiler_installed(), reason="the TPU compiler (extra tpu-compiler) is not installed")
 def test_with_the_compiler_xla_code_is_priced_by_its_compiled_program(matmul_task) -> None:
     xla_tpu.tpu_compiler.cache_clear()
