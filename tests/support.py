@@ -43,3 +43,25 @@ def http_json(port: int, method: str, path: str, body: Any = None) -> tuple[int,
             return reply.status, json.loads(reply.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def task_folder(parent: Path, name: str, task_yaml: str, source: str) -> Any:
+    """A task folder ``parent/name`` with this ``task.yaml`` and ``reference.py``, loaded: a computation a
+    test writes itself (in another style than the suite's, or a near miss)."""
+    from jaxbench.task import load_task
+
+    folder = parent / name
+    folder.mkdir()
+    (folder / "task.yaml").write_text(task_yaml)
+    (folder / "reference.py").write_text(source)
+    return load_task(folder)
+
+
+def emitted(program: Any, name: str) -> Any:
+    """The function ``emit_function`` writes for ``program``, executed: what a rewritten program computes."""
+    from maxkernel.rewrites.emit import emit_function
+
+    module = ModuleType(name)
+    source = "import jax\nimport jax.numpy as jnp\n\n" + emit_function(program, name)
+    exec(compile(source, f"{name}.py", "exec"), module.__dict__)
+    return getattr(module, name)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxbench.task import load_task
 from maxkernel.analysis.program import trace_program
 from maxkernel.templates.attention import FLASH_ATTENTION, analyse, plan
 from maxkernel.templates.attention_layout import find_layout
+from support import task_folder
 
 YAML = """\
 id: {id}
@@ -84,11 +84,7 @@ def reference(q, k, v):
 
 
 def _task(tmp_path: Path, name: str, source: str):  # type: ignore[no-untyped-def]
-    folder = tmp_path / name
-    folder.mkdir()
-    (folder / "task.yaml").write_text(YAML.format(id=name))
-    (folder / "reference.py").write_text(source)
-    return load_task(folder)
+    return task_folder(tmp_path, name, YAML.format(id=name), source)
 
 
 def test_roles_and_axes_are_read_by_data_flow(tmp_path: Path) -> None:

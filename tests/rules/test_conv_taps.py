@@ -3,8 +3,6 @@ layout; what the taps cannot write (strides, groups other than depthwise) keeps 
 
 from __future__ import annotations
 
-import types
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,16 +10,13 @@ import pytest
 
 from maxkernel.analysis.program import ProgramBuilder
 from maxkernel.rewrites.conv_taps import convs_as_taps
-from maxkernel.rewrites.emit import emit_function
+from support import emitted
 
 
 def _as_taps(fn, *args):  # type: ignore[no-untyped-def]
     program = ProgramBuilder().build(jax.make_jaxpr(fn)(*args), [f"a{i}" for i in range(len(args))])
     count = convs_as_taps(program)
-    module = types.ModuleType("taps")
-    exec(compile("import jax\nimport jax.numpy as jnp\n\n" + emit_function(program, "taps"), "taps.py", "exec"),
-         module.__dict__)
-    return count, program, module.taps
+    return count, program, emitted(program, "taps")
 
 
 def _depthwise(x, w):  # type: ignore[no-untyped-def]

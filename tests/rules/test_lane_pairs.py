@@ -4,25 +4,20 @@ keeps the split."""
 
 from __future__ import annotations
 
-import types
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from maxkernel.analysis.program import ProgramBuilder
-from maxkernel.rewrites.emit import emit_function
 from maxkernel.rewrites.lane_pairs import lane_pairs
+from support import emitted
 
 
 def _as_lanes(fn, *args):  # type: ignore[no-untyped-def]
     program = ProgramBuilder().build(jax.make_jaxpr(fn)(*args), [f"a{i}" for i in range(len(args))])
     count = lane_pairs(program)
-    module = types.ModuleType("lanes")
-    exec(compile("import jax\nimport jax.numpy as jnp\n\n" + emit_function(program, "lanes"), "lanes.py", "exec"),
-         module.__dict__)
-    return count, program, module.lanes
+    return count, program, emitted(program, "lanes")
 
 
 def _rope_interleaved(x, positions):  # type: ignore[no-untyped-def]  # [batch, heads, dim], one position a row

@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from jaxbench.task import load_task
 from maxkernel.analysis import analyze_task
 from maxkernel.targets import validate_tpu
 from maxkernel.templates.tpu_recurrence import TPU_RECURRENCE, plan
+from support import task_folder
 
 YAML = """\
 id: {id}
@@ -74,11 +74,7 @@ def reference(v):
 
 
 def _task(tmp_path: Path, name: str, source: str):  # type: ignore[no-untyped-def]
-    folder = tmp_path / name
-    folder.mkdir()
-    (folder / "task.yaml").write_text(YAML.format(id=name))
-    (folder / "reference.py").write_text(source)
-    return load_task(folder)
+    return task_folder(tmp_path, name, YAML.format(id=name), source)
 
 
 @pytest.mark.parametrize("name, source, axis", [("gated", GATED, 1), ("two_carries", TWO_CARRIES, 0)])
