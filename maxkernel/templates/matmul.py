@@ -20,6 +20,7 @@ import numpy as np
 
 from maxkernel.analysis.graph import ELEMENTWISE
 from maxkernel.analysis.program import Const, Node, Program, Var, arg_names, trace_program
+from maxkernel.rewrites.activations import cheaper_activations
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
 from maxkernel.rewrites.source import size_dispatch
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, pick_block, tpu_target
@@ -89,6 +90,7 @@ def match(program: Program) -> MatmulShape | str:
     epi = Program([acc] + [v for v, _ in extras], [Node(nd.primitive, list(nd.ins), list(nd.outs), dict(nd.params))
                                                    for nd in epi_nodes], list(program.outputs), program.out_tree)
     epi.substitute(dot.out, acc)
+    cheaper_activations(epi)  # erfc (exact GELU) has no Mosaic lowering; 1 - erf has
     return MatmulShape(m, n, k, lhs, w, w_nk, dot, extras, epi.dce())
 
 
