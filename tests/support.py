@@ -65,3 +65,14 @@ def emitted(program: Any, name: str) -> Any:
     source = "import jax\nimport jax.numpy as jnp\n\n" + emit_function(program, name)
     exec(compile(source, f"{name}.py", "exec"), module.__dict__)
     return getattr(module, name)
+
+
+def task_yaml(task_id: str, category: str, tolerance: float, cpu: dict[str, int], full: dict[str, int],
+              free: str, dtype: str = "float32") -> str:
+    """The ``task.yaml`` of a computation a test writes: its sizes, one free size parameter, one tolerance."""
+    import yaml
+
+    return yaml.safe_dump({"id": task_id, "name": task_id, "category": category, "dtype": dtype,
+                           "description": f"a {category} computation written for a test.",
+                           "tolerance": {"atol": tolerance, "rtol": tolerance},
+                           "sizes": {"cpu": cpu, "full": full}, "free": {free: {}}}, sort_keys=False)

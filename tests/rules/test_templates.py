@@ -15,7 +15,7 @@ from maxkernel.analysis.program import trace_program
 from maxkernel.targets import validate_tpu
 from maxkernel.templates.matmul import MATMUL
 from maxkernel.templates.rowblock import ROWBLOCK
-from support import task_folder
+from support import task_folder, task_yaml
 
 
 def test_rowblock_rmsnorm_is_a_correct_multi_step_pallas_kernel(quick_evaluator) -> None:  # type: ignore[no-untyped-def]
@@ -212,19 +212,6 @@ def test_fused_tail_refuses_programs_without_a_heavy_op_and_big_tpu_tails() -> N
     assert FUSED_TAIL.space(task, analyze_task(task, "cpu"), "tpu-v5e").space == {"whole": []}
 
 
-GELU_YAML = """\
-id: {id}
-name: {id}
-category: matmul
-description: a projection with an exact GELU, written for the matmul template's tests.
-dtype: float32
-tolerance: {{atol: 0.01, rtol: 0.01}}
-sizes:
-  cpu: {{tokens: 256, d_in: 512, d_out: 512}}
-  full: {{tokens: 4096, d_in: 2048, d_out: 2048}}
-free: {{tokens: {{}}}}
-"""
-
 GELU_PROJECTION = '''\
 import jax
 import jax.numpy as jnp
@@ -243,7 +230,9 @@ def reference(x, w):
 
 def test_an_exact_gelu_epilogue_lowers_for_tpu(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Exact GELU is erfc, which Mosaic does not lower: the epilogue is written with 1 - erf instead."""
-    task = task_folder(tmp_path, "gelu_erf", GELU_YAML.format(id="gelu_erf"), GELU_PROJECTION)
+    task = task_folder(tmp_path, "gelu_erf", task_yaml("gelu_erf", "matmul", 0.01, {"tokens": 256, "d_in": 512, "d_out": 512},
+                                                       {"tokens": 4096, "d_in": 2048, "d_out": 2048}, "tokens"),
+                       GELU_PROJECTION)
     space = MATMUL.space(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")
     source = MATMUL.render(task, space.defaults, ("cpu", "full"))
     assert "erfc" not in source and "erf(" in source

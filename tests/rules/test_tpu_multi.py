@@ -10,6 +10,7 @@ from maxkernel.rules.strategy import propose_strategies
 from maxkernel.targets import validate_tpu
 from maxkernel.templates.tpu_mlp import TPU_MLP, mlp_vmem_bytes, plan
 from maxkernel.templates.tpu_moe import LAYOUT_SOURCE, TPU_MOE, computes_the_reference
+from support import task_folder, task_yaml
 
 
 def _lowers_at_defaults(template, task) -> dict:  # type: ignore[no-untyped-def]
@@ -107,19 +108,6 @@ def test_moe_template_compares_the_reference_before_it_applies(monkeypatch) -> N
     assert not computes_the_reference(task)
 
 
-FUSED_YAML = """\
-id: {id}
-name: {id}
-category: matmul
-description: a gated MLP with one fused gate/up weight, written for the chain template's tests.
-dtype: float32
-tolerance: {{atol: 0.02, rtol: 0.02}}
-sizes:
-  cpu: {{tokens: 64, d_model: 256, d_ff: 512}}
-  full: {{tokens: 256, d_model: 1024, d_ff: 4096}}
-free: {{tokens: {{}}}}
-"""
-
 FUSED_MLP = '''\
 import jax
 import jax.numpy as jnp
@@ -141,16 +129,15 @@ def reference(h, w_gate_up, w_down):
 
 
 def _fused_task(tmp_path, name: str, transposed: bool, sliced: bool):  # type: ignore[no-untyped-def]
-    folder = tmp_path / name
-    folder.mkdir()
-    (folder / "task.yaml").write_text(FUSED_YAML.format(id=name))
     cut = ("d_ff = gu.shape[-1] // 2\n    gate, up = gu[:, :d_ff], gu[:, d_ff:]" if sliced
            else "gate, up = jnp.split(gu, 2, axis=-1)")
-    (folder / "reference.py").write_text(FUSED_MLP.format(
+    source = FUSED_MLP.format(
         gate_up_shape="(2 * d_ff, d_model)" if transposed else "(d_model, 2 * d_ff)",
         product="h @ w_gate_up.T" if transposed else "jnp.dot(h, w_gate_up)", cut=cut,
-        down_shape="(d_model, d_ff)" if transposed else "(d_ff, d_model)", down="w_down.T" if transposed else "w_down"))
-    return load_task(folder)
+        down_shape="(d_model, d_ff)" if transposed else "(d_ff, d_model)", down="w_down.T" if transposed else "w_down")
+    spec = task_yaml(name, "matmul", 0.02, {"tokens": 64, "d_model": 256, "d_ff": 512},
+                     {"tokens": 256, "d_model": 1024, "d_ff": 4096}, "tokens")
+    return task_folder(tmp_path, name, spec, source)
 
 
 @pytest.mark.parametrize("transposed, sliced", [(False, False), (True, True)])

@@ -10,20 +10,7 @@ import pytest
 from maxkernel.analysis import analyze_task
 from maxkernel.targets import validate_tpu
 from maxkernel.templates.tpu_recurrence import TPU_RECURRENCE, plan
-from support import task_folder
-
-YAML = """\
-id: {id}
-name: {id}
-category: recurrence
-description: a recurrence written for the recurrence template's tests.
-dtype: float32
-tolerance: {{atol: 0.001, rtol: 0.001}}
-sizes:
-  cpu: {{batch: 2, length: 256, width: 256}}
-  full: {{batch: 8, length: 4096, width: 2048}}
-free: {{batch: {{}}}}
-"""
+from support import task_folder, task_yaml
 
 GATED = '''\
 import jax
@@ -74,7 +61,8 @@ def reference(v):
 
 
 def _task(tmp_path: Path, name: str, source: str):  # type: ignore[no-untyped-def]
-    return task_folder(tmp_path, name, YAML.format(id=name), source)
+    return task_folder(tmp_path, name, task_yaml(name, "recurrence", 0.001, {"batch": 2, "length": 256, "width": 256},
+                                                   {"batch": 8, "length": 4096, "width": 2048}, "batch"), source)
 
 
 @pytest.mark.parametrize("name, source, axis", [("gated", GATED, 1), ("two_carries", TWO_CARRIES, 0)])
