@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
+import structlog
 from pydantic import BaseModel, Field
 
 from maxkernel.rewrites.structural import structural_rewrites
@@ -31,6 +32,7 @@ class Strategy(BaseModel):
 
 
 REFERENCE = "reference"
+log = structlog.get_logger("maxkernel.rules.strategy")
 
 
 def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cpu") -> list[Strategy]:
@@ -51,10 +53,14 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
         found.append(Strategy(name=f"rewrite:{structural.name}", kind="rewrite", params=space.defaults,
                               space=space.space, rationale=structural.description, target=target))
     for template in templates_for(target):
-        reason = template.applies(task, analysis)
-        if reason is not None:
+        try:
+            reason = template.applies(task, analysis)
+            space = template.space(task, analysis, target) if reason is None else None
+        except Exception as exc:  # one template's defect costs its own strategy, never the others'
+            log.warning("template_failed", template=template.name, task=task.id, error=f"{type(exc).__name__}: {exc}")
             continue
-        space = template.space(task, analysis, target)
+        if space is None:
+            continue
         if not any(space.space.values()) and space.space:
             continue
         extents = {"block_rows": analysis.rows.rows} if analysis.rows is not None else {}

@@ -719,12 +719,20 @@ def _naming_shapes(program: Program, grid: list[tuple[int, tuple]]) -> list[jax.
     return shapes
 
 
-def _extent_at(program: Program, g: GridAxis) -> int:
-    """How long ``g`` is in ``program`` (another size of the task the grid was read from)."""
+def _extent_at(program: Program, g: GridAxis) -> int | None:
+    """How long ``g`` is in ``program`` (another size of the task the grid was read from); None when that
+    size's program has no such axis (its arrays have another rank there: a batch of one reshaped away)."""
     if g.reduction:
         i = next(k for k, a in enumerate(g.in_axes) if a is not None)
-        return int(program.inputs[i].shape[g.in_axes[i]])  # type: ignore[index]
-    return int(program.outputs[0].shape[g.out_axes[0]])  # type: ignore[union-attr,index]
+        shape = program.inputs[i].shape if i < len(program.inputs) else ()
+        axis = g.in_axes[i]
+    else:
+        shape, axis = program.outputs[0].shape, g.out_axes[0]  # type: ignore[union-attr]
+    return int(shape[axis]) if axis is not None and axis < len(shape) else None
+
+
+def _ranks(program: Program) -> tuple[int, ...]:
+    return tuple(len(v.shape) for v in (*program.inputs, *program.outputs))  # type: ignore[union-attr]
 
 
 def _whole_key(program: Program, grid: tuple[GridAxis, ...]) -> tuple[tuple[int, ...], ...]:
@@ -786,12 +794,16 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
             grid = tuple(GridAxis(n, e, s[0], s[1], reduction=split is not None and k == len(labels))  # type: ignore[arg-type]
                          for k, (n, (e, s)) in enumerate(zip(names, raw)))
             base = (structure, grid)
+            ranks = _ranks(program)
         else:  # the same grid, less the axes one long at this size (a batch of one)
-            kept = [(entry, g) for entry, g in zip(*base) if _extent_at(program, g) > 1]
+            extents = [_extent_at(program, g) for g in base[1]]
+            if _ranks(program) != ranks or any(e is None for e in extents):
+                return "the arrays' ranks change with size (a batch of one reshaped away)"
+            kept = [(entry, g) for (entry, g), e in zip(zip(*base), extents) if e > 1]  # type: ignore[operator]
             if structure != tuple(entry for entry, _ in kept):
                 return "the parallel axes change with size"
             grid = tuple(replace(g, extent=e) for (_, g), (e, _) in zip(kept, raw))
-            floors.update({g.name: min(floors.get(g.name, g.extent), _extent_at(program, g)) for g in base[1]})
+            floors.update({g.name: min(floors.get(g.name, g.extent), e) for g, e in zip(base[1], extents)})  # type: ignore[type-var]
         # every gridded axis of the priced size moved to a size of its own (one long here included), so one
         # body reads each from the input that carries it at every size
         naming = _prepared(task, size, _naming_shapes(program, [(g.extent, (g.in_axes, g.out_axes)) for g in base[1]]))

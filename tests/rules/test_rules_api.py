@@ -38,6 +38,24 @@ def test_strategies_put_work_removing_rewrites_first_and_the_reference_last() ->
         assert static_checks.scan(render(task, s))[0] == []
 
 
+def test_a_template_that_raises_costs_its_own_strategy_and_no_other(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A template's defect (an IndexError in the general rules on a variant) ended the whole planner, so the
+    # session tried nothing; now that template is left out and the others are proposed as before.
+    from maxkernel.rules.strategy import templates_for
+
+    task = load_task("12p_RMSNorm")
+    analysis = analyze_task(task, "tpu-v6e")
+    before = [s.name for s in propose_strategies(task, analysis, "tpu-v6e")]
+    broken = next(t for t in templates_for("tpu-v6e") if f"template:{t.name}" in before)
+
+    def raises(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(type(broken), "applies", raises)
+    after = [s.name for s in propose_strategies(task, analysis, "tpu-v6e")]
+    assert after == [n for n in before if n != f"template:{broken.name}"] and after[-1] == "reference"
+
+
 def test_fix_known_error_strips_interpret_and_knows_when_it_cannot_help() -> None:
     report = EvalReport(task="t", status="rejected", reason="x")
     fixed = fix_known_error("y = pl.pallas_call(k, grid=(1,), interpret=True)(x)\n", report)

@@ -371,3 +371,17 @@ def test_the_general_kernel_lowers_checks_and_is_priced_on_tpu_v6e(tmp_path: Pat
     report = evaluate_candidate(task, candidate, target="tpu-v6e")
     assert report.status == "ok", report.reason
     assert report.label == "pallas-kernel" and report.basis == "modelled" and report.speedup is not None
+
+
+def test_a_batch_of_one_reshaped_away_at_one_size_is_refused_with_its_reason(tmp_path: Path) -> None:
+    # The suite's flash attention with its batch merged into the heads: at the cpu size (a batch of one) the
+    # arrays have another rank than at full, and reading the full size's grid there raised IndexError,
+    # which ended the planner (the session tried nothing).
+    from jaxbench.task import list_tasks
+    from jaxbench.variants import derive
+    from maxkernel.analysis import analyze_task
+
+    flash = next(t for t in list_tasks() if t.id.startswith("1p_"))
+    task = load_task(derive(flash, "batch_removed", tmp_path, seed=1))
+    assert FUSED_GRID.applies(task, analyze_task(task, "tpu-v6e")) == \
+        "the arrays' ranks change with size (a batch of one reshaped away)"
