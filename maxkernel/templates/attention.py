@@ -33,10 +33,11 @@ import numpy as np
 
 from maxkernel.analysis.program import Program, Var, arg_names, static_args, trace_program
 from maxkernel.analysis.precision import kernel_passes
-from maxkernel.rewrites.emit import EmitError, dtype_expr, scalar_text
+from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, scalar_text
 from maxkernel.rewrites.numeric import TooLargeToEvaluate
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
 from maxkernel.templates.attention_layout import Layout, canonical_program, find_layout, wrapper_source
+from maxkernel.templates.attention_tail import split_after_attention
 from maxkernel.templates.bias import TILES_SOURCE, bias_tile_count, is_relative_bias
 from maxkernel.templates.tpu_gemm import _mxu_source
 from maxkernel.templates.masks import MaskFormula, recover
@@ -68,6 +69,7 @@ class AttentionShape:
     soft_cap: float | None = None  # scores pass through cap * tanh(s / cap) after the scale (Gemma 2)
     layout: Layout | None = None  # the reference's own argument order and axes, where they differ
     dense: tuple[int, ...] = ()  # a bias read whole: the score axes its axes are (e.g. heads, query, key)
+    tail: Program | None = None  # elementwise ops from the attention's result to the output, run in XLA
 
     @property
     def group(self) -> int:
@@ -89,6 +91,12 @@ def match(program: Program, static: dict[str, Any] | None = None, size_checked: 
         return plan
     if plan.pv_out is not None:
         return "no softmax over the scores (linear attention)"
+    after = split_after_attention(program)
+    if isinstance(after, str):
+        return after
+    result, tail = after
+    if tail is not None and tuple(result.shape) != (*plan.q.shape[:3], plan.v.shape[3]):
+        return "an elementwise tail after an attention result in another layout than [batch, heads, seq, dim]"
     extra = [v for v in program.inputs if v not in (plan.q, plan.k, plan.v)]
     if program.inputs[:3] != [plan.q, plan.k, plan.v] or len(extra) > 1:
         return "inputs other than q, k, v and one bias table"
@@ -137,9 +145,9 @@ def match(program: Program, static: dict[str, Any] | None = None, size_checked: 
     dense_axes = dense_bias_axes(program, next(st.operand for st in plan.steps if st.kind == "side"), extra[0]) \
         if bias is not None else None
     return AttentionShape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], scale,
-                          np.dtype(q.dtype), np.dtype(plan.out_dtype), plan.mask, dict(static or {}), bias,
+                          np.dtype(q.dtype), np.dtype(result.dtype), plan.mask, dict(static or {}), bias,
                           bias_structure, int(extra[0].shape[-1]) if bias is not None and dense_axes is None else 0,
-                          soft_cap, dense=dense_axes or ())
+                          soft_cap, dense=dense_axes or (), tail=tail)
 
 
 def dense_bias_axes(program: Program, term: Any, table: Var) -> tuple[int, ...] | None:
@@ -257,6 +265,7 @@ class FlashPlan:
     layout: Layout | None = None
     dense: tuple[int, ...] = ()  # see AttentionShape.dense
     passes: int = 6  # bfloat16 MXU passes of a float32 product: 1 where the task's tolerance admits it
+    tail: str | None = None  # the source of ``_tail``: what follows the attention, run in XLA on its result
 
 
 def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
@@ -282,9 +291,12 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
         return "a bias whose values were not checked at the cpu size, or that is computed differently by size"
     if len({s.layout for s in found}) != 1 or len({s.dense for s in found}) != 1:
         return "arguments whose roles or axes change with size"
+    tails = {None if s.tail is None else emit_function(s.tail, "_tail", TAIL_DOC, size_names=False) for s in found}
+    if len(tails) != 1:
+        return "an elementwise tail after the attention that changes with size"
     return FlashPlan(mask, scale_text, found[0].in_dtype, found[0].out_dtype, tuple(found[0].static), found[0].bias,
                      found[0].soft_cap, found[0].layout, found[0].dense,
-                     kernel_passes(task) if np.dtype(found[0].in_dtype) == np.float32 else 6)
+                     kernel_passes(task) if np.dtype(found[0].in_dtype) == np.float32 else 6, tails.pop())
 
 
 def vmem_bytes(a: AttentionShape, block_q: int, block_k: int) -> int:
@@ -343,12 +355,28 @@ class FlashAttentionTemplate:
         block_q = int(params["block_q"])
         block_k = int(params.get("block_k", block_q))
         if found.layout is None:
-            return render_flash(task, found, block_q, block_k)
+            return _with_tail(found, render_flash(task, found, block_q, block_k, entry="_attention" if found.tail else "kernel"),
+                              arg_names(task), "kernel")
         names = arg_names(task)
         moved = [names[i] + ("_bhsd" if slot < 3 and found.layout.perms[slot] != (0, 1, 2, 3) else "")
                  for slot, i in enumerate(found.layout.order)]
-        return (render_flash(task, found, block_q, block_k, names=moved, entry="_flash_attention") + "\n\n"
-                + wrapper_source(names, found.layout, found.static, "_flash_attention"))
+        entry = "_attention" if found.tail else "_flash_attention"
+        return (_with_tail(found, render_flash(task, found, block_q, block_k, names=moved, entry=entry), moved,
+                           "_flash_attention") + "\n\n" + wrapper_source(names, found.layout, found.static, "_flash_attention"))
+
+
+TAIL_DOC = "What the reference computes from the attention's result, run by XLA on the kernel's output."
+
+
+def _with_tail(p: FlashPlan, source: str, names: list[str], entry: str) -> str:
+    """``source`` (whose attention function is ``_attention`` when there is a tail) and, with a tail, the tail
+    and ``entry``: the attention, then the tail on its result."""
+    if p.tail is None:
+        return source
+    args = ", ".join(names[: 4 if p.bias is not None else 3])
+    return (source + "\n\n" + p.tail + "\n\n\n" + f"def {entry}({args}, **static):\n"
+            + '    """The attention kernel, then what the reference computes from its result."""\n'
+            + f"    return _tail(_attention({args}, **static))\n")
 
 
 SCORES_DN = "(((1,), (1,)), ((), ()))"  # queries [rows, head_dim] times keys [keys, head_dim]

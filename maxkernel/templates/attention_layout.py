@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxkernel.analysis.program import Const, Program, ProgramBuilder, Var, arg_names, input_shapes, size_names, static_args
+from maxkernel.templates.attention_tail import split_after_attention
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -143,21 +144,24 @@ def find_layout(program: Program) -> Layout | str:
     if int(k.shape[perms[1][0]]) < int(q.shape[perms[0][0]]):  # the keys' heads are the axis with fewer of them
         perms = [[p[1], p[0], p[2], p[3]] for p in perms]
     # the second matmul writes (batch, heads) then its left operand's free axis, then its right one's
-    out = _output_perm(program, values.out, [0, 1, 2, 3] if at == 0 else [0, 1, 3, 2])
+    after = split_after_attention(program)  # an elementwise tail (an output gate) follows the attention's result
+    end = after[0] if not isinstance(after, str) and after[1] is not None else None
+    out = _output_perm(program, values.out, [0, 1, 2, 3] if at == 0 else [0, 1, 3, 2], end)
     if out is None:
         return "something other than casts, scalings and transposes between the attention and the output"
     order = (iq, ik, iv) + tuple(i for i in range(len(program.inputs)) if i not in (iq, ik, iv))
     return Layout(order, tuple(tuple(p) for p in perms), out)
 
 
-def _output_perm(program: Program, start: Var, perm: list[int]) -> tuple[int, ...] | None:
+def _output_perm(program: Program, start: Var, perm: list[int], end: Var | None = None) -> tuple[int, ...] | None:
     """The reference's output axes as axes of the (batch, heads, seq, dim) result, where ``perm`` says that
-    of ``start`` (its shape kept up to transposes on the way to the output)."""
+    of ``start`` (its shape kept up to transposes on the way to the output, or to ``end``, the attention's
+    result where an elementwise tail follows it)."""
     if len(program.outputs) != 1 or not isinstance(program.outputs[0], Var):
         return None
     users = program.users()
     var = start
-    while var is not program.outputs[0]:
+    while var is not (end if end is not None else program.outputs[0]):
         readers = users.get(var, [])
         if len(readers) != 1:
             return None

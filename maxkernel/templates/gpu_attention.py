@@ -44,6 +44,8 @@ def _shape(task: "Task", size: str) -> AttentionShape | str:
         return a
     if a.bias is not None:
         return "relative-position bias is not in the GPU template"
+    if a.tail is not None:
+        return "what follows the attention (an elementwise tail) is not in the GPU template"
     if _mask_kind(a) is None:
         return "only causal or unmasked attention is in the GPU template"
     # Blocks are powers of two (Triton) that divide the sequence: _fit keeps one when the sequence is a

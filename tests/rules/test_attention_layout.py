@@ -143,3 +143,43 @@ def test_the_moved_kernel_checks_correct_and_is_priced_on_tpu_v6e(tmp_path: Path
     report = evaluate_candidate(task, source, target="tpu-v6e")
     assert report.status == "ok", report.reason
     assert report.label == "pallas-kernel" and report.speedup is not None and report.speedup > 1.0
+
+
+# The kernel's own layout, its output gated elementwise (o * sigmoid(o)) and scaled: an attention the flash kernel
+# serves only with what follows it; a near miss sums the output over the head dimension instead.
+GATED = BHSD_REPEAT.replace(
+    "    return jnp.einsum(\"bhqk,bhkd->bhqd\", jax.nn.softmax(s, axis=-1), jnp.repeat(v, rep, axis=1))",
+    "    o = jnp.einsum(\"bhqk,bhkd->bhqd\", jax.nn.softmax(s, axis=-1), jnp.repeat(v, rep, axis=1))\n"
+    "    return 0.5 * (o * jax.nn.sigmoid(o))")
+SUMMED = GATED.replace("jnp.repeat(k, rep, axis=1)", "k").replace("jnp.repeat(v, rep, axis=1)", "v").replace(
+    "kv_heads, seq, head_dim), jnp.float32)", "heads, seq, head_dim), jnp.float32)").replace(
+    "return 0.5 * (o * jax.nn.sigmoid(o))", "return o.sum(-1, keepdims=True) * jnp.ones_like(o)")
+
+
+def test_an_output_gate_after_the_attention_runs_on_the_kernel_s_result(tmp_path: Path) -> None:
+    # The flash template matched the attention and left out what followed it: a suite task with its output
+    # gated (a variant of 4p) got an incorrect kernel. Now the gate is the kernel's tail, run by XLA.
+    task = _task(tmp_path, "gated", GATED)
+    found = analyse(task, "cpu")
+    assert not isinstance(found, str) and found.tail is not None
+    assert {"logistic", "mul"} <= set(found.tail.primitives())
+    source = FLASH_ATTENTION.render(task, {"block_q": 128, "block_k": 128}, ("cpu", "full"))
+    assert "def _tail(" in source and "return _tail(_attention(q, k, v, **static))" in source
+    plain = _task(tmp_path, "plain", BHSD_REPEAT)
+    assert analyse(plain, "cpu").tail is None  # type: ignore[union-attr]
+    assert "_tail" not in FLASH_ATTENTION.render(plain, {"block_q": 128, "block_k": 128}, ("cpu", "full"))
+
+
+def test_a_reduction_after_the_attention_is_refused_with_its_reason(tmp_path: Path) -> None:
+    assert analyse(_task(tmp_path, "summed", SUMMED), "cpu") == \
+        "reduce_sum after the attention (only elementwise ops may follow it)"
+
+
+@pytest.mark.slow
+def test_the_gated_attention_checks_correct_on_tpu_v6e(tmp_path: Path) -> None:
+    from maxkernel.evaluation import evaluate_candidate
+
+    task = _task(tmp_path, "gated_eval", GATED)
+    source = FLASH_ATTENTION.render(task, {"block_q": 256, "block_k": 256}, ("cpu", "full"))
+    report = evaluate_candidate(task, source, target="tpu-v6e")
+    assert report.status == "ok" and report.label == "pallas-kernel", report.reason
