@@ -119,6 +119,13 @@ def match_paged(program: Program) -> PagedRoles | str:
             return "the score matmul does not read the query and the pages through the page table"
     if reads[1][1] != {v.name, table.name}:
         return "the second matmul does not read the value pages through the page table"
+    from maxkernel.templates.attention_tail import split_after_attention  # the templates import this package
+
+    after = split_after_attention(program)
+    if isinstance(after, str):
+        return after
+    if after[1] is not None:
+        return f"{'/'.join(sorted(set(after[1].primitives())))} after the attention (the paged kernel ends at its result)"
     found = _score_scale(program, dots[0].out)
     if isinstance(found, str):
         return found

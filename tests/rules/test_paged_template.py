@@ -63,3 +63,17 @@ def test_rendered_kernel_lowers_for_v5e_and_is_modelled_at_least_as_fast_as_the_
     assert ours.time_ms <= expert.time_ms
     # Only the pages below each length are copied: fewer bytes than the expert's whole 64-page blocks.
     assert ours.bytes < expert.bytes
+
+
+def test_an_op_after_the_paged_attention_is_refused_not_left_out(tmp_path: Path) -> None:
+    # The suite's paged decode with its output passed through one more op (a variant of 6p): the template and
+    # the paged rewrite matched it and left the op out, so both candidates were incorrect.
+    from jaxbench.task import list_tasks, load_task
+    from jaxbench.variants import derive
+    from maxkernel.templates.paged import analyse
+
+    paged = next(t for t in list_tasks() if t.id.startswith("6p_"))
+    assert not isinstance(analyse(paged, "cpu"), str)
+    variant = load_task(derive(paged, "extra_op", tmp_path, seed=1))
+    found = analyse(variant, "cpu")
+    assert isinstance(found, str) and found.endswith("after the attention (the paged kernel ends at its result)")
