@@ -677,7 +677,7 @@ def test_optimize_model_hands_its_regions_the_budget_less_the_layers_judgement(t
 
 # --- 16: a claimed interval holds when the kernel is measured again -----------------------------------------
 
-def _reading(rng, offset: float, rounds: int = 10, noise: float = 0.05) -> tuple[list[float], list[float]]:  # type: ignore[no-untyped-def]
+def _paired_rounds(rng, offset: float, rounds: int = 10, noise: float = 0.05) -> tuple[list[float], list[float]]:  # type: ignore[no-untyped-def]
     """One evaluation's paired rounds of a kernel twice as fast as its reference, by workers whose speed
     is off by ``offset`` (a log factor on the candidate's side), each round with its own noise."""
     import numpy as np
@@ -700,8 +700,8 @@ def test_a_claimed_interval_covers_a_re_reading_by_fresh_workers() -> None:
     worker_sd = 0.05 * 1.25 / np.sqrt(10) * np.sqrt(2)  # the sd of one run's log ratio of medians
     covered, halves = 0, []
     for _ in range(300):
-        first = _reading(rng, worker_sd * rng.standard_normal())
-        again = _reading(rng, worker_sd * rng.standard_normal())
+        first = _paired_rounds(rng, worker_sd * rng.standard_normal())
+        again = _paired_rounds(rng, worker_sd * rng.standard_normal())
         low, high = speedup_interval(*first)
         point = float(np.median(again[0]) / np.median(again[1]))
         covered += low <= point <= high
