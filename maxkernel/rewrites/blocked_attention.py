@@ -94,6 +94,17 @@ def evaluate_static(program: Program, var: Var) -> np.ndarray:
     return np.asarray(evaluate_nodes(program.ancestors(var), {})[var])
 
 
+def _adds_unit_axes(node: Any) -> bool:
+    """A broadcast that only inserts axes of length one (an argument given back the axis of one the
+    reference maps over: ``attention_layout`` moves it out for the kernel)."""
+    if node.prim != "broadcast_in_dim" or not isinstance(node.ins[0], Var):
+        return False
+    dims = [int(d) for d in node.params["broadcast_dimensions"]]
+    shape = [int(d) for d in node.params["shape"]]
+    return dims == sorted(dims) and all(shape[d] == int(n) for d, n in zip(dims, node.ins[0].shape)) and \
+        all(shape[a] == 1 for a in range(len(shape)) if a not in dims)
+
+
 def _scalar_factor(program: Program, var: Var, stop: Var, moved: bool = False) -> float:
     """Constant factors applied to input ``stop`` on the way to ``var`` (through casts and reshapes; with
     ``moved``, through transposes and a head repeat too)."""
@@ -109,7 +120,7 @@ def _scalar_factor(program: Program, var: Var, stop: Var, moved: bool = False) -
                 repeat_axis(producers[node.ins[0]], node) is not None:  # type: ignore[index]
             var = producers[node.ins[0]].ins[0]  # type: ignore[index,assignment]
             continue
-        if node.prim in PASS_BACK or (moved and node.prim == "transpose"):
+        if node.prim in PASS_BACK or (moved and (node.prim == "transpose" or _adds_unit_axes(node))):
             var = node.ins[0]  # type: ignore[assignment]
             continue
         consts = [op for op in node.ins if isinstance(op, Const) and op.scalar() is not None]

@@ -358,7 +358,7 @@ class FlashAttentionTemplate:
             return _with_tail(found, render_flash(task, found, block_q, block_k, entry="_attention" if found.tail else "kernel"),
                               arg_names(task), "kernel")
         names = arg_names(task)
-        moved = [names[i] + ("_bhsd" if slot < 3 and found.layout.perms[slot] != (0, 1, 2, 3) else "")
+        moved = [names[i] + ("_bhsd" if slot < 3 and found.layout.moves(slot) else "")
                  for slot, i in enumerate(found.layout.order)]
         entry = "_attention" if found.tail else "_flash_attention"
         return (_with_tail(found, render_flash(task, found, block_q, block_k, names=moved, entry=entry), moved,

@@ -38,11 +38,22 @@ class Layout:
     order: tuple[int, ...]  # argument indices: queries, keys, values, then the others in their order
     perms: tuple[tuple[int, ...], ...]  # per queries, keys, values: their axes as (batch, heads, seq, head_dim)
     out_perm: tuple[int, ...]  # the reference's output axes, as axes of the (batch, heads, seq, dim) result
+    # (-1: an axis of length one the attention is mapped over, as ``jax.vmap`` over a batch of one writes it)
+    units: tuple[int | None, ...] = (None, None, None)  # per queries, keys, values: that axis, if they have one
 
     @property
     def identity(self) -> bool:
-        return (self.order == tuple(range(len(self.order))) and all(p == (0, 1, 2, 3) for p in self.perms)
+        return (self.order == tuple(range(len(self.order))) and not any(self.moves(slot) for slot in range(3))
                 and self.out_perm == (0, 1, 2, 3))
+
+    def moves(self, slot: int) -> bool:
+        """Whether the role's argument is moved (transposed, or its unit axis dropped) for the kernel."""
+        return self.perms[slot] != (0, 1, 2, 3) or self.units[slot] is not None
+
+    def kept_perm(self, slot: int) -> tuple[int, ...]:
+        """The role's permutation over its axes without the unit axis (numbered as after dropping it)."""
+        unit = self.units[slot]
+        return tuple(a - (unit is not None and a > unit) for a in self.perms[slot])
 
 
 def _source_axes(program: Program, operand: Any, source: Var) -> list[int] | None:
@@ -122,35 +133,48 @@ def find_layout(program: Program) -> Layout | str:
     if iq is None or ik is None or iv is None or len({iq, ik, iv}) < 3:
         return "queries, keys and values are not three arguments the two matmuls read one each"
     q, k, v = (program.inputs[i] for i in (iq, ik, iv))
-    if any(len(x.shape) != 4 for x in (q, k, v)):
-        return "queries, keys and values are not four-dimensional"
+    rank = len(q.shape)
+    if rank not in (4, 5) or any(len(x.shape) != rank for x in (k, v)):
+        return "queries, keys and values are not four-dimensional (or five, with an axis of one mapped over)"
     (lc, rc), (lb, rb) = scores.params["dimension_numbers"]
     contracted, batched = values.params["dimension_numbers"]
     pc, vc, pb, vb = contracted[at], contracted[1 - at], batched[at], batched[1 - at]
-    if len(lb) != 2 or len(lc) != 1 or len(pb) != 2 or len(pc) != 1:
+    if len(lb) != rank - 2 or len(lc) != 1 or len(pb) != rank - 2 or len(pc) != 1:
         return "matmuls that are not batched over two axes with one contracted"
-    if tuple(pb) != (0, 1) or tuple(pc) != (3,) or len(values.ins[at].shape) != 4:
+    if tuple(pb) != tuple(range(rank - 2)) or tuple(pc) != (rank - 1,) or len(values.ins[at].shape) != rank:
         return "the second matmul does not contract the scores' key axis"
     qa, ka, va = (_source_axes(program, op, x) for op, x in ((scores.ins[0], q), (scores.ins[1], k), (values.ins[1 - at], v)))
     if qa is None or ka is None or va is None:
         return "something other than casts, scales, transposes and a head repeat between an argument and its matmul"
+    mapped = None  # the batch position (of the three) that is an axis of one in every role: jax.vmap over it
+    if rank == 5:
+        mapped = next((i for i in range(3) if int(q.shape[qa[lb[i]]]) == int(k.shape[ka[rb[i]]])
+                       == int(v.shape[va[vb[i]]]) == 1), None)
+        if mapped is None:
+            return "five-dimensional queries, keys and values with no axis of one to map over"
+    units = (None, None, None) if mapped is None else (qa[lb[mapped]], ka[rb[mapped]], va[vb[mapped]])
+    lb, rb, vb = ([d for i, d in enumerate(dims) if i != mapped] for dims in (lb, rb, vb))
 
-    def free(batch: Any, contracted: Any) -> int:
-        return next(a for a in range(4) if a not in tuple(batch) + tuple(contracted))
+    def free(batch: Any, contracted: Any, unit: int | None, axes: list[int]) -> int:
+        return next(a for a in range(rank) if a not in tuple(batch) + tuple(contracted) and axes[a] != unit)
 
-    perms = [[qa[lb[0]], qa[lb[1]], qa[free(lb, lc)], qa[lc[0]]],
-             [ka[rb[0]], ka[rb[1]], ka[free(rb, rc)], ka[rc[0]]],
-             [va[vb[0]], va[vb[1]], va[vc[0]], va[free(vb, vc)]]]
+    perms = [[qa[lb[0]], qa[lb[1]], qa[free(lb, lc, units[0], qa)], qa[lc[0]]],
+             [ka[rb[0]], ka[rb[1]], ka[free(rb, rc, units[1], ka)], ka[rc[0]]],
+             [va[vb[0]], va[vb[1]], va[vc[0]], va[free(vb, vc, units[2], va)]]]
     if int(k.shape[perms[1][0]]) < int(q.shape[perms[0][0]]):  # the keys' heads are the axis with fewer of them
         perms = [[p[1], p[0], p[2], p[3]] for p in perms]
     # the second matmul writes (batch, heads) then its left operand's free axis, then its right one's
     after = split_after_attention(program)  # an elementwise tail (an output gate) follows the attention's result
     end = after[0] if not isinstance(after, str) and after[1] is not None else None
-    out = _output_perm(program, values.out, [0, 1, 2, 3] if at == 0 else [0, 1, 3, 2], end)
+    # the second matmul writes its batch axes (the mapped one: -1), then its left operand's free axis, then its right one's
+    written = [0, 1, 2, 3] if at == 0 else [0, 1, 3, 2]
+    if mapped is not None:
+        written.insert(mapped, -1)
+    out = _output_perm(program, values.out, written, end)
     if out is None:
         return "something other than casts, scalings and transposes between the attention and the output"
     order = (iq, ik, iv) + tuple(i for i in range(len(program.inputs)) if i not in (iq, ik, iv))
-    return Layout(order, tuple(tuple(p) for p in perms), out)
+    return Layout(order, tuple(tuple(p) for p in perms), out, units)
 
 
 def _output_perm(program: Program, start: Var, perm: list[int], end: Var | None = None) -> tuple[int, ...] | None:
@@ -180,14 +204,21 @@ def canonical_program(task: "Task", size: str, layout: Layout) -> Program:
     static = static_args(task, size)
     shapes = list(input_shapes(task, size))
     names = arg_names(task)
-    inverse = [tuple(int(a) for a in np.argsort(p)) for p in layout.perms]
+    inverse = [tuple(int(a) for a in np.argsort(layout.kept_perm(slot))) for slot in range(3)]
+    out_unit = layout.out_perm.index(-1) if -1 in layout.out_perm else None
+    out_kept = [a for a in layout.out_perm if a >= 0]
 
     def canonical(*moved: Any) -> Any:
         args: list[Any] = [None] * len(shapes)
         for slot, position in enumerate(layout.order):
-            args[position] = jnp.transpose(moved[slot], inverse[slot]) if slot < 3 else moved[slot]
+            if slot < 3:
+                arg = jnp.transpose(moved[slot], inverse[slot])
+                args[position] = arg if layout.units[slot] is None else jnp.expand_dims(arg, layout.units[slot])
+            else:
+                args[position] = moved[slot]
         out = task.reference(*args, **static)
-        return jnp.transpose(out, tuple(int(a) for a in np.argsort(layout.out_perm)))
+        out = out if out_unit is None else jnp.squeeze(out, out_unit)
+        return jnp.transpose(out, tuple(int(a) for a in np.argsort(out_kept)))
 
     specs = []
     for slot, position in enumerate(layout.order):
@@ -210,16 +241,19 @@ def wrapper_source(names: list[str], layout: Layout, static: tuple[str, ...], en
     moved = []
     for slot in range(3):
         name = names[layout.order[slot]]
-        perm = layout.perms[slot]
-        if perm == (0, 1, 2, 3):
+        if not layout.moves(slot):
             moved.append(name)
-        else:
-            lines.append(f"    {name}_bhsd = jnp.transpose({name}, {perm})")
-            moved.append(f"{name}_bhsd")
+            continue
+        unit = layout.units[slot]
+        source = name if unit is None else f"jnp.squeeze({name}, {unit})"  # the axis of one mapped over
+        perm = layout.kept_perm(slot)
+        lines.append(f"    {name}_bhsd = " + (f"jnp.transpose({source}, {perm})" if perm != (0, 1, 2, 3) else source))
+        moved.append(f"{name}_bhsd")
     rest = [names[p] for p in layout.order[3:]]
     call = f"{entry}({', '.join(moved + rest)}{passed})"
-    if layout.out_perm == (0, 1, 2, 3):
-        lines.append(f"    return {call}")
-    else:
-        lines.append(f"    return jnp.transpose({call}, {layout.out_perm})")
+    kept = tuple(a for a in layout.out_perm if a >= 0)
+    result = call if kept == (0, 1, 2, 3) else f"jnp.transpose({call}, {kept})"
+    if -1 in layout.out_perm:
+        result = f"jnp.expand_dims({result}, {layout.out_perm.index(-1)})"
+    lines.append(f"    return {result}")
     return "\n".join(lines) + "\n"

@@ -40,8 +40,8 @@ def split_after_attention(program: Program) -> tuple[Var, Program | None] | str:
         elif node.prim == "transpose" and len(perm) == len(end.shape):
             perm = [perm[int(a)] for a in node.params["permutation"]]
             end = node.out
-        elif node.prim == "reshape" and perm == sorted(perm):  # grouped heads merged back: [b, kv, g, ...]
-            end = node.out
+        elif node.prim in ("reshape", "squeeze") and perm == sorted(perm):  # grouped heads merged back, an
+            end = node.out                                                    # axis of one mapped over dropped
             perm = list(range(len(end.shape)))
         else:
             break

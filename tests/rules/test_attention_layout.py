@@ -183,3 +183,50 @@ def test_the_gated_attention_checks_correct_on_tpu_v6e(tmp_path: Path) -> None:
     source = FLASH_ATTENTION.render(task, {"block_q": 256, "block_k": 256}, ("cpu", "full"))
     report = evaluate_candidate(task, source, target="tpu-v6e")
     assert report.status == "ok" and report.label == "pallas-kernel", report.reason
+
+
+# The kernel's own layout under a leading axis of one, the attention mapped over it with jax.vmap (how a
+# caller adds a batch of one): every array is five-dimensional and the matmuls batch over three axes.
+MAPPED = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, batch, heads, kv_heads, seq, head_dim):
+    k1, k2, k3 = jax.random.split(key, 3)
+    return (jax.random.normal(k1, (1, batch, heads, seq, head_dim), jnp.float32),
+            jax.random.normal(k2, (1, batch, heads, seq, head_dim), jnp.float32),
+            jax.random.normal(k3, (1, batch, heads, seq, head_dim), jnp.float32)), {}
+
+
+def _attention(q, k, v):
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
+    causal = jnp.arange(s.shape[-1])[None, :] <= jnp.arange(s.shape[-2])[:, None]
+    return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(jnp.where(causal, s, -jnp.inf), axis=-1), v)
+
+
+def reference(q, k, v):
+    return jax.vmap(_attention)(q, k, v)
+'''
+
+
+def test_an_attention_mapped_over_an_axis_of_one_is_served_with_that_axis_dropped(tmp_path: Path) -> None:
+    # A suite attention under a leading axis of one (the variants' batch_added) got nothing: the layout
+    # reader wanted four-dimensional arguments.
+    task = _task(tmp_path, "mapped", MAPPED)
+    layout = find_layout(trace_program(task, "cpu").dce())
+    assert not isinstance(layout, str), layout
+    assert layout.units == (0, 0, 0) and layout.out_perm == (-1, 0, 1, 2, 3)
+    assert not isinstance(analyse(task, "cpu"), str) and not isinstance(analyse(task, "full"), str)
+    source = FLASH_ATTENTION.render(task, {"block_q": 128, "block_k": 128}, ("cpu", "full"))
+    assert "q_bhsd = jnp.squeeze(q, 0)" in source and "return jnp.expand_dims(_flash_attention(" in source
+
+
+@pytest.mark.slow
+def test_the_mapped_attention_checks_correct_on_tpu_v6e(tmp_path: Path) -> None:
+    from maxkernel.evaluation import evaluate_candidate
+
+    task = _task(tmp_path, "mapped_eval", MAPPED)
+    source = FLASH_ATTENTION.render(task, {"block_q": 256, "block_k": 256}, ("cpu", "full"))
+    report = evaluate_candidate(task, source, target="tpu-v6e")
+    assert report.status == "ok" and report.label == "pallas-kernel", report.reason
