@@ -406,6 +406,8 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int, names: 
     static = "".join(f", {name}" for name in p.static)
     keywords = f", *{static}" if p.static else ""
     passed = ", ".join(f"{name}={name}" for name in p.static)
+    # the mask formula takes the statics it reads, and no other (a batch count the mask never reads)
+    visible_args = "".join(f", {name}={name}" for name in (p.mask.params if p.mask is not None else ()))
     f32 = np.dtype(p.in_dtype) == np.float32
     one_pass = f32 and p.passes == 1  # float32 operands rounded to bfloat16 once: what the tolerance admits
     split = f32 and p.passes == 3  # three passes: each float32 operand as a high and a low bfloat16 part
@@ -454,8 +456,8 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int, names: 
         '    """',
         "    q_count, kv_count = pl.cdiv(seq_q, block_q), pl.cdiv(seq_k, block_k)",
         "    padded = np.zeros((q_count * block_q, kv_count * block_k), dtype=bool)",
-        (f"    padded[:seq_q, :seq_k] = _visible(np.arange(seq_q)[:, None], np.arange(seq_k)[None, :]"
-         f"{', ' + passed if passed else ''})" if p.mask is not None else "    padded[:seq_q, :seq_k] = True"),
+        (f"    padded[:seq_q, :seq_k] = _visible(np.arange(seq_q)[:, None], np.arange(seq_k)[None, :]{visible_args})"
+         if p.mask is not None else "    padded[:seq_q, :seq_k] = True"),
         "    tiles = padded.reshape(q_count, block_q, kv_count, block_k)",
         "    seen, whole = tiles.any(axis=(1, 3)), tiles.all(axis=(1, 3))",
         "    q_blocks, kv_blocks, flags = [], [], []",
@@ -490,7 +492,7 @@ def render_flash(task: "Task", p: FlashPlan, block_q: int, block_k: int, names: 
         "            rows = q_blocks_ref[t] * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)",
         "            cols = kv_blocks_ref[t] * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)",
         "            visible = cols < seq_k  # keys past the end of a partial last block",
-        *([f"            visible = visible & _visible(rows, cols{', ' + passed if passed else ''})"]
+        *([f"            visible = visible & _visible(rows, cols{visible_args})"]
           if p.mask is not None else []),
         "            key_rows = kv_blocks_ref[t] * block_k + jax.lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)",
         "            v = jnp.where(key_rows < seq_k, v, jnp.zeros_like(v))",

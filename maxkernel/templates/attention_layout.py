@@ -51,9 +51,18 @@ class Layout:
         return self.perms[slot] != (0, 1, 2, 3) or self.units[slot] is not None
 
     def kept_perm(self, slot: int) -> tuple[int, ...]:
-        """The role's permutation over its axes without the unit axis (numbered as after dropping it)."""
+        """The role's argument axes in the kernel's order, its unit axis dropped (numbered as after dropping
+        it) and an inserted heads axis (-1: batch and heads merged in the argument) left out."""
         unit = self.units[slot]
-        return tuple(a - (unit is not None and a > unit) for a in self.perms[slot])
+        return tuple(a - (unit is not None and a > unit) for a in self.perms[slot] if a >= 0)
+
+    def inserted(self, slot: int) -> int | None:
+        """The kernel's axis the role's argument lacks (its heads, merged into the batch), if any."""
+        return self.perms[slot].index(-1) if -1 in self.perms[slot] else None
+
+    def missing_out(self) -> tuple[int, ...]:
+        """The kernel's output axes the reference's output lacks (heads merged back into the batch)."""
+        return tuple(a for a in range(4) if a not in self.out_perm)
 
 
 def _source_axes(program: Program, operand: Any, source: Var) -> list[int] | None:
@@ -79,6 +88,10 @@ def _source_axes(program: Program, operand: Any, source: Var) -> list[int] | Non
             perm = [int(p) for p in node.params["permutation"]]
             axes = [perm[a] for a in axes]
             var = node.ins[0]  # type: ignore[assignment]
+        elif node.prim == "reshape" and isinstance(node.ins[0], Var) and _split_axis(node) is not None:
+            at = _split_axis(node)  # output axes at and at + 1 are input axis at (a merged batch and heads)
+            axes = [a if a <= at else a - 1 for a in axes]
+            var = node.ins[0]
         elif node.prim == "reshape" and isinstance(node.ins[0], Var) and node.ins[0] in producers:
             widened = producers[node.ins[0]]
             merged = repeat_axis(widened, node)
@@ -93,6 +106,18 @@ def _source_axes(program: Program, operand: Any, source: Var) -> list[int] | Non
         if not isinstance(var, Var):
             return None
     return axes
+
+
+def _split_axis(reshape: Any) -> int | None:
+    """The input axis a reshape splits into two consecutive output axes (every other axis kept), else None."""
+    if reshape.params.get("dimensions") is not None:
+        return None
+    src, out = [int(d) for d in reshape.ins[0].shape], [int(d) for d in reshape.out.shape]
+    if len(out) != len(src) + 1:
+        return None
+    at = next((i for i in range(len(src)) if out[i] != src[i]), len(src) - 1)
+    fits = out[:at] == src[:at] and out[at] * out[at + 1] == src[at] and out[at + 2:] == src[at + 1:]
+    return at if fits else None
 
 
 def repeat_axis(widened: Any, reshape: Any) -> int | None:
@@ -134,7 +159,9 @@ def find_layout(program: Program) -> Layout | str:
         return "queries, keys and values are not three arguments the two matmuls read one each"
     q, k, v = (program.inputs[i] for i in (iq, ik, iv))
     rank = len(q.shape)
-    if rank not in (4, 5) or any(len(x.shape) != rank for x in (k, v)):
+    merged = rank == 3  # [batch * heads, seq, head_dim], split inside the reference
+    rank = 4 if merged else rank
+    if rank not in (4, 5) or any(len(x.shape) != len(q.shape) for x in (k, v)):
         return "queries, keys and values are not four-dimensional (or five, with an axis of one mapped over)"
     (lc, rc), (lb, rb) = scores.params["dimension_numbers"]
     contracted, batched = values.params["dimension_numbers"]
@@ -161,7 +188,11 @@ def find_layout(program: Program) -> Layout | str:
     perms = [[qa[lb[0]], qa[lb[1]], qa[free(lb, lc, units[0], qa)], qa[lc[0]]],
              [ka[rb[0]], ka[rb[1]], ka[free(rb, rc, units[1], ka)], ka[rc[0]]],
              [va[vb[0]], va[vb[1]], va[vc[0]], va[free(vb, vc, units[2], va)]]]
-    if int(k.shape[perms[1][0]]) < int(q.shape[perms[0][0]]):  # the keys' heads are the axis with fewer of them
+    if merged:  # the batch and heads are one axis of the argument: the kernel's heads axis is inserted (-1)
+        if any(p[0] != p[1] or len(set(p[1:])) != 3 for p in perms):
+            return "three-dimensional queries, keys and values whose first axis is not batch and heads merged"
+        perms = [[p[0], -1, p[2], p[3]] for p in perms]
+    if not merged and int(k.shape[perms[1][0]]) < int(q.shape[perms[0][0]]):  # the keys' heads: fewer of them
         perms = [[p[1], p[0], p[2], p[3]] for p in perms]
     # the second matmul writes (batch, heads) then its left operand's free axis, then its right one's
     after = split_after_attention(program)  # an elementwise tail (an output gate) follows the attention's result
@@ -170,14 +201,15 @@ def find_layout(program: Program) -> Layout | str:
     written = [0, 1, 2, 3] if at == 0 else [0, 1, 3, 2]
     if mapped is not None:
         written.insert(mapped, -1)
-    out = _output_perm(program, values.out, written, end)
+    out = _output_perm(program, values.out, written, end, merged)
     if out is None:
         return "something other than casts, scalings and transposes between the attention and the output"
     order = (iq, ik, iv) + tuple(i for i in range(len(program.inputs)) if i not in (iq, ik, iv))
     return Layout(order, tuple(tuple(p) for p in perms), out, units)
 
 
-def _output_perm(program: Program, start: Var, perm: list[int], end: Var | None = None) -> tuple[int, ...] | None:
+def _output_perm(program: Program, start: Var, perm: list[int], end: Var | None = None,
+                 merged: bool = False) -> tuple[int, ...] | None:
     """The reference's output axes as axes of the (batch, heads, seq, dim) result, where ``perm`` says that
     of ``start`` (its shape kept up to transposes on the way to the output, or to ``end``, the attention's
     result where an elementwise tail follows it)."""
@@ -192,10 +224,20 @@ def _output_perm(program: Program, start: Var, perm: list[int], end: Var | None 
         node = readers[0]
         if node.prim == "transpose":
             perm = [perm[int(p)] for p in node.params["permutation"]]
+        elif merged and node.prim == "reshape" and 1 in perm and _merges(node, perm.index(1) - 1) \
+                and perm[perm.index(1) - 1] == 0:
+            perm.pop(perm.index(1))  # batch and heads merged back: the kernel's inserted heads axis leaves
         elif tuple(node.out.shape) != tuple(var.shape) or len(node.outs) != 1:
             return None
         var = node.out
     return tuple(perm)
+
+
+def _merges(reshape: Any, at: int) -> bool:
+    """Whether a reshape merges input axes ``at`` and ``at + 1`` into one (every other axis kept)."""
+    src, out = [int(d) for d in reshape.ins[0].shape], [int(d) for d in reshape.out.shape]
+    return at >= 0 and len(out) == len(src) - 1 and out[:at] == src[:at] and out[at] == src[at] * src[at + 1] \
+        and out[at + 1:] == src[at + 2:]
 
 
 def canonical_program(task: "Task", size: str, layout: Layout) -> Program:
@@ -206,24 +248,30 @@ def canonical_program(task: "Task", size: str, layout: Layout) -> Program:
     names = arg_names(task)
     inverse = [tuple(int(a) for a in np.argsort(layout.kept_perm(slot))) for slot in range(3)]
     out_unit = layout.out_perm.index(-1) if -1 in layout.out_perm else None
-    out_kept = [a for a in layout.out_perm if a >= 0]
+    labels = [a for a in layout.out_perm if a >= 0] + list(layout.missing_out())
 
     def canonical(*moved: Any) -> Any:
         args: list[Any] = [None] * len(shapes)
         for slot, position in enumerate(layout.order):
             if slot < 3:
-                arg = jnp.transpose(moved[slot], inverse[slot])
+                arg = moved[slot]
+                at = layout.inserted(slot)
+                if at is not None:  # a reshape, which the matchers read through as they do the reference's own
+                    arg = arg.reshape(tuple(d for i, d in enumerate(arg.shape) if i != at))
+                arg = jnp.transpose(arg, inverse[slot])
                 args[position] = arg if layout.units[slot] is None else jnp.expand_dims(arg, layout.units[slot])
             else:
                 args[position] = moved[slot]
         out = task.reference(*args, **static)
         out = out if out_unit is None else jnp.squeeze(out, out_unit)
-        return jnp.transpose(out, tuple(int(a) for a in np.argsort(out_kept)))
+        out = out.reshape(*out.shape, *([1] * len(layout.missing_out())))
+        return jnp.transpose(out, tuple(int(a) for a in np.argsort(labels)))
 
     specs = []
     for slot, position in enumerate(layout.order):
         s = shapes[position]
-        specs.append(jax.ShapeDtypeStruct(tuple(s.shape[a] for a in layout.perms[slot]), s.dtype) if slot < 3 else s)
+        specs.append(jax.ShapeDtypeStruct(tuple(1 if a < 0 else s.shape[a] for a in layout.perms[slot]), s.dtype)
+                     if slot < 3 else s)
     closed = jax.make_jaxpr(canonical)(*specs)
     program = ProgramBuilder().build(closed, [names[p] for p in layout.order])
     program.out_tree = jax.tree_util.tree_structure(0)
@@ -247,12 +295,20 @@ def wrapper_source(names: list[str], layout: Layout, static: tuple[str, ...], en
         unit = layout.units[slot]
         source = name if unit is None else f"jnp.squeeze({name}, {unit})"  # the axis of one mapped over
         perm = layout.kept_perm(slot)
-        lines.append(f"    {name}_bhsd = " + (f"jnp.transpose({source}, {perm})" if perm != (0, 1, 2, 3) else source))
+        source = f"jnp.transpose({source}, {perm})" if perm != tuple(range(len(perm))) else source
+        if layout.inserted(slot) is not None:  # batch and heads merged: the heads axis, of one, for the kernel
+            source = f"jnp.expand_dims({source}, {layout.inserted(slot)})"
+        lines.append(f"    {name}_bhsd = {source}")
         moved.append(f"{name}_bhsd")
     rest = [names[p] for p in layout.order[3:]]
-    call = f"{entry}({', '.join(moved + rest)}{passed})"
-    kept = tuple(a for a in layout.out_perm if a >= 0)
-    result = call if kept == (0, 1, 2, 3) else f"jnp.transpose({call}, {kept})"
+    result = f"{entry}({', '.join(moved + rest)}{passed})"
+    missing = layout.missing_out()
+    if missing:
+        result = f"jnp.squeeze({result}, {missing if len(missing) > 1 else missing[0]})"
+    remaining = [a for a in range(4) if a not in missing]
+    order = tuple(remaining.index(a) for a in layout.out_perm if a >= 0)
+    if order != tuple(range(len(order))):
+        result = f"jnp.transpose({result}, {order})"
     if -1 in layout.out_perm:
         result = f"jnp.expand_dims({result}, {layout.out_perm.index(-1)})"
     lines.append(f"    return {result}")

@@ -230,3 +230,50 @@ def test_the_mapped_attention_checks_correct_on_tpu_v6e(tmp_path: Path) -> None:
     source = FLASH_ATTENTION.render(task, {"block_q": 256, "block_k": 256}, ("cpu", "full"))
     report = evaluate_candidate(task, source, target="tpu-v6e")
     assert report.status == "ok" and report.label == "pallas-kernel", report.reason
+
+
+# The kernel's layout with the batch merged into the heads: [batch * heads, seq, head_dim] arguments, split
+# inside the reference by a static batch count that the mask never reads, the output merged back.
+MERGED = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, batch, heads, kv_heads, seq, head_dim):
+    k1, k2, k3 = jax.random.split(key, 3)
+    shape = (batch * heads, seq, head_dim)
+    return (jax.random.normal(k1, shape, jnp.float32), jax.random.normal(k2, shape, jnp.float32),
+            jax.random.normal(k3, shape, jnp.float32)), {"batch_count": batch}
+
+
+def reference(q, k, v, *, batch_count):
+    q, k, v = (t.reshape(batch_count, -1, *t.shape[1:]) for t in (q, k, v))
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
+    causal = jnp.arange(s.shape[-1])[None, :] <= jnp.arange(s.shape[-2])[:, None]
+    out = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(jnp.where(causal, s, -jnp.inf), axis=-1), v)
+    return out.reshape(-1, *out.shape[2:])
+'''
+
+
+def test_an_attention_over_merged_batch_and_heads_is_served_with_a_heads_axis_of_one(tmp_path: Path) -> None:
+    # A suite attention with its batch merged into the heads (the variants' batch_removed) got nothing: the
+    # layout reader wanted four-dimensional arguments; and a static the mask never reads reached the mask.
+    task = _task(tmp_path, "merged", MERGED)
+    layout = find_layout(trace_program(task, "full").dce())
+    assert not isinstance(layout, str), layout
+    assert layout.perms == ((0, -1, 1, 2),) * 3 and layout.out_perm == (0, 2, 3)
+    assert not isinstance(analyse(task, "cpu"), str) and not isinstance(analyse(task, "full"), str)
+    source = FLASH_ATTENTION.render(task, {"block_q": 128, "block_k": 128}, ("cpu", "full"))
+    assert "q_bhsd = jnp.expand_dims(q, 1)" in source
+    assert "return jnp.squeeze(_flash_attention(q_bhsd, k_bhsd, v_bhsd, batch_count=batch_count), 1)" in source
+    assert "_visible(rows, cols)" in source  # the mask is causal: it takes no static
+
+
+@pytest.mark.slow
+def test_the_merged_attention_checks_correct_on_tpu_v6e(tmp_path: Path) -> None:
+    from maxkernel.evaluation import evaluate_candidate
+
+    task = _task(tmp_path, "merged_eval", MERGED)
+    source = FLASH_ATTENTION.render(task, {"block_q": 256, "block_k": 256}, ("cpu", "full"))
+    report = evaluate_candidate(task, source, target="tpu-v6e")
+    assert report.status == "ok" and report.label == "pallas-kernel", report.reason
