@@ -292,6 +292,12 @@ def bounded_session(entry: dict[str, Any], target: str, evals: int, seed: int) -
 
 # ---------------------------------------------------------------- the run
 
+def failed(row: dict[str, Any]) -> bool:
+    """A session that failed, or one whose agent raised (its planner, say) and so ended before its work:
+    it may still have scored the reference, but it tried less than it would have."""
+    return row.get("status") in ("failed", "error") or " failed on " in str(row.get("stop_reason") or "")
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per family and in total: tasks, Pallas / JAX winners, geomean speedup, roofline shares, failures."""
     def part(group: list[dict[str, Any]]) -> dict[str, Any]:
@@ -304,7 +310,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "reference": sum(r.get("winner") == "reference" for r in group),
                 "geomean": math.exp(sum(map(math.log, speed)) / n) if n else None,
                 "ref_roofline": _mean(ref_roof), "winner_roofline": _mean(win_roof),
-                "failed": sum(r.get("status") in ("failed", "error") for r in group),
+                "failed": sum(failed(r) for r in group),
                 "template_errors": sum(len(r.get("template_errors") or []) for r in group)}
 
     families = sorted({str(r.get("family")) for r in rows})

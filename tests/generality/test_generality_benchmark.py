@@ -66,6 +66,11 @@ def test_summary_counts_winners_failures_and_template_errors() -> None:
     assert s["total"]["template_errors"] == 1 and s["total"]["jax"] == 1
     assert s["total"]["geomean"] == pytest.approx(4.0 ** (1 / 3))
     assert s["families"]["f"]["ref_roofline"] == pytest.approx(0.2)
+    # a session whose planner raised scored the reference, having tried nothing: it counts as failed
+    crashed = {"task": "d", "family": "g", "winner": "reference", "speedup": 1.0, "status": "scored",
+               "stop_reason": "planner failed on OptimizeRequest: IndexError: tuple index out of range",
+               "template_errors": []}
+    assert summarize(rows + [crashed])["families"]["g"]["failed"] == 1
 
 
 @pytest.mark.slow
