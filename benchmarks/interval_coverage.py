@@ -58,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         args.json = args.json or args.resume
     os.environ.setdefault("MAXKERNEL_DATA_DIR", tempfile.mkdtemp(prefix="interval_coverage_"))
-    from jaxbench.task import TaskError, list_tasks, load_task
+    from jaxbench.task import TaskError, load_task
 
     try:
-        tasks = [_resolve(name, list_tasks, load_task) for name in args.tasks]
+        tasks = [load_task(name) for name in args.tasks]
     except TaskError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -76,14 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
     return _summary(rows)
-
-
-def _resolve(name: str, list_tasks: Any, load_task: Any) -> Any:
-    """A suite id, a unique id prefix (``8p`` names ``8p_GEMM``), or a folder."""
-    if Path(name).is_dir():
-        return load_task(name)
-    matches = [t for t in list_tasks() if t.id == name or t.id.startswith(f"{name}_")]
-    return matches[0] if len(matches) == 1 else load_task(name)
 
 
 def _fresh_evaluation(task: Any, source: str) -> Any:

@@ -48,11 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MAXKERNEL_DATA_DIR", tempfile.mkdtemp(prefix="timing_bias_"))
     from jaxbench.evaluate import EvalConfig, Evaluator
     from jaxbench.pool import WorkerPool
-    from jaxbench.task import TaskError, list_tasks, load_task
+    from jaxbench.task import TaskError, load_task
     from maxkernel.rules.strategy import reference_source
 
     try:
-        tasks = [_resolve(name, list_tasks, load_task) for name in args.tasks]
+        tasks = [load_task(name) for name in args.tasks]
     except TaskError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -88,14 +88,6 @@ def _evaluator(harness: str, Evaluator: Any, EvalConfig: Any, WorkerPool: Any) -
     cpus = one_core() if harness == "pinned" else None
     pool = WorkerPool(1, alike=harness != "legacy", cpus=cpus)
     return Evaluator(pool=pool, config=EvalConfig(harness="legacy" if harness == "legacy" else "alike"))
-
-
-def _resolve(name: str, list_tasks: Any, load_task: Any) -> Any:
-    """A suite id, a unique id prefix (``8p`` names ``8p_GEMM``), or a folder."""
-    if Path(name).is_dir():
-        return load_task(name)
-    matches = [t for t in list_tasks() if t.id == name or t.id.startswith(f"{name}_")]
-    return matches[0] if len(matches) == 1 else load_task(name)
 
 
 def _row(task_id: str, harness: str, reports: list[Any]) -> dict[str, Any]:

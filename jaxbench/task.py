@@ -253,13 +253,16 @@ def _read_spec(folder: Path) -> TaskSpec:
 
 
 def resolve_task_path(name_or_path: str | Path) -> Path:
-    """A suite id, or a path to a task folder."""
+    """A suite id, the number that starts one (``8p`` for ``8p_GEMM``), or a path to a task folder."""
     candidate = Path(name_or_path)
     if candidate.is_dir():
         return candidate.resolve()
     for folder in (SUITE_DIR, MODELS_DIR):
         if (folder / str(name_or_path)).is_dir():
             return folder / str(name_or_path)
+    prefixed = sorted(SUITE_DIR.glob(f"{name_or_path}_*")) if "/" not in str(name_or_path) else []
+    if len(prefixed) == 1 and prefixed[0].is_dir():
+        return prefixed[0]
     raise TaskError(f"{name_or_path}: no such suite task or task folder")
 
 

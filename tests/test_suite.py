@@ -26,6 +26,15 @@ def test_the_suite_has_fifty_tasks_with_unique_ids_in_order():
 SOUNDNESS_CASES = [tid if i % 5 == 0 else pytest.param(tid, marks=pytest.mark.slow) for i, tid in enumerate(TASK_IDS)]
 
 
+def test_a_suite_task_is_named_by_its_id_or_by_the_number_that_starts_it() -> None:
+    from jaxbench.task import TaskError, load_task
+
+    assert load_task("8p").id == load_task("8p_GEMM").id == "8p_GEMM"
+    assert load_task("1p").id == "1p_Flash_Attention"  # not 10p: the number is followed by its underscore
+    with pytest.raises(TaskError, match="no such suite task"):
+        load_task("9")
+
+
 @pytest.mark.parametrize("task_id", SOUNDNESS_CASES)
 def test_task_is_sound_and_its_reference_passes_the_evaluator(quick_evaluator, task_id):
     from jaxbench.task import load_task
