@@ -99,6 +99,34 @@ def check_free_sizes(task: Task, draws: int = 2) -> list[str]:
     return problems
 
 
+def check_statics(task: Task, args: tuple[Any, ...], static: dict[str, Any], out: Any) -> list[str]:
+    """Problems with the task's declared static ranges: each static must be one ``get_inputs`` returns, the
+    reference must run to finite outputs with the statics drawn as the evaluator draws them, and the output
+    must follow each one (a static the output does not follow is a check that cannot fail)."""
+    problems: list[str] = []
+    rng = random.Random(task.id)
+    for name in task.spec.statics:
+        try:
+            drawn = task.draw_statics(static, rng)
+        except TaskError as exc:
+            return [str(exc)]
+        moved = {**static, name: drawn[name]}
+        try:
+            again = _block(jax.jit(partial(task.reference, **moved))(*args))
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            problems.append(f"reference fails with static {name}={drawn[name]}: {type(exc).__name__}: {first}")
+            continue
+        if any(not np.isfinite(np.asarray(leaf).astype(np.float64)).all() for leaf in tree_leaves(again)
+               if np.asarray(leaf).dtype.kind == "f" or leaf.dtype == jnp.bfloat16):
+            problems.append(f"an output has NaN/Inf with static {name}={drawn[name]}")
+        elif compare_outputs(jax.device_get(out), jax.device_get(again), task.spec.tolerance.atol,
+                             task.spec.tolerance.rtol).ok:
+            problems.append(f"the output stays within tolerance when static {name} is redrawn ({static[name]} -> "
+                            f"{drawn[name]}): a kernel that ignores it would pass; do not declare it")
+    return problems
+
+
 def check_task(task: Task, timing: bool = True) -> TaskCheck:
     result = TaskCheck(task.id)
     try:
@@ -163,6 +191,8 @@ def check_task(task: Task, timing: bool = True) -> TaskCheck:
         full_shapes(task)
     except Exception as exc:
         result.problems.append(f"full size does not trace: {type(exc).__name__}: {exc}")
+
+    result.problems.extend(check_statics(task, args, static, out))
 
     if task.spec.free:
         result.problems.extend(check_free_sizes(task, draws=1 if not timing else 2))

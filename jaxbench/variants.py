@@ -444,6 +444,9 @@ def derive(task: Task, kind: str, out: Path, seed: int = 0) -> Path:
     spec["description"] = f"{spec['description'].strip()} [variant {kind}: {detail}]"
     if kind == "dtype":
         spec["dtype"] = detail["dtype"]
+    if kind == "statics":  # the declared ranges follow the statics' new names; a folded one has none
+        renamed, folded = detail.get("renamed", {}), detail.get("folded", [])
+        spec["statics"] = {renamed.get(k, k): v for k, v in spec.get("statics", {}).items() if k not in folded}
     (folder / "task.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, width=110))
     if kind in CHANGE:
         from jaxbench.generate.tolerance import tolerance_for

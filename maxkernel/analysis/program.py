@@ -52,6 +52,9 @@ class Const:
     shape: tuple[int, ...]
     dtype: np.dtype
     weak: bool = False
+    # The static argument this literal is, as (name, transform) of :mod:`maxkernel.analysis.statics`: an
+    # emitter that takes statics as arguments writes it as that expression instead of the value.
+    static: tuple[str, str] | None = None
 
     @property
     def size(self) -> int:
@@ -266,6 +269,9 @@ def trace_program(task: "Task", size: str = "cpu", shapes: list[Any] | None = No
     program = ProgramBuilder().build(closed, names[: len(shapes)])
     program.out_tree = jax.tree_util.tree_structure(out_shape)
     program.dim_names = size_names(task.size(size) if size in task.spec.sizes else {}, names)
+    from maxkernel.analysis.statics import mark_statics
+
+    mark_statics(program, task.reference, static, shapes, names[: len(shapes)])
     return program
 
 
@@ -304,12 +310,12 @@ def size_names(values: dict[str, Any], taken: list[str]) -> dict[int, str]:
             and name.isidentifier() and name not in taken}
 
 
-# (task folder, source digest, size) -> (abstract argument shapes, static arguments)
-_INPUT_INFO: dict[tuple[str, str, str], tuple[tuple[Any, ...], dict[str, Any]]] = {}
+# (task folder, source digest, size, redrawn statics) -> (abstract argument shapes, static arguments)
+_INPUT_INFO: dict[tuple[str, str, str, str], tuple[tuple[Any, ...], dict[str, Any]]] = {}
 
 
 def _input_info(task: "Task", size: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    key = (str(task.path), task.source_digest, size)
+    key = (str(task.path), task.source_digest, size, repr(sorted(task.static_overrides.items())))
     if key not in _INPUT_INFO:
         holder: dict[str, Any] = {}
 

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from maxkernel.analysis.program import Const, Node, Operand, Program, Var
+from maxkernel.analysis.statics import static_text
 from maxkernel.rewrites.names import Namer
 
 
@@ -105,8 +106,10 @@ class Emitter:
     """Writes the nodes of one program as assignment lines."""
 
     def __init__(self, program: Program, size_names: bool = True, rename_inputs: bool = False,
-                 slice_extents: bool = False) -> None:
+                 slice_extents: bool = False, statics: bool = False) -> None:
         self.program = program
+        self.statics = statics  # a literal that is a static argument is written as its name
+        self.used_statics: set[str] = set()
         self.slice_extents = slice_extents  # a slice as long as an input dimension follows that dimension
         self.dims = input_dims(program)
         shapes = {v.name: tuple(int(d) for d in v.shape) for v in program.inputs}
@@ -139,7 +142,24 @@ class Emitter:
         if isinstance(op, Var):
             return self.name(op)
         bare = partner is not None and isinstance(partner, Var) and partner.dtype == op.dtype and not op.shape
+        if self.statics and op.static is not None:
+            return self.static_operand(op, bare)
         return const_expr(op, bare)
+
+    def static_operand(self, op: Const, bare: bool) -> str:
+        """A literal that is a static argument, as the expression of its name (weakly typed where bare, as
+        the reference's own Python float is)."""
+        assert op.static is not None
+        self.used_statics.add(op.static[0])
+        text = static_text(op.static)
+        if bare:
+            return f"({text})" if " " in text or text.startswith("-") else text
+        return f"jnp.asarray({text}, dtype={dtype_expr(op.dtype)})"
+
+    def header(self, name: str, params: str) -> str:
+        """``def name(params):``, with the statics the body read as keyword-only arguments."""
+        used = sorted(self.used_statics)
+        return f"def {name}({params}{', *, ' + ', '.join(used) if used else ''}):"
 
     def line(self, node: Node) -> str:
         emit = _EMITTERS.get(node.prim)
@@ -178,7 +198,7 @@ class Emitter:
         if node.prim != "div" or len(node.ins) != 2:
             return None
         a, b = node.ins
-        if not isinstance(b, Const) or b.shape or not isinstance(a, Var):
+        if not isinstance(b, Const) or b.shape or not isinstance(a, Var) or (self.statics and b.static):
             return None
         if not np.issubdtype(np.dtype(b.dtype), np.floating):
             return None
@@ -257,18 +277,22 @@ class Emitter:
 
 
 def emit_function(program: Program, name: str, doc: str | None = None, size_names: bool = True,
-                  slice_extents: bool = False) -> str:
+                  slice_extents: bool = False, statics: bool = False) -> str:
     """``def name(inputs...):`` computing the program's outputs (``size_names``: input dimensions held
     in locals named after the task's size parameters where their values tell them apart;
     ``slice_extents``: a slice whose length is an input dimension is written as that dimension, so one
-    body serves every size of it — the evaluator proves the reading at the sizes it draws)."""
-    em = Emitter(program, size_names, rename_inputs=True, slice_extents=slice_extents)
+    body serves every size of it — the evaluator proves the reading at the sizes it draws; ``statics``:
+    the literals that are static arguments (:mod:`maxkernel.analysis.statics`) written as their names,
+    which become keyword-only arguments, ``def name(inputs..., *, scaling_factor):``)."""
+    em = Emitter(program, size_names, rename_inputs=True, slice_extents=slice_extents, statics=statics)
     params = ", ".join(em.name(v) for v in program.inputs)
-    lines = [f"def {name}({params}):"]
+    body = em.body()
+    returns = em.returns()
+    lines = [em.header(name, params)]
     if doc:
         lines.append(f'    """{doc}"""')
-    lines.extend(em.body())
-    lines.append(f"    return {em.returns()}")
+    lines.extend(body)
+    lines.append(f"    return {returns}")
     return "\n".join(lines)
 
 

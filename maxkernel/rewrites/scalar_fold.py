@@ -18,7 +18,7 @@ def _scaled(node: Node | None, producers: dict[Var, Node]) -> tuple[Operand, flo
     a, b = node.ins
     if node.prim == "mul" and isinstance(a, Const) and not a.shape:
         a, b = b, a
-    if isinstance(b, Const) and not b.shape and isinstance(a, Var):
+    if isinstance(b, Const) and not b.shape and isinstance(a, Var) and b.static is None:  # a static is an argument
         c = float(b.scalar())  # type: ignore[arg-type]
         if node.prim == "div":
             if c == 0:
@@ -35,13 +35,13 @@ def _fold_one(program: Program, node: Node, producers: dict[Var, Node]) -> bool:
     prim = node.prim
     if prim in ("mul", "div", "add", "sub"):
         a, b = node.ins
-        const = b if isinstance(b, Const) and not b.shape else None
+        const = b if isinstance(b, Const) and not b.shape and b.static is None else None
         if const is not None and isinstance(a, Var) and a.shape == node.out.shape:
             value = const.scalar()
             if (prim in ("mul", "div") and value == 1) or (prim in ("add", "sub") and value == 0):
                 sp.commit(node, a)
                 return True
-        if prim == "mul" and isinstance(a, Const) and not a.shape and a.scalar() == 1 and isinstance(b, Var) and b.shape == node.out.shape:
+        if prim == "mul" and isinstance(a, Const) and not a.shape and a.static is None and a.scalar() == 1 and isinstance(b, Var) and b.shape == node.out.shape:
             sp.commit(node, b)
             return True
     inner = _scaled(node, producers)

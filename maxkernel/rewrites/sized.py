@@ -40,8 +40,9 @@ class _EverySize(dict):
 class SizedEmitter(Emitter):
     """Records every extent it writes (a site), and writes the chosen expression for each."""
 
-    def __init__(self, program: Program, choices: list[Key | None] | None = None, size_names: bool = True) -> None:
-        super().__init__(program, size_names=size_names, rename_inputs=True)
+    def __init__(self, program: Program, choices: list[Key | None] | None = None, size_names: bool = True,
+                 statics: bool = False) -> None:
+        super().__init__(program, size_names=size_names, rename_inputs=True, statics=statics)
         for var in program.inputs:  # an axis of one here may be two at another size: read it the same way
             for axis, size in enumerate(var.shape):
                 if int(size) == 1 and (var.name, axis) not in self.hoisted:
@@ -53,7 +54,6 @@ class SizedEmitter(Emitter):
         self.dims = _EverySize(self.known)
         self.choices = choices
         self.sites: list[tuple[str, float, Any]] = []
-        self.used_statics: set[str] = set()
 
     def _chosen(self, kind: str, value: float, dtype: Any = None) -> str | None:
         """Record a site; the text of its chosen expression, or None (no choice: the plain emitter's)."""
@@ -90,6 +90,8 @@ class SizedEmitter(Emitter):
         return str(size) if self.choices is not None else super().dim(size)
 
     def operand(self, op: Any, partner: Any = None) -> str:
+        if self.statics and isinstance(op, Const) and op.static is not None:  # the argument, at every size
+            return self.static_operand(op, partner is not None and isinstance(partner, Var) and partner.dtype == op.dtype)
         numeric = isinstance(op, Const) and not op.shape and np.dtype(op.dtype) != np.bool_ and (
             np.issubdtype(np.dtype(op.dtype), np.floating) or np.issubdtype(np.dtype(op.dtype), np.integer))
         if numeric:
@@ -218,9 +220,10 @@ Site = tuple[str, float, Any]
 Record = tuple[list[Site], dict[Key, int]]
 
 
-def record(program: Program, statics: dict[str, int]) -> Record:
-    """The sites of ``program`` in the order the emitter writes them, and the candidates at its size."""
-    em = SizedEmitter(program)
+def record(program: Program, statics: dict[str, int], static_args: bool = False) -> Record:
+    """The sites of ``program`` in the order the emitter writes them, and the candidates at its size
+    (``static_args``: as an emitter that writes static literals as their names sees them)."""
+    em = SizedEmitter(program, statics=static_args)
     em.body()
     em.returns()
     return em.sites, candidates(program, statics)
@@ -279,32 +282,33 @@ def choose(records: dict[str, Record], probes: dict[str, Record] | None = None,
 
 
 def emit_sized(program: Program, name: str, doc: str | None, choices: list[Key | None] | None,
-               size_names: bool = True) -> tuple[str, set[str]]:
-    """``def name(inputs..., *, statics):`` with the chosen expressions; the statics it reads."""
-    em = SizedEmitter(program, choices, size_names)
+               size_names: bool = True, statics: bool = False) -> tuple[str, set[str]]:
+    """``def name(inputs..., *, statics):`` with the chosen expressions; the statics it reads
+    (``statics``: float statics marked on its literals too, :mod:`maxkernel.analysis.statics`)."""
+    em = SizedEmitter(program, choices, size_names, statics=statics)
     body = em.body()
     returns = em.returns()
     params = ", ".join(em.name(v) for v in program.inputs)
-    used = sorted(em.used_statics)
-    head = f"def {name}({params}{', *, ' + ', '.join(used) if used else ''}):"
-    return "\n".join([head, *([f'    """{doc}"""'] if doc else []), *body, f"    return {returns}"]), set(used)
+    head = em.header(name, params)
+    return "\n".join([head, *([f'    """{doc}"""'] if doc else []), *body, f"    return {returns}"]), set(em.used_statics)
 
 
-def emit_every_size(programs: list[Program], name: str, doc: str | None = None) -> str | None:
+def emit_every_size(programs: list[Program], name: str, doc: str | None = None, statics: bool = False) -> str | None:
     """One function that is the code of every program (one computation traced at several sizes; the first
     names the dimensions), each extent read from the input axes that give it at all of them; None where
     the programs differ in structure or an extent that changes between them follows no input axis (a
-    literal would be right at one size only)."""
+    literal would be right at one size only). ``statics``: literals that are float statics are written as
+    their names, keyword-only arguments of the function."""
     if len(programs) < 2:
         return None
-    records = {str(i): record(program, {}) for i, program in enumerate(programs)}
+    records = {str(i): record(program, {}, statics) for i, program in enumerate(programs)}
     choices = choose(records, axes_for_constants=True)
     if choices is None:
         return None
     try:  # written with the axis names alone, the code is the same text at every size or it is not shared
-        plain = {emit_sized(program, name, doc, choices, size_names=False)[0] for program in programs}
+        plain = {emit_sized(program, name, doc, choices, size_names=False, statics=statics)[0] for program in programs}
     except EmitError:
         return None
     if len(plain) != 1:
         return None
-    return emit_sized(programs[0], name, doc, choices)[0]
+    return emit_sized(programs[0], name, doc, choices, statics=statics)[0]

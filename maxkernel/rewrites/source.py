@@ -11,6 +11,7 @@ candidate holds that one function. Where no such function exists, it holds one p
 from __future__ import annotations
 
 from maxkernel.analysis.program import Program
+from maxkernel.analysis.statics import bind, used_statics
 from maxkernel.rewrites.emit import EmitError, emit_function
 from maxkernel.rewrites.sized import emit_every_size
 
@@ -18,17 +19,18 @@ HEADER = "import jax\nimport jax.numpy as jnp\n"
 
 
 def size_dispatch(functions: dict[str, tuple[str, tuple[tuple[int, ...], ...]]], params: list[str],
-                  otherwise: str | None = None) -> str:
-    """``kernel(*args, **static)`` calling the function whose argument shapes match; any other shape goes
-    to ``otherwise`` when given, else is refused naming the shapes served."""
-    args = ", ".join(params)
-    lines = [f"def kernel({args}, **static):"]
+                  otherwise: str | None = None, statics: list[str] | None = None) -> str:
+    """``kernel(*args, **static)`` calling the function whose argument shapes match (with the ``statics``
+    it reads passed on); any other shape goes to ``otherwise`` when given, else is refused naming the
+    shapes served."""
+    args = ", ".join(params) + (f", {bind(statics)}" if statics else "")
+    lines = [f"def kernel({', '.join(params)}, **static):"]
     items = list(functions.items())
     if len(items) == 1 and (not items[0][1][1] or otherwise is not None):  # no shapes given: it serves any
         name, _ = items[0][1]
         lines.append(f"    return {name}({args})")
         return "\n".join(lines)
-    lines.append(f"    shapes = tuple(a.shape for a in ({args},))")
+    lines.append(f"    shapes = tuple(a.shape for a in ({', '.join(params)},))")
     for _size, (name, shapes) in items:
         lines.append(f"    if shapes == {shapes}:")
         lines.append(f"        return {name}({args})")
@@ -46,28 +48,31 @@ def jax_candidate(programs: dict[str, Program], doc: str, probes: list[Program] 
     if not programs:
         raise EmitError("no program to emit")
     parts = [f'"""{doc}"""\n', HEADER]
-    shared = emit_every_size([*programs.values(), *(probes or [])], "_computation")
+    statics = used_statics(next(iter(programs.values())))  # the same computation at every size reads the same
+    shared = emit_every_size([*programs.values(), *(probes or [])], "_computation", statics=True)
     if shared is not None:
         parts.append("\n" + shared + "\n")
-        parts.append("\n" + size_dispatch({"any": ("_computation", ())}, [v.name for v in next(iter(programs.values())).inputs]) + "\n")
+        parts.append("\n" + size_dispatch({"any": ("_computation", ())}, [v.name for v in next(iter(programs.values())).inputs],
+                                          statics=statics) + "\n")
         return "\n".join(parts)
     functions: dict[str, tuple[str, tuple[tuple[int, ...], ...]]] = {}
     bodies: dict[str, str] = {}
     params: list[str] = []
     for size, program in programs.items():
-        bodies[size] = emit_function(program, "_computation")
+        bodies[size] = emit_function(program, "_computation", statics=True)
         functions[size] = (f"_computation_{size}", tuple(v.shape for v in program.inputs))
         params = [v.name for v in program.inputs]
     if len(set(bodies.values())) > 1:  # sizes may tell parameters apart differently: name dimensions by axis
-        plain = {size: emit_function(program, "_computation", size_names=False) for size, program in programs.items()}
+        plain = {size: emit_function(program, "_computation", size_names=False, statics=True)
+                 for size, program in programs.items()}
         bodies = plain if len(set(plain.values())) == 1 else bodies
     if len(set(bodies.values())) == 1:  # shape-generic: one function serves every size
         parts.append("\n" + next(iter(bodies.values())) + "\n")
-        parts.append("\n" + size_dispatch({"any": ("_computation", ())}, params) + "\n")
+        parts.append("\n" + size_dispatch({"any": ("_computation", ())}, params, statics=statics) + "\n")
         return "\n".join(parts)
     first = next(iter(programs))  # it serves every shape no size matches: its extents read as the probes tell
-    bodies[first] = emit_every_size([programs[first], *(probes or [])], "_computation") or bodies[first]
+    bodies[first] = emit_every_size([programs[first], *(probes or [])], "_computation", statics=True) or bodies[first]
     for size, body in bodies.items():
         parts.append("\n" + body.replace("def _computation(", f"def _computation_{size}(", 1) + "\n")
-    parts.append("\n" + size_dispatch(functions, params, otherwise=next(iter(functions.values()))[0]) + "\n")
+    parts.append("\n" + size_dispatch(functions, params, otherwise=next(iter(functions.values()))[0], statics=statics) + "\n")
     return "\n".join(parts)

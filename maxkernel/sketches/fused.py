@@ -745,12 +745,15 @@ def _whole_key(program: Program, grid: tuple[GridAxis, ...]) -> tuple[tuple[int,
 
 
 def _emit(naming: Program, split: tuple[Slot, Program, Program, Split] | None) -> str:
+    """The body (or the split matmul's two halves), statics taken as keyword arguments."""
     if split is None:
-        return emit_function(merged_batches(naming), "_reference", "The reference on one block of each input.", size_names=False, slice_extents=True)
+        return emit_function(merged_batches(naming), "_reference", "The reference on one block of each input.", size_names=False,
+                             slice_extents=True, statics=True)
     _, partial, finish, _ = split
     return (emit_function(merged_batches(partial), "_partial", "The matmul's producers and the matmul on one block of its contracted "
-                          "axis, in float32.", size_names=False, slice_extents=True) + "\n\n\n"
-            + emit_function(merged_batches(finish), "_finish", "From the accumulated product to the outputs.", size_names=False, slice_extents=True))
+                          "axis, in float32.", size_names=False, slice_extents=True, statics=True) + "\n\n\n"
+            + emit_function(merged_batches(finish), "_finish", "From the accumulated product to the outputs.", size_names=False,
+                            slice_extents=True, statics=True))
 
 
 @functools.lru_cache(maxsize=64)
@@ -819,7 +822,7 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
             if reason is not None:
                 return reason
             after = tail.text if tail is not None and tail.text else emit_function(
-                naming_tail.program, "_after", naming_tail.why, size_names=False)
+                naming_tail.program, "_after", naming_tail.why, size_names=False, statics=True)
         naming_read = _read(naming)
         if isinstance(naming_read, str):
             return naming_read
@@ -850,9 +853,9 @@ def _plan_cached(path: str, digest: str, sizes_key: str, sizes: tuple[str, ...],
                     continue
                 try:
                     hoisted = (emit_function(merged_batches(named[0]), "_prologue", "What the innermost grid axis does not change: "
-                                             "computed at its first step.", size_names=False, slice_extents=True)
+                                             "computed at its first step.", size_names=False, slice_extents=True, statics=True)
                                + "\n\n\n" + emit_function(merged_batches(named[1]), "_main", "The rest, at every step, from the "
-                                                            "cached values.", size_names=False, slice_extents=True))
+                                                            "cached values.", size_names=False, slice_extents=True, statics=True))
                 except EmitError:
                     continue
                 hoists[grid[k].name] = Hoist(grid[k].name, real[2], real[3], tuple(real[0].outputs),  # type: ignore[arg-type]

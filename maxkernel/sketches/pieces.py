@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from maxkernel.analysis.statics import bind, header_statics, passed_on
+
 if TYPE_CHECKING:
     from maxkernel.sketches.fused import FusedPlan
 
@@ -70,6 +72,21 @@ def _array_spec(name: str, rank: int, lifted: bool, gridded: dict[int, str], ind
             index.append("0")
     spec = f"pl.BlockSpec(({', '.join(block)},), lambda {index_args}: ({', '.join(index)},))"
     return f"{name}{reshape}", spec
+
+
+def _takes(texts: Any, name: str) -> list[str]:
+    """The statics the emitted ``name`` takes (the same in every variant of it)."""
+    return sorted({static for text in texts for static in header_statics(text, name)})
+
+
+def _also(names: list[str]) -> str:
+    """``, a, b``: keyword-only parameters after others already behind a ``*``."""
+    return "".join(f", {name}" for name in names)
+
+
+def _given(names: list[str]) -> str:
+    """``, a=static['a']``: the statics passed on from ``kernel``'s ``**static`` (empty without any)."""
+    return f", {bind(names)}" if names else ""
 
 
 def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], out_lifted: list[bool],
@@ -144,26 +161,30 @@ def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], ou
         rest = ", ".join(names[i] for i in hoist.main_inputs)
         count = len(hoist.cached)
         cached_loads = ", ".join(f"cache{c}_ref[...].reshape(cache[{c}].shape)" for c in range(count))
-        body = f'''def _fused_kernel({", ".join(refs)}, *, shapes, cache):
+        s_pro, s_main = _takes([hoist.text], "_prologue"), _takes([hoist.text], "_main")
+        taken = sorted(set(s_pro) | set(s_main))
+        body = f'''def _fused_kernel({", ".join(refs)}, *, shapes, cache{_also(taken)}):
     """At the first step of the innermost axis, what it does not change into VMEM scratch; at every step,
     the rest of the reference from it, each output block written once."""
     @pl.when(pl.program_id({k}) == 0)
     def _hoisted():
 {nl.join("        " + loads[i] for i in hoist.prologue_inputs)}
-        for ref, value in zip(({", ".join(f"cache{c}_ref" for c in range(count))},), _prologue({first})):
+        for ref, value in zip(({", ".join(f"cache{c}_ref" for c in range(count))},), _prologue({first}{passed_on(s_pro)})):
             ref[...] = value.reshape(ref.shape)
 
 {nl.join("    " + loads[i] for i in hoist.main_inputs)}
-    values = _main({cached_loads}{", " + rest if rest else ""})
+    values = _main({cached_loads}{", " + rest if rest else ""}{passed_on(s_main)})
     values = values if isinstance(values, tuple) else (values,)
 {nl.join("    " + s for s in stores)}
 '''
-        find = ("    cache = jax.eval_shape(_prologue, " + ", ".join(
+        prologue = f"functools.partial(_prologue, {bind(s_pro)})" if s_pro else "_prologue"
+        find = (f"    cache = jax.eval_shape({prologue}, " + ", ".join(
             f"jax.ShapeDtypeStruct(shapes[{i}], {names[i]}.dtype)" for i in hoist.prologue_inputs) + ")")
-        call_body = "cache=cache"
+        call_body = "cache=cache" + _given(taken)
         scratch = ("\n        scratch_shapes=[pltpu.VMEM(c.shape if len(c.shape) >= 2 else (1,) + c.shape, c.dtype) "
                    "for c in cache],")
-        eval_shape = (f"jax.eval_shape(lambda {args}: _main(*_prologue({first}){', ' + rest if rest else ''}), {args})")
+        eval_shape = (f"jax.eval_shape(lambda {args}: _main(*_prologue({first}{_given(s_pro)}){', ' + rest if rest else ''}"
+                      f"{_given(s_main)}), {args})")
     elif p.split is None:
         body = f'''def _fused_kernel({", ".join(refs)}, *, body, shapes):
     """The reference on one block of each input, held in VMEM; each output block written once."""
@@ -172,14 +193,20 @@ def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], ou
     values = values if isinstance(values, tuple) else (values,)
 {nl.join("    " + s for s in stores)}
 '''
-        find = "    body = _reference_for(key)"
+        s_ref = _takes(p.variants.values(), "_reference")
+        find = "    body = _reference_for(key)" + (f"\n    body = functools.partial(body, {bind(s_ref)})  # the statics it reads"
+                                                  if s_ref else "")
         call_body, scratch = "body=body", ""
         eval_shape = f"jax.eval_shape(body, {args})"
     else:
         k = len(grid) - 1
         first = ", ".join(names[i] for i in p.split.partial_inputs)
         rest = ", ".join(names[i] for i in p.split.finish_inputs)
-        body = f'''def _fused_kernel({", ".join(refs)}, *, shapes):
+        text = next(iter(p.variants.values()))
+        s_part, s_fin = _takes([text], "_partial"), _takes([text], "_finish")
+        taken = sorted(set(s_part) | set(s_fin))
+        finish_args = ", ".join(["acc_ref[...].reshape(acc_shape)"] + ([rest] if rest else [])) + passed_on(s_fin)
+        body = f'''def _fused_kernel({", ".join(refs)}, *, shapes{_also(taken)}):
     """One block of the matmul's contracted axis into the float32 accumulator; at the last block, the rest
     of the reference on the accumulated product, each output block written once."""
     @pl.when(pl.program_id({k}) == 0)
@@ -187,25 +214,27 @@ def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], ou
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
 {nl.join("    " + loads[i] for i in p.split.partial_inputs)}
-    acc_ref[...] += _partial({first}).reshape(acc_ref.shape)
+    acc_ref[...] += _partial({first}{passed_on(s_part)}).reshape(acc_ref.shape)
 
     @pl.when(pl.program_id({k}) == pl.num_programs({k}) - 1)
     def _end():
 {nl.join("        " + loads[i] for i in p.split.finish_inputs)}
-        values = _finish(acc_ref[...].reshape(acc_shape), {rest})
+        values = _finish({finish_args})
         values = values if isinstance(values, tuple) else (values,)
 {nl.join("        " + s for s in stores)}
 '''.replace("acc_shape", "shapes[-1]").replace(", )", ")")
         find = ""
-        call_body = ""
+        call_body = bind(taken)
         acc_dims = []
         for a, d in enumerate(p.split.acc.shape):
             g = next((g for g in p.parallel if g.out_axes[0] is not None and _acc_axis(p, g) == a), None)
             acc_dims.append(f"block_{g.name}" if g is not None else str(int(d)))
         scratch = f"\n        scratch_shapes=[pltpu.VMEM(({', '.join(acc_dims)},), jnp.float32)],"
         shapes.append(f"({', '.join(acc_dims)},)")
-        eval_shape = f"jax.eval_shape(lambda {args}: _finish(_partial({first}), {rest}), {args})".replace(", )", ")")
+        finish_shape = ", ".join([f"_partial({first}{_given(s_part)})"] + ([rest] if rest else [])) + _given(s_fin)
+        eval_shape = f"jax.eval_shape(lambda {args}: _finish({finish_shape}), {args})"
     partial = f"functools.partial(_fused_kernel, {call_body + ', ' if call_body else ''}shapes=shapes)"
+    after_statics = "" if p.tail is None else ", static" if p.tail.text else _given(_takes(p.after.values(), "_after"))
     return f'''{body}
 
 def kernel({args}, **static):
@@ -222,7 +251,7 @@ def kernel({args}, **static):
         out_specs=({', '.join(out_specs)},),{scratch}
         compiler_params=pltpu.CompilerParams(dimension_semantics=({semantics},){limit}),
     )({', '.join(operands)})
-    {"after = _after_for(key)(" + reads + (", static" if p.tail.text else "") + ")" + nl + "    " if p.tail is not None else ""}return {returned}
+    {"after = _after_for(key)(" + reads + after_statics + ")" + nl + "    " if p.tail is not None else ""}return {returned}
 '''
 
 

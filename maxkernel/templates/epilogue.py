@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from maxkernel.analysis.program import Program, Var, arg_names, trace_probes, trace_program
+from maxkernel.analysis.statics import keyword_only, passed_on, used_statics
 from maxkernel.rewrites.emit import EmitError, emit_function, emittable
 from maxkernel.rewrites.sized import emit_every_size
 from maxkernel.rewrites.source import size_dispatch
@@ -103,21 +104,23 @@ class FusedTailTemplate:
             shapes[size] = tuple(v.shape for v in program.inputs)
         probes = [split_tail(probe.dce()) for probe in trace_probes(task, sizes[0])]
         every = [*splits.values(), *(p for p in probes if isinstance(p, Split))]
-        head = emit_every_size([s.head for s in every], "_head", HEAD_DOC)
-        tail = emit_every_size([s.tail for s in every], "_tail", TAIL_DOC)
+        head = emit_every_size([s.head for s in every], "_head", HEAD_DOC, statics=True)
+        tail = emit_every_size([s.tail for s in every], "_tail", TAIL_DOC, statics=True)
+        first = splits[sizes[0]]
+        statics = sorted(set(used_statics(first.head)) | set(used_statics(first.tail)))
         if head is not None and tail is not None:  # one head and one tail, their extents read from the inputs
             parts.append(TWO_D + _render_size(splits[sizes[0]], "", head, tail))
-            parts.append("\n" + size_dispatch({"any": ("_fused", ())}, names) + "\n")
+            parts.append("\n" + size_dispatch({"any": ("_fused", ())}, names, statics=statics) + "\n")
             return "\n".join(parts)
         generic = {size: _render_size(split, "") for size, split in splits.items()}
         if len(set(generic.values())) == 1:  # every size emits the same code: one function serves them all
             parts.append(TWO_D + next(iter(generic.values())))
-            parts.append("\n" + size_dispatch({"any": ("_fused", ())}, names) + "\n")
+            parts.append("\n" + size_dispatch({"any": ("_fused", ())}, names, statics=statics) + "\n")
             return "\n".join(parts)
         parts.append(TWO_D)
         parts.extend(_render_size(split, f"_{size}") for size, split in splits.items())
         dispatch = {size: (f"_fused_{size}", shape) for size, shape in shapes.items()}
-        parts.append("\n" + size_dispatch(dispatch, names, otherwise=f"_fused_{sizes[0]}") + "\n")
+        parts.append("\n" + size_dispatch(dispatch, names, otherwise=f"_fused_{sizes[0]}", statics=statics) + "\n")
         return "\n".join(parts)
 
 
@@ -140,23 +143,25 @@ TAIL_DOC = "The reference after its last matmul or convolution."
 def _render_size(split: Split, suffix: str, head_text: str | None = None, tail_text: str | None = None) -> str:
     """The head, the tail and the kernel around them (the head's and tail's text when already emitted)."""
     head, tail = split.head, split.tail
-    lines = [head_text or emit_function(head, f"_head{suffix}", HEAD_DOC), ""]
-    lines.append((tail_text or emit_function(tail, f"_tail{suffix}", TAIL_DOC)) + "\n")
+    lines = [head_text or emit_function(head, f"_head{suffix}", HEAD_DOC, statics=True), ""]
+    lines.append((tail_text or emit_function(tail, f"_tail{suffix}", TAIL_DOC, statics=True)) + "\n")
+    head_statics, tail_statics = used_statics(head), used_statics(tail)
     ins = [f"{v.name}_ref" for v in tail.inputs]
     outs = [f"out{i}_ref" for i in range(len(tail.outputs))]
     loads = ", ".join(f"{r}[...].reshape(shapes[{i}])" for i, r in enumerate(ins))
-    lines.append(f"def _kernel{suffix}({', '.join(ins + outs)}, *, shapes):")
+    lines.append(f"def _kernel{suffix}({', '.join(ins + outs)}, *, shapes{''.join(', ' + n for n in tail_statics)}):")
     lines.append('    """The whole tail on operands held in VMEM, reshaped back from their 2-D blocks."""')
     results = "r0" if _is_leaf(tail) else ", ".join(f"r{i}" for i in range(len(outs))) + ("," if len(outs) == 1 else "")
-    lines.append(f"    {results} = _tail{suffix}({loads})")
+    lines.append(f"    {results} = _tail{suffix}({loads}{passed_on(tail_statics)})")
     for i, o in enumerate(outs):
         lines.append(f"    {o}[...] = r{i}.reshape({o}.shape)")
     lines.append("")
     args = ", ".join(v.name for v in head.inputs)
-    lines.append(f"def _fused{suffix}({args}):")
-    lines.append(f"    operands = _head{suffix}({args})")
-    lines.append(f"    results_shape = jax.tree_util.tree_leaves(jax.eval_shape(_tail{suffix}, *operands))")
-    lines.append(f"    kernel = functools.partial(_kernel{suffix}, shapes=tuple(op.shape for op in operands))")
+    lines.append(f"def _fused{suffix}({args}{keyword_only(sorted(set(head_statics) | set(tail_statics)))}):")
+    lines.append(f"    operands = _head{suffix}({args}{passed_on(head_statics)})")
+    tail_fn = f"functools.partial(_tail{suffix}{passed_on(tail_statics)})" if tail_statics else f"_tail{suffix}"
+    lines.append(f"    results_shape = jax.tree_util.tree_leaves(jax.eval_shape({tail_fn}, *operands))")
+    lines.append(f"    kernel = functools.partial(_kernel{suffix}, shapes=tuple(op.shape for op in operands){passed_on(tail_statics)})")
     lines.append("    out_shape = tuple(jax.ShapeDtypeStruct(_two_d_shape(r.shape), r.dtype) for r in results_shape)")
     lines.append("    results = pl.pallas_call(kernel, out_shape=out_shape)(*(_two_d(op) for op in operands))")
     if _is_leaf(tail):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from maxkernel.analysis.program import arg_names, trace_program
+from maxkernel.analysis.statics import keyword_only, passed_on, used_statics
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function
 from maxkernel.rewrites.source import size_dispatch
 from maxkernel.templates.base import TemplateSpace
@@ -120,14 +121,15 @@ class GpuMatmulTemplate:
             if isinstance(s, str):
                 raise EmitError(s)
             programs[size] = (s, [v.name for v in program.inputs], tuple(v.shape for v in program.inputs))
+        statics = used_statics(next(iter(programs.values()))[0].epilogue)
         generic = {size: _render_generic(s, "", params_, compiler) for size, (s, params_, _) in programs.items()}
         if len(set(generic.values())) == 1:  # every size emits the same code: one function serves them all
             parts.append(next(iter(generic.values())))
-            parts.append(size_dispatch({"any": ("_matmul", ())}, names) + "\n")
+            parts.append(size_dispatch({"any": ("_matmul", ())}, names, statics=statics) + "\n")
         else:
             parts.extend(_render_generic(s, f"_{size}", params_, compiler) for size, (s, params_, _) in programs.items())
             parts.append(size_dispatch({size: (f"_matmul_{size}", shapes) for size, (_, _, shapes) in programs.items()},
-                                       names) + "\n")
+                                       names, statics=statics) + "\n")
         if any(local in part for part in parts[2:] for local in ERF_CALLS.values()):
             parts.insert(2, ERF_SOURCE)
         return "\n".join(parts)
@@ -155,7 +157,9 @@ def _render_generic(s: MatmulShape, suffix: str, params: list[str], compiler: st
     """The tiled kernel for any [M, K] x [K, N] (``suffix`` names a per-size copy): M, N and K read from the
     arguments; the epilogue, emitted at the traced shape, reads its shapes from its operands, so it runs on
     a tile as on the whole product."""
-    epilogue = emit_function(s.epilogue, f"_epilogue{suffix}", "The reference's epilogue, on one tile of the product.")
+    statics = used_statics(s.epilogue)  # taken by _matmul and passed on to the epilogue
+    epilogue = emit_function(s.epilogue, f"_epilogue{suffix}", "The reference's epilogue, on one tile of the product.",
+                            statics=True)
     for call, local in ERF_CALLS.items():
         epilogue = epilogue.replace(call, local)
     lines = [epilogue, "", ""]
@@ -170,7 +174,7 @@ def _render_generic(s: MatmulShape, suffix: str, params: list[str], compiler: st
         w_load = "plt.load(w_ref.at[pl.ds(kk * bk, bk), :], mask=col_ok, other=0)"
         dn, w_spec = "(((1,), (0,)), ((), ()))", "pl.BlockSpec((depth, bn), lambda i, j: (0, j))"
     lines += [
-        f"def _kernel{suffix}(x_ref, w_ref, {extra_refs}o_ref, *, rows, cols, depth, bk):",
+        f"def _kernel{suffix}(x_ref, w_ref, {extra_refs}o_ref, *, rows, cols, depth, bk{''.join(', ' + n for n in statics)}):",
         "    bm, bn = o_ref.shape",
         "    row_ok = pl.program_id(0) * bm + jax.lax.broadcasted_iota(jnp.int32, (bm, 1), 0) < rows",
         "    col_ok = pl.program_id(1) * bn + jax.lax.broadcasted_iota(jnp.int32, (1, bn), 1) < cols",
@@ -183,7 +187,7 @@ def _render_generic(s: MatmulShape, suffix: str, params: list[str], compiler: st
         "",
         "    acc = jax.lax.fori_loop(0, depth // bk, step, jnp.zeros((bm, bn), jnp.float32))",
         f"    acc = acc.astype({dtype_expr(s.dot.out.dtype)})",
-        f"    out = _epilogue{suffix}({', '.join(['acc'] + extra_loads)}).astype(o_ref.dtype)",
+        f"    out = _epilogue{suffix}({', '.join(['acc'] + extra_loads)}{passed_on(statics)}).astype(o_ref.dtype)",
         "    plt.store(o_ref, out, mask=row_ok & col_ok)",
         "",
         "",
@@ -195,11 +199,12 @@ def _render_generic(s: MatmulShape, suffix: str, params: list[str], compiler: st
                      else "pl.BlockSpec((bm, bn), lambda i, j: (i, j))")
         operands.append(v.name)
     lines += [
-        f"def _matmul{suffix}({', '.join(params)}):",
+        f"def _matmul{suffix}({', '.join(params)}{keyword_only(statics)}):",
         f"    rows, depth = {s.x.name}.shape",
         f"    cols = {s.w.name}.shape[{0 if s.w_nk else 1}]",
         "    bm, bn = min(BLOCK_M, _tile(rows)), min(BLOCK_N, _tile(cols))",
-        "    body = functools.partial(_kernel" + suffix + ", rows=rows, cols=cols, depth=depth, bk=_depth_block(depth))",
+        "    body = functools.partial(_kernel" + suffix + ", rows=rows, cols=cols, depth=depth, bk=_depth_block(depth)"
+        + passed_on(statics) + ")",
         "    return pl.pallas_call(",
         "        body,",
         f"        out_shape=jax.ShapeDtypeStruct((rows, cols), {dtype_expr(np.dtype(s.epilogue.outputs[0].dtype))}),",

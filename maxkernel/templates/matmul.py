@@ -20,6 +20,7 @@ import numpy as np
 
 from maxkernel.analysis.graph import ELEMENTWISE
 from maxkernel.analysis.program import Const, Node, Program, Var, arg_names, trace_program
+from maxkernel.analysis.statics import keyword_only, passed_on, used_statics
 from maxkernel.rewrites.activations import cheaper_activations
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
 from maxkernel.rewrites.source import size_dispatch
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from jaxbench.task import Task
     from maxkernel.analysis import TaskAnalysis
 
-HEADER = ("import jax\nimport jax.numpy as jnp\nfrom jax.experimental import pallas as pl\n"
+HEADER = ("import functools\n\nimport jax\nimport jax.numpy as jnp\nfrom jax.experimental import pallas as pl\n"
           "from jax.experimental.pallas import tpu as pltpu\n")
 SHAPED = {"broadcast_in_dim": "shape", "reshape": "new_sizes", "iota": "shape"}
 
@@ -61,6 +62,8 @@ def match(program: Program) -> MatmulShape | str:
     src = producers.get(rhs) if isinstance(rhs, Var) else None
     if rhs in program.inputs and tuple(rc) == (0,):
         w, w_nk = rhs, False
+    elif rhs in program.inputs and tuple(rc) == (1,) and len(rhs.shape) == 2:  # [N, K] contracted as stored
+        w, w_nk = rhs, True
     elif src is not None and src.prim == "transpose" and src.ins[0] in program.inputs and tuple(rc) == (0,):
         w, w_nk = src.ins[0], True
     else:
@@ -184,14 +187,15 @@ class MatmulTemplate:
             if isinstance(found, str):
                 raise EmitError(found)
             programs[size] = (found, [v.name for v in program.inputs], tuple(v.shape for v in program.inputs))
+        statics = used_statics(next(iter(programs.values()))[0].epilogue)
         generic = {size: _render_generic(s, "", params) for size, (s, params, _) in programs.items()}
         if len(set(generic.values())) == 1:  # every size emits the same code: one function serves them all
             parts.append(next(iter(generic.values())))
-            parts.append(size_dispatch({"any": ("_matmul", ())}, names) + "\n")
+            parts.append(size_dispatch({"any": ("_matmul", ())}, names, statics=statics) + "\n")
             return "\n".join(parts)
         parts.extend(_render_generic(s, f"_{size}", params) for size, (s, params, _) in programs.items())
         parts.append(size_dispatch({size: (f"_matmul_{size}", shapes) for size, (_, _, shapes) in programs.items()},
-                                   names) + "\n")
+                                   names, statics=statics) + "\n")
         return "\n".join(parts)
 
 
@@ -204,13 +208,15 @@ def _precision(dot: Node) -> str:
 def _render_generic(s: MatmulShape, suffix: str, params: list[str]) -> str:
     """The tiled kernel for any [M, K] x [K, N] (``suffix`` names a per-size copy): the epilogue, emitted at
     the traced shape, reads its shapes from its operands, so it runs on a tile as on the whole product."""
-    lines = [emit_function(s.epilogue, f"_epilogue{suffix}", "The reference's epilogue, on one tile of the product."), ""]
+    statics = used_statics(s.epilogue)  # taken by _matmul and passed on to the epilogue
+    lines = [emit_function(s.epilogue, f"_epilogue{suffix}", "The reference's epilogue, on one tile of the product.",
+                            statics=True), ""]
     extra_refs = [f"{v.name}_ref" for v, _ in s.extras]
     extra_loads = [f"{v.name}_ref[...].reshape((-1,))" if kind == "bias" else f"{v.name}_ref[...]" for v, kind in s.extras]
     dn = "(((1,), (1,)), ((), ()))" if s.w_nk else "(((1,), (0,)), ((), ()))"
     out_dtype = dtype_expr(np.dtype(s.epilogue.outputs[0].dtype))
     lines += [
-        f"def _kernel{suffix}(x_ref, w_ref, {''.join(r + ', ' for r in extra_refs)}o_ref, acc_ref):",
+        f"def _kernel{suffix}(x_ref, w_ref, {''.join(r + ', ' for r in extra_refs)}o_ref, acc_ref{keyword_only(statics)}):",
         "    k = pl.program_id(2)",
         "",
         "    @pl.when(k == 0)",
@@ -223,7 +229,7 @@ def _render_generic(s: MatmulShape, suffix: str, params: list[str]) -> str:
         "    @pl.when(k == pl.num_programs(2) - 1)",
         "    def _store():",
         f"        acc = acc_ref[...].astype({dtype_expr(s.dot.out.dtype)})",
-        f"        o_ref[...] = _epilogue{suffix}({', '.join(['acc'] + extra_loads)}).astype(o_ref.dtype)",
+        f"        o_ref[...] = _epilogue{suffix}({', '.join(['acc'] + extra_loads)}{passed_on(statics)}).astype(o_ref.dtype)",
         "",
         "",
     ]
@@ -240,13 +246,13 @@ def _render_generic(s: MatmulShape, suffix: str, params: list[str]) -> str:
             operands.append(v.name)
     n_axis = 0 if s.w_nk else 1
     lines += [
-        f"def _matmul{suffix}({', '.join(params)}):",
+        f"def _matmul{suffix}({', '.join(params)}{keyword_only(statics)}):",
         f"    rows, depth = {s.x.name}.shape",
         f"    cols = {s.w.name}.shape[{n_axis}]",
         "    bm, bn = min(BLOCK_M, rows), min(BLOCK_N, cols)",
         "    bk = BLOCK_K if depth % BLOCK_K == 0 else depth",
         "    return pl.pallas_call(",
-        f"        _kernel{suffix},",
+        f"        functools.partial(_kernel{suffix}{passed_on(statics)})," if statics else f"        _kernel{suffix},",
         f"        out_shape=jax.ShapeDtypeStruct((rows, cols), {out_dtype}),",
         "        grid=(pl.cdiv(rows, bm), pl.cdiv(cols, bn), depth // bk),",
         "        in_specs=[" + ", ".join(specs) + "],",

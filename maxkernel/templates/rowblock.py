@@ -108,7 +108,7 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> RowsPlan | str:
         reason = block_probe(task, size, row_dims, blocked) or emittable(program)
         if reason is not None:
             return reason
-        text = emit_function(program, "_reference", "The reference on rows of its row-blocked inputs.")
+        text = emit_function(program, "_reference", "The reference on rows of its row-blocked inputs.", statics=True)
         if texts.setdefault(_key(program, row_dims, blocked), text) != text:
             return "the reference is written differently for the same row shapes (a constant follows the row count)"
     if len(layouts) != 1:

@@ -48,6 +48,7 @@ import numpy as np
 
 from maxkernel.analysis.graph import ELEMENTWISE, REDUCE
 from maxkernel.analysis.program import Node, Program, Var, arg_names, input_shapes, static_args, trace_program
+from maxkernel.analysis.statics import bind, used_statics
 from maxkernel.rewrites.activations import _one_minus_erf
 from maxkernel.rewrites.build import splice_traced
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
@@ -275,7 +276,7 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
             if reason is not None:
                 return reason
         found.append(p)
-    prefixes = {emit_function(p.stats.prefix, "_prefix", "The reference after its convolution, per position.")
+    prefixes = {emit_function(p.stats.prefix, "_prefix", "The reference after its convolution, per position.", statics=True)
                 for p in found if p.stats is not None}
     if len(prefixes) != 1 or any(p.stats is None or emittable(p.stats.finish) for p in found):
         for p in found:  # split at every size the same way, or at none
@@ -305,7 +306,8 @@ def _epilogue_text(task: "Task", size: str, p: ConvPlan) -> tuple[tuple[int, ...
     """What XLA (or the kernel) runs after the convolution at ``size``, keyed by the extents it is for."""
     static = static_args(task, size)
     key = tuple(p.tail.inputs[0].shape[1:]) + tuple(int(static[k]) for k in _size_statics(static))
-    return key, emit_function(p.finish, _epilogue_name(key), f"The reference after its convolution, for {_extent(key)}.")
+    return key, emit_function(p.finish, _epilogue_name(key), f"The reference after its convolution, for {_extent(key)}.",
+                              statics=True)
 
 
 def _generic(key: tuple[int, ...], text: str) -> str:
@@ -334,7 +336,7 @@ def _probe_text(task: "Task", p: ConvPlan) -> str | None:
         return None
     if isinstance(probe, str) or (probe.stats is None) != (p.stats is None):
         return None
-    return emit_function(probe.finish, "_epilogue", "The reference after its convolution.")
+    return emit_function(probe.finish, "_epilogue", "The reference after its convolution.", statics=True)
 
 
 def _round_up(a: int, b: int) -> int:
@@ -621,6 +623,7 @@ def _phases_kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> 
         "    w_taps = jnp.moveaxis(w.reshape((o, c, -1)), 2, 0)  # [offsets, phases x O, C]",
         "    tile = (1, o, planes) + spatial[1:]",
         f"    epilogue = _epilogue_for({extents})",
+        *_bound_epilogue(p),
         f"    shapes = ({''.join(f'{name}.shape, ' for name in fused)})",
         "    # A step's output planes: the phases' planes times the stride, every channel, the output's extents.",
         "    block = (1, w0.shape[0], planes * STRIDES[0]) + transposed[1:]",
@@ -648,6 +651,12 @@ def _phases_kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> 
     return "\n".join(lines) + "\n"
 
 
+def _bound_epilogue(p: ConvPlan) -> list[str]:
+    """The kernel's line giving the epilogue the statics it reads (none when it reads none)."""
+    used = used_statics(p.finish)
+    return [f"    epilogue = functools.partial(epilogue, {bind(used)})  # the statics it reads"] if used else []
+
+
 def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
     if p.phases is not None:
         return _phases_kernel_source(p, names, statics)
@@ -668,7 +677,9 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
         in_specs += ["pl.BlockSpec((block_n, 1), lambda b, s, j, cc: (j, 0))"] * len(fused)
         operands += [f"{name}.reshape((o, 1))" for name in fused]
         shapes = "(" + "".join(f"{name}.shape[1:], " for name in fused) + ")"
-    fused_epilogue = "epilogue" if p.tileable else "_prefix" if p.stats is not None else "None"
+    prefix_statics = used_statics(p.stats.prefix) if p.stats is not None else []
+    fused_epilogue = ("epilogue" if p.tileable else (f"functools.partial(_prefix, {bind(prefix_statics)})" if prefix_statics
+                      else "_prefix") if p.stats is not None else "None")
     results = ", ".join((["h"] if p.writes_output else []) + (["s", "q"] if p.stats is not None else []))
     out_shapes, out_specs = [], []
     if p.writes_output:
@@ -702,6 +713,7 @@ def _kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> str:
         "    w_taps = jnp.moveaxis(w.reshape((o, c, -1)), 2, 0)  # [offsets, O, C]",
         "    tile = (1, block_n, planes) + spatial[1:]",
         f"    epilogue = _epilogue_for({extents})",
+        *_bound_epilogue(p),
         f"    planned = 2 * (max(block_c, 8) * span + len(shifts) * block_n * max(block_c, 128)) * {item}"
         " + 3 * block_n * rows * 4 + 5 * max(block_c, 8) * rows * 4",
         f"    {results}{',' if ',' not in results else ''} = pl.pallas_call(",

@@ -31,6 +31,7 @@ import numpy as np
 
 from maxkernel.analysis.graph import ELEMENTWISE
 from maxkernel.analysis.program import Node, Program, Var, arg_names, probe_sizes, static_args, trace_program
+from maxkernel.analysis.statics import bind, used_statics
 from maxkernel.rewrites.activations import cheaper_activations
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
 from maxkernel.templates.gemm_prologue import Prologue, split_draws
@@ -344,7 +345,8 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> GemmPlan | str:
         p.placement = placement(task, p)
         p.rows_keyed = rows_keyed
         key = _extents(p, static_args(task, size))
-        text = emit_function(p.tail, _epilogue_name(key), f"The reference after its matmul, for {_extent(key)}.")
+        text = emit_function(p.tail, _epilogue_name(key), f"The reference after its matmul, for {_extent(key)}.",
+                             statics=True)
         if texts.setdefault(key, text) != text:
             return "the computation after the matmul is written differently for the same extents"
         if p.prologue is not None:
@@ -352,7 +354,7 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> GemmPlan | str:
             if reason is not None:
                 return reason
             p.prologue_text = emit_function(p.prologue.program, "_prologue",
-                                            "The reference's random draws, over the whole product.")
+                                            "The reference's random draws, over the whole product.", statics=True)
             prologues.add(p.prologue_text)
         found.append(p)
     if len(prologues) > 1:
@@ -377,7 +379,7 @@ def _rows_keyed(task: "Task", size: str) -> bool:
         p = match(trace_program(task_at, at).dce())
         if isinstance(p, str) or emittable(p.tail) is not None:
             return True
-        texts.append(emit_function(p.tail, "_epilogue"))
+        texts.append(emit_function(p.tail, "_epilogue", statics=True))
     return texts[0] != texts[1]
 
 
@@ -491,6 +493,8 @@ def _prologue_call(p: GemmPlan) -> list[str]:
     h_dtype = dtype_expr(np.dtype(p.tail.inputs[0].dtype))
     names = "".join(f"{v.name}, " for v in p.prologue.outputs)
     reads = "".join(f", {v.name}" for v in p.prologue.program.inputs[1:])
+    used = used_statics(p.prologue.program)
+    reads += f", {bind(used)}" if used else ""
     return ["    # The tail's random draws, made over the whole product as the reference makes them.",
             f"    {names}= _prologue(jax.ShapeDtypeStruct((m, n), {h_dtype}){reads})"]
 
@@ -577,6 +581,8 @@ def _kernel_source(p: GemmPlan, names: list[str], statics: list[str]) -> str:
         f"    planned = 2 * (block_m * block_k + block_k * block_n) * {item} + 2 * block_m * block_n * 4 * 2"
         " + 4 * (block_m * block_k + block_k * block_n) + block_m * block_n * 4",
         f"    epilogue = _epilogue_for({extents})",
+        *([f"    epilogue = functools.partial(epilogue, {bind(used_statics(p.tail))})  # the statics it reads"]
+          if used_statics(p.tail) else []),
         *_prologue_call(p),
         "    h = pl.pallas_call(",
         f"        functools.partial(_gemm_kernel, epilogue={'epilogue' if p.placement == 'tile' else 'None'}),",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from maxkernel.analysis.program import Program, arg_names, trace_program
+from maxkernel.analysis.statics import bind, used_statics
 from maxkernel.rewrites.activations import cheaper_activations
 from maxkernel.rewrites.emit import EmitError, emit_function, emittable
 from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, tpu_target
@@ -76,7 +77,7 @@ def plan(task: "Task", analysis: "TaskAnalysis", sizes: tuple[str, ...]) -> Rows
         if reason is not None:
             return reason
         key = _key(program, rows.row_dims, blocked)
-        text = emit_function(program, "_reference", "The reference on rows of its row-blocked inputs.")
+        text = emit_function(program, "_reference", "The reference on rows of its row-blocked inputs.", statics=True)
         if texts.setdefault(key, text) != text:
             return "the reference is written differently for the same row shapes"
         found.append(program)
@@ -176,6 +177,8 @@ def _kernel_source(p: RowsPlan, names: list[str], partial_blocks: bool = False) 
     fit = "min(BLOCK_ROWS, rows)" if partial_blocks else "_fit(BLOCK_ROWS, rows)"
     grid = "pl.cdiv(rows, block_rows),),  # a partial last block: rows past the end are never written" if partial_blocks \
         else "rows // block_rows,),"
+    statics = used_statics(p.program)
+    bound = f"\n    body = functools.partial(body, {bind(statics)})  # the statics it reads" if statics else ""
     backend = "" if partial_blocks else '\n        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),'
     return f'''def _rows_kernel({refs}, o_ref, *, body, shapes):
     """The reference on one block of rows, held in VMEM; its rows written once."""
@@ -195,7 +198,7 @@ def _whole(a):
 def kernel({", ".join(names)}, **static):
     rows = math.prod({lead}.shape[:ROW_DIMS])
     block_rows = {fit}
-    body = _reference_for(({key},))
+    body = _reference_for(({key},)){bound}
     out = jax.eval_shape(body, {", ".join(names)})
     cols = math.prod(out.shape[ROW_DIMS:])
     result = pl.pallas_call(

@@ -71,7 +71,8 @@ def test_values_keep_the_reference_names_and_the_rest_say_what_they_are(tmp_path
 def test_a_rewrite_is_stated_where_it_acts_and_dimensions_are_named() -> None:
     task = load_task("21k_Gemm_Divide_Sum_Scaling")
     source = render_rewrite(task, ["sum_after_matmul"])
-    body = source.split("def _computation(x, weight):")[1]
+    body = source.split("def _computation(x, weight, *, scaling_factor):")[1]  # the static stays an argument
+    assert "* scaling_factor" in body and "1.5" not in body, body
     comment = body.index("# sum_after_matmul: a sum over a matmul's output axis")
     assert comment < body.index("jnp.sum(weight, axis=(0,))") < body.index("jax.lax.dot_general(")
     assert re.search(r"\n    s = jax\.lax\.broadcast_in_dim\(", body), body  # the reference's `s = jnp.sum(...)`

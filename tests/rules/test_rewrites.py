@@ -51,11 +51,25 @@ def test_idle_subgraphs_never_drop_an_epsilon() -> None:
 
 
 def test_scalar_chain_folds_residual_into_one_multiply() -> None:
-    result = apply_rewrites(trace_program(load_task("30k_Matmul_Scaling_ResidualAdd")), ["scalar_chains"])
+    from maxkernel.analysis.program import ProgramBuilder
+
+    def scaled_residual(x, w, b):  # type: ignore[no-untyped-def]
+        h = x @ w + b
+        return h * 0.5 + h
+
+    shapes = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ((8, 16), (16, 32), (32,))]
+    program = ProgramBuilder().build(jax.make_jaxpr(scaled_residual)(*shapes), ["x", "w", "b"])
+    result = apply_rewrites(program, ["scalar_chains"])
     after_dot = [n.prim for n in result.program.nodes][-2:]
-    assert after_dot == ["add", "mul"]  # h * s + h  ->  h * (s + 1)
+    assert after_dot == ["add", "mul"]  # h * 0.5 + h  ->  h * 1.5
     consts = [op for op in result.program.nodes[-1].ins if not hasattr(op, "name")]
     assert consts and abs(float(consts[0].scalar()) - 1.5) < 1e-6
+
+
+def test_a_static_is_not_folded_into_a_constant() -> None:
+    """``h * scaling_factor + h`` keeps its static: folded into ``h * 1.5`` it would be right for one value."""
+    result = apply_rewrites(trace_program(load_task("30k_Matmul_Scaling_ResidualAdd")), ["scalar_chains"])
+    assert not result.sites
 
 
 def test_dead_code_in_any_task_folder(tmp_path: Path, quick_evaluator) -> None:  # type: ignore[no-untyped-def]
