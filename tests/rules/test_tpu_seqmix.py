@@ -112,3 +112,47 @@ def test_default_blocks_lower_for_tpu_v6e(template, task_id) -> None:
     assert all(space.space[name] for name in space.defaults), space
     result = validate_tpu(template.render(task, space.defaults, ("cpu", "full")), task, "v6e")
     assert result.ok, result.reason
+
+
+def _ssd_variant(tmp_path, edit=None):  # type: ignore[no-untyped-def]
+    """The SSD task with its arguments renamed and reordered (jaxbench's permute variant), its reference
+    text optionally edited."""
+    from jaxbench.variants import derive
+
+    folder = derive(load_task(SSD), "permute", tmp_path, seed=5)
+    if edit is not None:
+        path = folder / "reference.py"
+        path.write_text(edit(path.read_text()))
+    return load_task(folder)
+
+
+@pytest.mark.slow
+def test_ssd_roles_are_found_whatever_the_argument_order(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Renamed and reordered arguments: the roles come from shapes and the numeric probe (A or D, B or C
+    by what the reference computes), the kernel keeps the reference's signature and names."""
+    task = _ssd_variant(tmp_path)
+    assert TPU_SSD.applies(task, analyze_task(task)) is None
+    source = TPU_SSD.render(task, {"chunk": 64, "block_h": 4, "passes": 3}, ("cpu",))
+    from maxkernel.analysis.program import arg_names
+
+    assert f"def kernel({', '.join(arg_names(task))}):" in source
+    module = _module(source)
+    args, static = task.module.get_inputs(jax.random.PRNGKey(2), batch=2, seq=256, heads=8, head_dim=16,
+                                          groups=2, state_dim=32)
+    got = _interpret(module, list(args), static)
+    expected = np.asarray(task.reference(*args, **static))
+    np.testing.assert_allclose(got, expected, rtol=5e-4, atol=5e-4)
+
+
+def test_an_ssd_without_its_skip_term_is_not_taken_for_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A near miss: the same chunked scan without ``D x`` has every shape the template reads, but not the
+    recurrence it writes."""
+    def drop_skip(text: str) -> str:
+        lines = text.splitlines()
+        last = max(i for i, line in enumerate(lines) if line.strip().startswith("return y +"))
+        lines[last] = lines[last].split(" + ")[0]
+        return "\n".join(lines) + "\n"
+
+    task = _ssd_variant(tmp_path, drop_skip)
+    reason = TPU_SSD.applies(task, analyze_task(task))
+    assert reason is not None and "recurrence" in reason, reason
