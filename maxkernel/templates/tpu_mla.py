@@ -15,7 +15,9 @@ head dimension, then projects the heads back to the hidden size. What an expert 
   heads of another width share one body;
 - no [heads, seq, seq] score tensor in HBM (the reference's dominant traffic).
 The template is matched by what the reference computes: its program's structure (eight inputs, a softmax, a
-rotation, two RMS norms) and the reference's output on a small draw against this computation in float64.
+rotation, two RMS norms), the inputs' roles and the layer's sizes from their shapes in any order and under
+any names, and the reference's output at its cpu shapes against this computation in float64 (which also
+tells which numeric statics are the norms' epsilon and the RoPE base).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from maxkernel.analysis.program import arg_names, static_args, trace_program
+from maxkernel.analysis.program import arg_names, input_shapes, static_args, trace_program
 from maxkernel.templates.attention import FlashPlan, render_flash
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, analysed_at, block_pair_space, tpu_target
 from maxkernel.templates.masks import CAUSAL
@@ -38,13 +40,10 @@ if TYPE_CHECKING:
 
 TPU_BLOCKS_Q = (128, 256, 512, 1024)
 TPU_BLOCKS_K = (128, 256, 512, 1024, 2048)
-# The reference's static arguments that size the heads, in the order the template reads them.
-DIMENSIONS = ("num_heads", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-CONSTANTS = ("rope_theta", "eps")
+ROLES = ("x", "wq_a", "q_norm", "wq_b", "wkv_a", "kv_norm", "wkv_b", "wo")
 SIGNATURE = frozenset({"dot_general", "rsqrt", "exp", "reduce_max", "cos", "sin"})
-# The small draw the reference is confirmed on: (batch, seq, hidden, heads, q_lora, kv_lora, nope, rope, v).
-PROBE = (1, 16, 64, 2, 32, 32, 16, 8, 24)
 PROBE_TOLERANCE = 3e-2  # bf16 output of bf16 inputs
+MAX_READINGS = 8  # role assignments the shapes leave open, each confirmed by a probe
 # The scores' bf16 passes: q and k are f32 values (projections of normalised latents) whose bf16 rounding
 # moves large scores outside a bf16 task's tolerance on shifted inputs (measured: 773 of 524288 outputs at
 # the cpu size); their high and low parts, laid side by side along the head, make one bf16 product the
@@ -59,28 +58,86 @@ class MlaShape:
     heads: int
     qk_dim: int  # plain + RoPE, times three: the high and low bf16 parts of the 3-pass score product
     v_dim: int
-    names: tuple[str, ...]
+    names: tuple[str, ...]  # the reference's inputs in ``ROLES`` order
+    constants: tuple[str, str]  # the RMS norms' epsilon and the RoPE base: a static's name or a literal
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The layer's sizes, all read from its weights' shapes."""
+
+    hidden: int
+    q_lora: int
+    kv_lora: int
+    heads: int
+    nope: int
+    rope: int
+    v: int
+
+
+def dims(shapes: list[tuple[int, ...]]) -> Dims | None:
+    """The sizes the weights (in ``ROLES`` order) imply, or None when they are not one MLA layer's: the
+    key's RoPE width is what ``wkv_a`` holds past the value latent; heads x plain, heads x RoPE and heads x
+    value widths follow from the three head projections' widths."""
+    x, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo = shapes
+    if len(x) != 3 or any(len(w) != 2 for w in (wq_a, wq_b, wkv_a, wkv_b, wo)) or len(q_norm) != 1 or len(kv_norm) != 1:
+        return None
+    hidden, q_lora, kv_lora = x[2], q_norm[0], kv_norm[0]
+    rope = wkv_a[1] - kv_lora
+    if wq_a != (hidden, q_lora) or wkv_a[0] != hidden or rope <= 0 or wq_b[0] != q_lora or wkv_b[0] != kv_lora \
+            or wo[1] != hidden:
+        return None
+    heads_rope = wq_b[1] - wkv_b[1] + wo[0]  # H(n + r) - H(n + v) + H v
+    if heads_rope <= 0 or heads_rope % rope:
+        return None
+    heads = heads_rope // rope
+    if (wkv_b[1] - wo[0]) % heads or wo[0] % heads:
+        return None
+    nope, v = (wkv_b[1] - wo[0]) // heads, wo[0] // heads
+    if nope <= 0 or v <= 0 or rope % 2:
+        return None
+    return Dims(hidden, q_lora, kv_lora, heads, nope, rope, v)
+
+
+def _readings(program: Any) -> list[tuple[int, ...]]:
+    """The assignments of the inputs (positions in ``ROLES`` order) whose shapes make one MLA layer with the
+    output shaped like ``x``."""
+    from itertools import permutations
+
+    shapes = [tuple(int(d) for d in v.shape) for v in program.inputs]
+    out = tuple(getattr(program.outputs[0], "shape", ()))
+    found = []
+    for order in permutations(range(8)):
+        placed = [shapes[i] for i in order]
+        if placed[0] == out and dims(placed) is not None:
+            found.append(order)
+            if len(found) > MAX_READINGS:
+                break
+    return found
 
 
 def analyse(task: "Task", size: str) -> MlaShape | str:
-    """The MLA layer's shape at ``size``, or why the reference is not one."""
-    static = static_args(task, size)
-    if not set(DIMENSIONS + CONSTANTS) <= set(static):
-        return "no static head dimensions (heads, plain and RoPE q·k widths, value width) and RoPE constants"
+    """The MLA layer's shape at ``size``, or why the reference is not one. Roles come from the inputs'
+    shapes in any order, the sizes from the weights, the epsilon and RoPE base from the numeric statics;
+    what shapes and names leave open is settled by the numeric probe."""
     program = trace_program(task, size).dce()
     if len(program.inputs) != 8 or len(program.outputs) != 1:
         return "not eight inputs (x, six weights and two norm vectors) and one output"
     if not SIGNATURE <= set(program.primitives()):
         return "not a softmax attention with RoPE and RMS norms"
-    x = program.inputs[0]
-    out = program.outputs[0]
-    if len(x.shape) != 3 or tuple(getattr(out, "shape", ())) != tuple(x.shape):
-        return "x is not [batch, seq, hidden] or the output is not shaped like it"
-    if size == "cpu" and not _computes_mla(task, np.dtype(x.dtype)):
+    readings = _readings(program)
+    if not readings or len(readings) > MAX_READINGS:
+        return "inputs not shaped as x, the query and key/value latent projections, their norms and the output projection"
+    found = _confirmed(task, readings, _literals(program))
+    if found is None:
         return "the reference is not the latent attention layer this template computes"
-    heads, nope, rope, dv = (int(static[n]) for n in DIMENSIONS)
-    return MlaShape(x.shape[0], x.shape[1], heads, SCORE_PASSES * (nope + rope), dv,
-                    tuple(v.name for v in program.inputs))
+    order, constants = found
+    placed = [program.inputs[i] for i in order]
+    d = dims([tuple(int(n) for n in v.shape) for v in placed])
+    assert d is not None
+    x = placed[0]
+    return MlaShape(x.shape[0], x.shape[1], d.heads, SCORE_PASSES * (d.nope + d.rope), d.v,
+                    tuple(v.name for v in placed), constants)
 
 
 def _rms(t: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -114,28 +171,73 @@ def mla(weights: list[np.ndarray], heads: int, nope: int, rope: int, dv: int, th
     return np.einsum("bhqk,bkhd->bqhd", p, kv[..., nope:]).reshape(batch, seq, heads * dv) @ wo
 
 
-def _computes_mla(task: "Task", dtype: np.dtype) -> bool:
-    """The reference, run on a small draw (``PROBE``), is ``mla`` within bf16 rounding."""
+def _literals(program: Any) -> dict[str, float]:
+    """The program's positive scalar float literals, by their source text: where an epsilon or a RoPE base
+    written into the reference as a constant (not passed as a static) is found."""
+    from maxkernel.analysis.program import Const
+
+    found: dict[str, float] = {}
+    for node in program.nodes:
+        for op in node.ins:
+            if isinstance(op, Const) and not op.shape and np.issubdtype(np.dtype(op.dtype), np.floating):
+                value = float(np.asarray(op.value))
+                if value > 0 and math.isfinite(value):  # the shortest text of the value at its own precision
+                    found.setdefault(str(np.asarray(op.value, np.dtype(op.dtype)).item() if np.dtype(op.dtype) == np.float64
+                                         else np.float32(value)), value)
+    return found
+
+
+_CONFIRMED: dict[tuple[str, str], tuple[tuple[int, ...], tuple[str, str]] | None] = {}
+
+
+def _confirmed(task: "Task", readings: list[tuple[int, ...]],
+               literals: dict[str, float]) -> tuple[tuple[int, ...], tuple[str, str]] | None:
+    """The reading and the (epsilon, RoPE base), each a static's name or a literal's text, under which the
+    reference, run at its ``cpu`` shapes on a draw of its own, is ``mla`` within bf16 rounding (probed once
+    per task)."""
+    key = (str(task.path), task.source_digest)
+    if key not in _CONFIRMED:
+        _CONFIRMED[key] = _probe(task, readings, literals)
+    found = _CONFIRMED[key]
+    return found if found is not None and found[0] in readings else None
+
+
+def _probe(task: "Task", readings: list[tuple[int, ...]],
+           literals: dict[str, float]) -> tuple[tuple[int, ...], tuple[str, str]] | None:
+    from itertools import permutations
+
+    import jax
     import jax.numpy as jnp
 
-    batch, seq, hidden, heads, q_lora, kv_lora, nope, rope, dv = PROBE
-    rng = np.random.default_rng(0)
-    shapes = [(batch, seq, hidden), (hidden, q_lora), (q_lora,), (q_lora, heads * (nope + rope)),
-              (hidden, kv_lora + rope), (kv_lora,), (kv_lora, heads * (nope + dv)), (heads * dv, hidden)]
-    fan_in = [1, hidden, 0, q_lora, hidden, 0, kv_lora, heads * dv]
-    arrays = [(1.0 + 0.1 * rng.standard_normal(s)) if f == 0 else rng.standard_normal(s) / math.sqrt(f)
-              for s, f in zip(shapes, fan_in)]
-    inputs = [jnp.asarray(a, jnp.float32).astype(dtype) for a in arrays]
-    static = dict(static_args(task, "cpu"), num_heads=heads, qk_nope_head_dim=nope, qk_rope_head_dim=rope,
-                  v_head_dim=dv)
-    try:
-        got = np.asarray(task.reference(*inputs, **static), np.float64)
-    except Exception:  # the reference needs other shapes or arguments: not the layer this template serves
-        return False
-    expected = mla([np.asarray(a, np.float64) for a in inputs], heads, nope, rope, dv,
-                   float(static["rope_theta"]), float(static["eps"]))
-    return got.shape == expected.shape and bool(np.allclose(got, expected, rtol=PROBE_TOLERANCE,
-                                                             atol=PROBE_TOLERANCE))
+    static = static_args(task, "cpu")
+    values = {k: float(v) for k, v in static.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0}
+    values.update((text, value) for text, value in literals.items() if text not in values)  # statics first
+    shapes = [tuple(int(d) for d in s.shape) for s in input_shapes(task, "cpu")]
+    dtype = np.dtype(input_shapes(task, "cpu")[0].dtype)
+    reference = jax.jit(lambda *a: task.reference(*a, **static))
+    for order in readings:
+        placed = [shapes[i] for i in order]
+        d = dims(placed)
+        assert d is not None
+        rng = np.random.default_rng(0)
+        fan_in = [0, d.hidden, -1, d.q_lora, d.hidden, -1, d.kv_lora, d.heads * d.v]
+        roles = [rng.standard_normal(s) if f == 0 else (1.0 + 0.1 * rng.standard_normal(s)) if f < 0
+                 else rng.standard_normal(s) / math.sqrt(f) for s, f in zip(placed, fan_in)]
+        inputs: list[Any] = [None] * 8
+        for role, position in enumerate(order):
+            inputs[position] = jnp.asarray(roles[role], jnp.float32).astype(dtype)
+        try:
+            got = np.asarray(reference(*inputs), np.float64)
+        except Exception:  # the reference reads its inputs otherwise: not this reading
+            continue
+        weights = [np.asarray(inputs[position], np.float64) for position in order]
+        for eps, theta in permutations(values, 2):
+            if not 0 < values[eps] < 1e-2 or values[theta] <= 2:
+                continue
+            expected = mla(weights, d.heads, d.nope, d.rope, d.v, values[theta], values[eps])
+            if got.shape == expected.shape and np.allclose(got, expected, rtol=PROBE_TOLERANCE, atol=PROBE_TOLERANCE):
+                return order, (eps, theta)
+    return None
 
 
 def vmem_bytes(a: MlaShape, block_q: int, block_k: int) -> int:
@@ -169,16 +271,15 @@ class TpuMlaTemplate:
         return TemplateSpace(defaults={"block_q": bq, "block_k": bk}, space=space)
 
     def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
-        analysed_at(task, sizes, analyse, lambda s: s.names)
-        return render_mla(task, int(params["block_q"]), int(params["block_k"]))
+        found = analysed_at(task, sizes, analyse, lambda s: (s.names, s.constants))
+        return render_mla(task, found[0], int(params["block_q"]), int(params["block_k"]))
 
 
-def render_mla(task: "Task", block_q: int, block_k: int) -> str:
-    names = arg_names(task)
-    x, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo = names[:8]
+def render_mla(task: "Task", a: MlaShape, block_q: int, block_k: int) -> str:
+    names = arg_names(task)[:8]
+    x, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo = a.names  # the reference's own names, by role
     static = list(static_args(task, "cpu"))
-    heads, nope, rope, dv = DIMENSIONS
-    theta, eps = CONSTANTS
+    eps, theta = a.constants
     doc = (f'"""{task.id}: {TPU_MLA.description}.\n\n'
            "The query and key/value latents, their RMS norms and the interleaved rotation of the RoPE parts\n"
            "run in XLA (bf16 products, f32 accumulation); each query head is its plain part and its rotated\n"
@@ -220,15 +321,20 @@ def _rotate(t, theta):
     return jnp.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(t.shape)
 
 
-def kernel({", ".join(names[:8])}, *, {", ".join(static)}):
+def kernel({", ".join(names)}, *, {", ".join(static)}):
     batch, seq, _ = {x}.shape
+    # The layer's sizes, from its weights: the key's RoPE width is what {wkv_a} holds past the value latent;
+    # heads x (plain + RoPE), heads x (plain + value) and heads x value are the head projections' widths.
     lora = {kv_norm}.shape[0]
-    q = _mm_f32(_rms_norm(_mm({x}, {wq_a}), {q_norm}, {eps}), {wq_b}).reshape(batch, seq, {heads}, {nope} + {rope})
+    rope = {wkv_a}.shape[1] - lora
+    heads = ({wq_b}.shape[1] - {wkv_b}.shape[1] + {wo}.shape[0]) // rope
+    nope, dv = ({wkv_b}.shape[1] - {wo}.shape[0]) // heads, {wo}.shape[0] // heads
+    q = _mm_f32(_rms_norm(_mm({x}, {wq_a}), {q_norm}, {eps}), {wq_b}).reshape(batch, seq, heads, nope + rope)
     kv_a = _mm({x}, {wkv_a})
-    kv = _mm_f32(_rms_norm(kv_a[..., :lora], {kv_norm}, {eps}), {wkv_b}).reshape(batch, seq, {heads}, {nope} + {dv})
+    kv = _mm_f32(_rms_norm(kv_a[..., :lora], {kv_norm}, {eps}), {wkv_b}).reshape(batch, seq, heads, nope + dv)
     k_pe = _rotate(kv_a[..., lora:][:, :, None, :], {theta})  # one rotated key per token, shared by the heads
-    q = jnp.concatenate([q[..., :{nope}], _rotate(q[..., {nope}:], {theta})], axis=-1)
-    k = jnp.concatenate([kv[..., :{nope}], jnp.broadcast_to(k_pe, (batch, seq, {heads}, {rope}))], axis=-1)
+    q = jnp.concatenate([q[..., :nope], _rotate(q[..., nope:], {theta})], axis=-1)
+    k = jnp.concatenate([kv[..., :nope], jnp.broadcast_to(k_pe, (batch, seq, heads, rope))], axis=-1)
 
     (q_hi, q_lo), (k_hi, k_lo) = _split(q), _split(k)
 
@@ -238,8 +344,8 @@ def kernel({", ".join(names[:8])}, *, {", ".join(static)}):
     # [q_hi, q_lo, q_hi] . [k_hi, k_hi, k_lo]: the 3-pass score product as one bf16 product.
     q3 = heads_first(jnp.concatenate([q_hi, q_lo, q_hi], axis=-1))
     k3 = heads_first(jnp.concatenate([k_hi, k_hi, k_lo], axis=-1))
-    o = _attention(q3, k3, heads_first(kv[..., {nope}:]))  # [batch, heads, seq, v]
-    o = jnp.swapaxes(o, 1, 2).reshape(batch, seq, {heads} * {dv})
+    o = _attention(q3, k3, heads_first(kv[..., nope:]))  # [batch, heads, seq, v]
+    o = jnp.swapaxes(o, 1, 2).reshape(batch, seq, heads * dv)
     return _mm(o, {wo}).astype({x}.dtype)
 '''
 

@@ -156,3 +156,45 @@ def test_an_ssd_without_its_skip_term_is_not_taken_for_one(tmp_path) -> None:  #
     task = _ssd_variant(tmp_path, drop_skip)
     reason = TPU_SSD.applies(task, analyze_task(task))
     assert reason is not None and "recurrence" in reason, reason
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["permute", "statics"])
+def test_mla_is_matched_whatever_the_arguments_are_named_and_ordered(tmp_path, kind) -> None:  # type: ignore[no-untyped-def]
+    """The latent attention layer with its arguments reordered and renamed, or its epsilon and RoPE base
+    folded into module constants: roles and sizes come from the weights' shapes, the epsilon and RoPE base
+    from the probe (statics or literals); the kernel keeps the reference's signature and is right on
+    shifted inputs."""
+    from jaxbench.variants import derive
+    from maxkernel.analysis.program import arg_names
+
+    task = load_task(derive(load_task(MLA), kind, tmp_path, seed=1))
+    if kind == "statics":  # this seed folds them: the reference reads ROPE_THETA_CONST and EPS_CONST
+        assert "ROPE_THETA_CONST = " in task.reference_path.read_text()
+    assert TPU_MLA.applies(task, analyze_task(task)) is None
+    source = TPU_MLA.render(task, {"block_q": 128, "block_k": 128}, ("cpu",))
+    assert f"def kernel({', '.join(arg_names(task))}, *, " in source
+    if kind == "statics":  # the constants found as literals are written as their values
+        assert "_rotate(kv_a[..., lora:][:, :, None, :], 10000.0)" in source and ", 1e-06)" in source, source
+    args, static = task.get_inputs(jax.random.PRNGKey(3), "cpu")
+    args = [jnp.asarray(a) for a in shifted([np.asarray(a) for a in args])]
+    small = [a[:, :256] if a.ndim == 3 else a for a in args]  # 256 tokens: two query blocks, causal
+    got = _interpret(_module(source), small, static)
+    expected = np.asarray(task.reference(*small, **static)).astype(np.float32)
+    np.testing.assert_allclose(got, expected, rtol=3e-2, atol=6e-2)
+
+
+def test_an_attention_layer_without_latent_norms_is_not_taken_for_mla(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A near miss: the same layer with its query latent's RMS norm left out has every shape the template
+    reads, but not the computation it writes."""
+    from jaxbench.variants import derive
+
+    folder = derive(load_task(MLA), "permute", tmp_path, seed=1)
+    path = folder / "reference.py"
+    head, body = path.read_text().split("def reference", 1)
+    assert "_rms_norm(" in body
+    path.write_text(head + "def reference" + body.replace("_rms_norm(", "_no_norm(", 1)
+                    + "\n\ndef _no_norm(t, weight, eps):\n    return t * weight\n")
+    task = load_task(folder)
+    reason = TPU_MLA.applies(task, analyze_task(task))
+    assert reason is not None, reason
