@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 
 from jaxbench.task import Task
 from jaxbench.task_check import full_shapes
+from maxkernel.targets.control import UNKNOWN
 from maxkernel.targets.gpu_blocks import ProgramShape, check_smem, resident_blocks
 from maxkernel.targets.gpu_spec import GpuModelConstants, GpuSpec, load_gpu_constants, load_gpu_spec
 from maxkernel.targets.gpu_work import gpu_step_work, small_operands
@@ -33,7 +34,7 @@ from maxkernel.targets.grid import GridSample
 from maxkernel.targets.jaxpr_walk import PallasCall, find_pallas_calls
 from maxkernel.targets.loader import load_candidate
 from maxkernel.targets.names import TargetError
-from maxkernel.targets.model import ModelError, _first_line, _io_bytes
+from maxkernel.targets.model import ModelError, _dearest, _depends_on_draws, _first_line, _io_bytes, _program_function
 from maxkernel.targets.ops import OpCounts, UnboundedLoopError
 from maxkernel.targets.xla_cost import XlaCost, glue_cost, small_inputs, xla_cost
 
@@ -223,25 +224,41 @@ def _xla_estimate(cost: XlaCost, spec: GpuSpec, io_bytes: float, notes: list[str
 
 
 def model_gpu_reference(task: Task, chip: str) -> GpuModelEstimate:
-    """Modelled cost of the task's reference (plain JAX) at ``full`` size on ``chip``."""
+    """Modelled cost of the task's reference (plain JAX) at ``full`` size on ``chip``: where it depends on
+    the inputs' values, the dearest over the model's draws, as the candidate's is."""
     spec = load_gpu_spec(chip)
     arg_shapes, static, out_shapes = full_shapes(task, "full")
     fn = partial(task.reference, **static)
-    cost = xla_cost(fn, arg_shapes, partial(small_inputs, task, arg_shapes))
-    return _xla_estimate(cost, spec, _io_bytes(arg_shapes, out_shapes), ["reference: XLA roofline"])
+
+    def price() -> GpuModelEstimate:
+        cost = xla_cost(fn, arg_shapes, partial(small_inputs, task, arg_shapes))
+        return _xla_estimate(cost, spec, _io_bytes(arg_shapes, out_shapes), ["reference: XLA roofline"])
+
+    return _dearest(price, any(v is not UNKNOWN for v in small_inputs(task, arg_shapes)))  # type: ignore[return-value]
 
 
-def model_gpu_candidate(candidate_source: str, task: Task, chip: str) -> GpuModelEstimate:
+def model_gpu_candidate(candidate_source: str, task: Task, chip: str,
+                        program: core.ClosedJaxpr | None = None) -> GpuModelEstimate:
     """Modelled cost of a candidate at the task's ``full`` size on ``chip`` (TargetError subclasses, one line,
-    when it cannot be priced; SmemBudgetError when a kernel overflows shared memory)."""
+    when it cannot be priced; SmemBudgetError when a kernel overflows shared memory). ``program``: the
+    candidate already traced at ``full``, the very program whose twin is checked (traced here when not
+    given). A price that depends on the inputs' values is the dearest over the model's draws, as on TPU."""
     spec = load_gpu_spec(chip)
-    module = load_candidate(candidate_source)
     arg_shapes, static, out_shapes = full_shapes(task, "full")
-    fn = partial(module.kernel, **static)
-    try:
-        closed = jax.jit(fn).trace(*arg_shapes).jaxpr
-    except Exception as exc:
-        raise ModelError(f"candidate does not trace at full size: {type(exc).__name__}: {_first_line(exc)}") from exc
+    if program is None:
+        fn = partial(load_candidate(candidate_source).kernel, **static)
+        try:
+            closed = jax.jit(fn).trace(*arg_shapes).jaxpr
+        except Exception as exc:
+            raise ModelError(f"candidate does not trace at full size: {type(exc).__name__}: {_first_line(exc)}") from exc
+    else:
+        closed, fn = program, _program_function(program)
+    depends = _depends_on_draws(closed, task, arg_shapes)
+    return _dearest(lambda: _price_gpu_program(closed, fn, task, spec, arg_shapes, out_shapes), depends)  # type: ignore[return-value]
+
+
+def _price_gpu_program(closed: core.ClosedJaxpr, fn: Any, task: Task, spec: GpuSpec, arg_shapes: Any,
+                       out_shapes: Any) -> GpuModelEstimate:
     io_bytes = _io_bytes(arg_shapes, out_shapes)
     calls = find_pallas_calls(closed.jaxpr)
     known = partial(small_inputs, task, arg_shapes)

@@ -43,11 +43,12 @@ def _gpu_stage(request: dict[str, Any], task: "Task", result: GpuStageResult) ->
 
     lowering = validate_gpu(request["source"], task, request["chip"])
     result.lowering = lowering.model_dump(mode="json")
+    priced = None
     if lowering.ok:
-        result.check, _ = _check_size(request["source"], task, TRACE_GENERATION)
+        result.check, priced = _check_size(request["source"], task, TRACE_GENERATION)
     if lowering.ok and result.check is not None and result.check.refusal is None:
-        try:
-            result.model = model_gpu_candidate(request["source"], task, request["chip"]).as_report_fields()
+        try:  # the model prices the very full-size trace whose twin is checked
+            result.model = model_gpu_candidate(request["source"], task, request["chip"], program=priced).as_report_fields()
         except TargetError as exc:
             result.model_error = str(exc)
 
