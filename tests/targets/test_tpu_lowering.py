@@ -103,3 +103,77 @@ def test_each_load_is_a_fresh_module() -> None:
     assert first is not second and first.CALLS == [1] and second.CALLS == []
     with pytest.raises(CandidateLoadError):
         load_candidate("def helper():\n    return 1\n")
+
+
+PAGED_TASK = {
+    "task.yaml": "id: head_pages\nname: head_pages\ncategory: gather\n"
+                 "description: one kv head of one page of a paged cache, for every head\n"
+                 "dtype: bfloat16\ntolerance: {atol: 1.0e-6, rtol: 1.0e-6}\n"
+                 "sizes:\n  cpu: {pages: 4, page: 16, heads: 8, dim: 128}\n  full: {pages: 64, page: 16, heads: 8, dim: 128}\n",
+    "reference.py": '''import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, pages, page, heads, dim):
+    cache = jax.random.normal(key, (pages, page, heads, dim), jnp.float32).astype(jnp.bfloat16)
+    return (cache, jnp.array([pages - 1], jnp.int32)), {}
+
+
+def reference(cache, which):
+    return jnp.transpose(cache[which[0]], (1, 0, 2))
+''',
+}
+
+
+def _head_copy_source(index: str) -> str:
+    """A kernel that DMAs one head of one page per grid step: ``index`` is the HBM slice it copies."""
+    return f'''import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+
+def _copy(which_ref, cache_hbm, o_ref, buf, sem):
+    h = pl.program_id(0)
+    copy = pltpu.make_async_copy({index}, buf, sem)
+    copy.start()
+    copy.wait()
+    o_ref[...] = buf[...].reshape(o_ref.shape)
+
+
+def kernel(cache, which):
+    pages, page, heads, dim = cache.shape
+    return pl.pallas_call(
+        _copy,
+        out_shape=jax.ShapeDtypeStruct((heads, page, dim), cache.dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(heads,),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec((1, page, dim), lambda h, which: (h, 0, 0)),
+            scratch_shapes=[pltpu.VMEM((page, dim), cache.dtype), pltpu.SemaphoreType.DMA(())]),
+    )(which, cache)
+'''
+
+
+def test_the_tpu_compile_refuses_what_lowering_lets_through(tmp_path, monkeypatch, matmul_task) -> None:  # type: ignore[no-untyped-def]
+    """One bf16 head of a page cache laid out [pages, page, heads, dim] sits at a dynamic offset along a
+    tiled axis: export lowering accepts its DMA, Mosaic's compile for the chip refuses it (with
+    ``MAXKERNEL_TPU_COMPILE=1`` and the TPU compiler installed), as the chip would; an aligned tiled matmul
+    compiles."""
+    from target_kernels import matmul_source, write_task
+
+    from jaxbench.task import load_task
+    from maxkernel.targets.xla_tpu import compiler_installed
+
+    if not compiler_installed():
+        pytest.skip("the TPU compiler (the tpu-compiler extra) is not installed")
+    monkeypatch.delenv("MAXKERNEL_NO_TPU_COMPILER", raising=False)
+    task = load_task(write_task(tmp_path / "head_pages", PAGED_TASK))
+    misaligned = _head_copy_source("cache_hbm.at[which_ref[0], :, h]")
+    lowered = validate_tpu(misaligned, task, "v6e")
+    assert lowered.ok and not lowered.compiled  # lowering alone lets it through
+    monkeypatch.setenv("MAXKERNEL_TPU_COMPILE", "1")
+    refused = validate_tpu(misaligned, task, "v6e")
+    assert not refused.ok and refused.stage == "compile" and "aligned to tiles" in refused.reason, refused.reason
+    aligned = validate_tpu(matmul_source(128, 128, 128), matmul_task, "v6e")
+    assert aligned.ok and aligned.compiled, aligned.reason
