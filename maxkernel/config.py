@@ -24,6 +24,7 @@ OTHER_VARIABLES = {
     "MAXKERNEL_CONFIG": "a YAML file of settings",
     "MAXKERNEL_LEARNED_COST_MODEL": "off disables the learned cost model",
     "MAXKERNEL_NO_TPU_COMPILER": "any value prices references by the fallback model, not XLA:TPU's program",
+    "MAXKERNEL_TPU_COMPILE": "1 also compiles TPU candidates with XLA:TPU and Mosaic (needs the tpu-compiler extra)",
     "MAXKERNEL_TEST_PG_URL": "the test suite's PostgreSQL server",
     "MAXKERNEL_TEST_PG_DIR": "the folder of that server",
 }
