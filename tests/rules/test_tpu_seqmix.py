@@ -198,3 +198,21 @@ def test_an_attention_layer_without_latent_norms_is_not_taken_for_mla(tmp_path) 
     task = load_task(folder)
     reason = TPU_MLA.applies(task, analyze_task(task))
     assert reason is not None, reason
+
+
+@pytest.mark.slow
+def test_ssd_in_bfloat16_is_computed_in_float32(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The SSD task with bfloat16 inputs and output (jaxbench's dtype variant): the kernel casts to float32
+    and back, so it tracks the float32 recurrence on the same inputs (the bfloat16 reference itself is far
+    off: its tolerance is in whole units)."""
+    from jaxbench.variants import derive
+
+    task = load_task(derive(load_task(SSD), "dtype", tmp_path, seed=1))
+    assert task.spec.dtype == "bfloat16"
+    assert TPU_SSD.applies(task, analyze_task(task)) is None
+    module = _module(TPU_SSD.render(task, {"chunk": 64, "block_h": 4, "passes": 1}, ("cpu",)))
+    args, static = task.module.get_inputs(jax.random.PRNGKey(2), batch=2, seq=256, heads=8, head_dim=16,
+                                          groups=2, state_dim=32)
+    got = _interpret(module, list(args), static)
+    exact = np.asarray(load_task(SSD).reference(*(a.astype(jnp.float32) for a in args)))
+    np.testing.assert_allclose(got.astype(np.float32), exact, rtol=5e-2, atol=5e-2)
