@@ -36,6 +36,7 @@ smaller extent, so the body priced at ``full`` is the body checked at a smaller 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import math
@@ -248,13 +249,15 @@ def _plane_local(tail: Program) -> bool:
     return all(int(np.prod(v.shape)) <= TILE_OPERAND_LIMIT for v in others)
 
 
-def _plane_probe(text: str, p: ConvPlan) -> bool:
-    """Whether the tail as emitted (``text``, for the extents ``p`` was traced at) gives on one sample's two
-    output planes what it gives on the whole output there: emission may read a constant from an extent, and
-    one read from the batch or the plane extent would differ on a step's planes."""
+def _plane_probe(text: str, p: ConvPlan, static: dict[str, Any]) -> bool:
+    """Whether the tail as emitted (``text``, for the extents ``p`` was traced at; ``static``: the task's
+    static arguments, the ones it reads passed by name) gives on one sample's two output planes what it
+    gives on the whole output there: emission may read a constant from an extent, and one read from the
+    batch or the plane extent would differ on a step's planes."""
     names: dict[str, Any] = {"jax": jax, "jnp": jnp, "math": math}
     exec(text, names)
     fn = next(v for k, v in names.items() if k.startswith("_epilogue") and callable(v))
+    fn = functools.partial(fn, **{name: static[name] for name in used_statics(p.finish)})
     keys = jax.random.split(jax.random.key(0), len(p.tail.inputs))
     args = [jax.random.normal(k, v.shape, jnp.float32).astype(v.dtype) for k, v in zip(keys, p.tail.inputs)]
     planes = slice(0, min(2, args[0].shape[2]))
@@ -290,7 +293,7 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
         cpu = found[sizes.index("cpu")] if "cpu" in sizes else match(trace_program(task, "cpu").dce())
         probe = _epilogue_text(task, "cpu", cpu) if isinstance(cpu, ConvPlan) and cpu.tile_tail else None
         if probe is None or {_generic(k, t) for k, t in texts.items()} != {_generic(*probe)} \
-                or not _plane_probe(probe[1], cpu):  # type: ignore[arg-type]
+                or not _plane_probe(probe[1], cpu, static_args(task, "cpu")):  # type: ignore[arg-type]
             for p in found:  # written differently at another size, or reading an extent a step does not hold
                 p.tile_tail = False
     if len({(p.in_dtype, p.precision, p.tileable, p.tile_tail, p.pads, p.phases, p.rhs is None) for p in found}) != 1:
