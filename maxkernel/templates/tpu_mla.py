@@ -60,6 +60,7 @@ class MlaShape:
     v_dim: int
     names: tuple[str, ...]  # the reference's inputs in ``ROLES`` order
     constants: tuple[str, str]  # the RMS norms' epsilon and the RoPE base: a static's name or a literal
+    units: bool = False  # every argument and the output carry a leading axis of one (the layer under a vmap)
 
 
 @dataclass(frozen=True)
@@ -99,13 +100,21 @@ def dims(shapes: list[tuple[int, ...]]) -> Dims | None:
     return Dims(hidden, q_lora, kv_lora, heads, nope, rope, v)
 
 
+def _units(shapes: list[tuple[int, ...]], out: tuple[int, ...]) -> bool:
+    """Whether every argument and the output lead with an axis of one that the layer does not read (one
+    layer mapped over a batch of one): the layer is then read without it."""
+    return bool(out) and out[0] == 1 and all(len(s) >= 2 and s[0] == 1 for s in shapes)
+
+
 def _readings(program: Any) -> list[tuple[int, ...]]:
     """The assignments of the inputs (positions in ``ROLES`` order) whose shapes make one MLA layer with the
-    output shaped like ``x``."""
+    output shaped like ``x`` (the shapes without a leading unit axis every one carries, see ``_units``)."""
     from itertools import permutations
 
     shapes = [tuple(int(d) for d in v.shape) for v in program.inputs]
     out = tuple(getattr(program.outputs[0], "shape", ()))
+    if _units(shapes, out):
+        shapes, out = [s[1:] for s in shapes], out[1:]
     found = []
     for order in permutations(range(8)):
         placed = [shapes[i] for i in order]
@@ -133,11 +142,12 @@ def analyse(task: "Task", size: str) -> MlaShape | str:
         return "the reference is not the latent attention layer this template computes"
     order, constants = found
     placed = [program.inputs[i] for i in order]
-    d = dims([tuple(int(n) for n in v.shape) for v in placed])
+    units = _units([tuple(int(n) for n in v.shape) for v in program.inputs], tuple(program.outputs[0].shape))
+    shapes = [tuple(int(n) for n in v.shape)[1 if units else 0:] for v in placed]
+    d = dims(shapes)
     assert d is not None
-    x = placed[0]
-    return MlaShape(x.shape[0], x.shape[1], d.heads, SCORE_PASSES * (d.nope + d.rope), d.v,
-                    tuple(v.name for v in placed), constants)
+    return MlaShape(shapes[0][0], shapes[0][1], d.heads, SCORE_PASSES * (d.nope + d.rope), d.v,
+                    tuple(v.name for v in placed), constants, units)
 
 
 def _rms(t: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -214,6 +224,9 @@ def _probe(task: "Task", readings: list[tuple[int, ...]],
     values.update((text, value) for text, value in literals.items() if text not in values)  # statics first
     shapes = [tuple(int(d) for d in s.shape) for s in input_shapes(task, "cpu")]
     dtype = np.dtype(input_shapes(task, "cpu")[0].dtype)
+    out = tuple(jax.eval_shape(lambda *a: task.reference(*a, **static), *input_shapes(task, "cpu")).shape)
+    units = _units(shapes, out)
+    shapes = [s[1:] for s in shapes] if units else shapes
     reference = jax.jit(lambda *a: task.reference(*a, **static))
     for order in readings:
         placed = [shapes[i] for i in order]
@@ -226,11 +239,14 @@ def _probe(task: "Task", readings: list[tuple[int, ...]],
         inputs: list[Any] = [None] * 8
         for role, position in enumerate(order):
             inputs[position] = jnp.asarray(roles[role], jnp.float32).astype(dtype)
+        weights = [np.asarray(inputs[position], np.float64) for position in order]
+        if units:
+            inputs = [a[None] for a in inputs]
         try:
             got = np.asarray(reference(*inputs), np.float64)
+            got = got[0] if units else got
         except Exception:  # the reference reads its inputs otherwise: not this reading
             continue
-        weights = [np.asarray(inputs[position], np.float64) for position in order]
         for eps, theta in permutations(values, 2):
             if not 0 < values[eps] < 1e-2 or values[theta] <= 2:
                 continue
@@ -280,6 +296,9 @@ def render_mla(task: "Task", a: MlaShape, block_q: int, block_k: int) -> str:
     x, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo = a.names  # the reference's own names, by role
     static = list(static_args(task, "cpu"))
     eps, theta = a.constants
+    units_in = ("\n    # One layer under a leading axis of one on every argument: computed without it, put back after."
+                f"\n    {', '.join(names)} = ({', '.join(n + '[0]' for n in names)})") if a.units else ""
+    units_out = "[None]" if a.units else ""
     doc = (f'"""{task.id}: {TPU_MLA.description}.\n\n'
            "The query and key/value latents, their RMS norms and the interleaved rotation of the RoPE parts\n"
            "run in XLA (bf16 products, f32 accumulation); each query head is its plain part and its rotated\n"
@@ -321,7 +340,7 @@ def _rotate(t, theta):
     return jnp.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(t.shape)
 
 
-def kernel({", ".join(names)}, *, {", ".join(static)}):
+def kernel({", ".join(names)}, *, {", ".join(static)}):{units_in}
     batch, seq, _ = {x}.shape
     # The layer's sizes, from its weights: the key's RoPE width is what {wkv_a} holds past the value latent;
     # heads x (plain + RoPE), heads x (plain + value) and heads x value are the head projections' widths.
@@ -346,7 +365,7 @@ def kernel({", ".join(names)}, *, {", ".join(static)}):
     k3 = heads_first(jnp.concatenate([k_hi, k_hi, k_lo], axis=-1))
     o = _attention(q3, k3, heads_first(kv[..., nope:]))  # [batch, heads, seq, v]
     o = jnp.swapaxes(o, 1, 2).reshape(batch, seq, heads * dv)
-    return _mm(o, {wo}).astype({x}.dtype)
+    return _mm(o, {wo}).astype({x}.dtype){units_out}
 '''
 
 

@@ -159,12 +159,12 @@ def test_an_ssd_without_its_skip_term_is_not_taken_for_one(tmp_path) -> None:  #
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["permute", "statics"])
+@pytest.mark.parametrize("kind", ["permute", "statics", "batch_added"])
 def test_mla_is_matched_whatever_the_arguments_are_named_and_ordered(tmp_path, kind) -> None:  # type: ignore[no-untyped-def]
-    """The latent attention layer with its arguments reordered and renamed, or its epsilon and RoPE base
-    folded into module constants: roles and sizes come from the weights' shapes, the epsilon and RoPE base
-    from the probe (statics or literals); the kernel keeps the reference's signature and is right on
-    shifted inputs."""
+    """The latent attention layer with its arguments reordered and renamed, its epsilon and RoPE base
+    folded into module constants, or mapped over a leading axis of one: roles and sizes come from the
+    weights' shapes, the epsilon and RoPE base from the probe (statics or literals); the kernel keeps the
+    reference's signature and is right on shifted inputs."""
     from jaxbench.variants import derive
     from maxkernel.analysis.program import arg_names
 
@@ -178,7 +178,8 @@ def test_mla_is_matched_whatever_the_arguments_are_named_and_ordered(tmp_path, k
         assert "_rotate(kv_a[..., lora:][:, :, None, :], 10000.0)" in source and ", 1e-06)" in source, source
     args, static = task.get_inputs(jax.random.PRNGKey(3), "cpu")
     args = [jnp.asarray(a) for a in shifted([np.asarray(a) for a in args])]
-    small = [a[:, :256] if a.ndim == 3 else a for a in args]  # 256 tokens: two query blocks, causal
+    rank = max(a.ndim for a in args)  # x's: the weights have one axis less
+    small = [a[..., :256, :] if a.ndim == rank else a for a in args]  # 256 tokens: two query blocks, causal
     got = _interpret(_module(source), small, static)
     expected = np.asarray(task.reference(*small, **static)).astype(np.float32)
     np.testing.assert_allclose(got, expected, rtol=3e-2, atol=6e-2)
