@@ -58,6 +58,15 @@ class UsageError(Exception):
     """Bad input: one line, exit code 2."""
 
 
+def code_commit() -> str:
+    """The checkout's short commit ("" outside a git checkout)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def cost_model_version() -> str:
     """The cost model's identity: a digest of its constants and code, with the commit they came from."""
     h = hashlib.sha256()
@@ -65,11 +74,7 @@ def cost_model_version() -> str:
         path = ROOT / rel
         h.update(rel.encode())
         h.update(path.read_bytes() if path.is_file() else b"")
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
+    commit = code_commit()
     from maxkernel.targets.xla_tpu import compiler_used
 
     # XLA code is priced by XLA:TPU's own compiled program where libtpu is installed, by a fallback
@@ -458,6 +463,7 @@ def _run(args: argparse.Namespace) -> int:
         todo = todo[: args.limit]
     print(f"{len(entries)} tasks, {len(done)} done before, {len(todo)} to run now", flush=True)
     lock = threading.Lock()
+    commit = code_commit()  # each row says which code ran it: a resumed run may span commits
 
     def one(entry: dict[str, Any]) -> None:
         try:
@@ -468,6 +474,7 @@ def _run(args: argparse.Namespace) -> int:
         else:
             row = bounded_session(entry, config["target"], config["evals"], int(config["seed"]) % (2**31))
         row.pop("slot", None)
+        row["commit"] = commit
         with lock:
             with (run_dir / "rows.jsonl").open("a") as fh:
                 fh.write(json.dumps(row) + "\n")

@@ -258,7 +258,19 @@ def render_retention(task: "Task", a: RetentionShape, tables: dict[int, tuple[fl
         "",
         _mxu_source(W_NK_DIMENSIONS, passes, "_scores"),
         _mxu_source(W_KN_DIMENSIONS, passes, "_mix", split=False),
-        '''def _schedule(seq, block_q, block_k):
+        '''def _fit_rows(block, extent, rows):
+    """Rows of the sequence a block: the largest divisor of the extent that is at most the block and a
+    multiple of a sublane tile (``rows``), so a length such as 896 keeps blocks of 448 where halving would
+    leave 128 and seven times the steps; else the block halved until it divides the extent."""
+    if extent <= block:
+        return extent
+    for size in range(block // rows * rows, rows - 1, -rows):
+        if extent % size == 0:
+            return size
+    return _fit(block, extent)
+
+
+def _schedule(seq, block_q, block_k):
     """The grid steps: every (query block, key block) pair with a key at or before a query, row by row."""
     q_blocks, kv_blocks, flags = [], [], []
     for i in range(seq // block_q):
@@ -306,7 +318,8 @@ def _retention_kernel(q_blocks_ref, kv_blocks_ref, flags_ref, decay_ref, q_ref, 
 ''',
         f"def kernel({q}, {k}, {v}{keywords}):",
         f"    batch, heads, seq, head_dim = {q}.shape",
-        "    block_q, block_k = _fit(BLOCK_Q, seq), _fit(BLOCK_K, seq)",
+        f"    rows = 32 // {q}.dtype.itemsize  # a sublane tile of this dtype",
+        "    block_q, block_k = _fit_rows(BLOCK_Q, seq, rows), _fit_rows(BLOCK_K, seq, rows)",
         "    q_blocks, kv_blocks, flags = _schedule(seq, block_q, block_k)",
         "    body = functools.partial(_retention_kernel, block_q=block_q, block_k=block_k, scale=1.0 / math.sqrt(head_dim))",
         "    q_spec = pl.BlockSpec((None, None, block_q, head_dim), lambda b, h, t, qb, kb, f, c: (b, h, qb[t], 0))",

@@ -95,6 +95,7 @@ def test_a_run_cut_short_resumes_without_rerunning_finished_tasks(tmp_path: Path
         assert row["status"] in ("scored", "budget", "failed", "error")
         assert row["winner"] in ("pallas", "jax", "reference")
         assert 0 < row["ref_roofline"] <= 1.0 and row["winner_roofline"] >= row["ref_roofline"] * 0.999
+        assert row["commit"]  # each row names the code that ran it: a resumed run may span commits
     assert result["summary"]["total"]["tasks"] == 2
     assert result["config"]["cost_model"].startswith("model-")
 

@@ -217,3 +217,17 @@ def test_ssd_in_bfloat16_is_computed_in_float32(tmp_path) -> None:  # type: igno
     got = _interpret(module, list(args), static)
     exact = np.asarray(load_task(SSD).reference(*(a.astype(jnp.float32) for a in args)))
     np.testing.assert_allclose(got.astype(np.float32), exact, rtol=5e-2, atol=5e-2)
+
+
+def test_retention_blocks_a_length_that_is_no_power_of_two_by_its_divisors() -> None:
+    """384 tokens with blocks of 256 and 128: 192-row query blocks (the largest divisor that is a multiple of
+    a sublane tile), not 128, and the result still the reference's."""
+    task = load_task(RETENTION)
+    module = _module(TPU_RETENTION.render(task, {"block_q": 256, "block_k": 128, "passes": 3}, ("cpu",)))
+    assert module._fit_rows(256, 384, 8) == 192 and module._fit_rows(512, 896, 8) == 448
+    assert module._fit_rows(512, 512, 8) == 512 and module._fit_rows(256, 4096, 16) == 256
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 8, 384, 64)).astype(np.float32)) for _ in range(3))
+    got = _interpret(module, [q, k, v], {"eps": 1e-5})
+    expected = np.asarray(task.reference(q, k, v, eps=1e-5))
+    np.testing.assert_allclose(got, expected, rtol=5e-4, atol=5e-4)
