@@ -489,6 +489,7 @@ def _prepared(task: "Task", size: str, shapes: list[Any] | None = None) -> Progr
            for n in program.nodes):  # only then is the precision the tolerance admits worth measuring
         float32_products(program, _passes(task))
     integer_iotas(program)
+    float32_tests(program)
     return program
 
 
@@ -631,6 +632,25 @@ def integer_iotas(program: Program) -> None:
                               node.notes))
             nodes.append(Node(lax.convert_element_type_p, [count], [out],
                               {"new_dtype": np.dtype(out.dtype), "weak_type": False, "sharding": None}, node.source))
+            continue
+        nodes.append(node)
+    program.nodes = nodes
+
+
+def float32_tests(program: Program) -> None:
+    """``isfinite`` of a narrower float tested on its float32 value: Mosaic's test takes float32 only (the
+    answer is the same: widening keeps every finite value finite and every inf and NaN what it was)."""
+    from jax import lax
+
+    nodes = []
+    for node in program.nodes:
+        x = node.ins[0] if node.ins else None
+        if node.prim == "is_finite" and isinstance(x, Var) and np.dtype(x.dtype) != np.float32 \
+                and np.dtype(x.dtype).itemsize < 4:
+            wide = program.fresh(x.shape, np.float32)
+            nodes.append(Node(lax.convert_element_type_p, [x], [wide],
+                              {"new_dtype": np.dtype(np.float32), "weak_type": False, "sharding": None}, node.source))
+            nodes.append(Node(node.primitive, [wide], list(node.outs), dict(node.params), node.source, node.notes))
             continue
         nodes.append(node)
     program.nodes = nodes

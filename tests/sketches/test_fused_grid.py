@@ -385,3 +385,30 @@ def test_a_batch_of_one_reshaped_away_at_one_size_is_refused_with_its_reason(tmp
     task = load_task(derive(flash, "batch_removed", tmp_path, seed=1))
     assert FUSED_GRID.applies(task, analyze_task(task, "tpu-v6e")) == \
         "the arrays' ranks change with size (a batch of one reshaped away)"
+
+
+GELU_LSE_BF16 = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, tokens, hidden):
+    return (jax.random.normal(key, (tokens, hidden), jnp.float32).astype(jnp.bfloat16),), {}
+
+
+def reference(x):
+    y = jax.nn.gelu(x, approximate=False)  # 0.5 x erfc(-x / sqrt 2)
+    return jax.nn.logsumexp(y, axis=-1)  # its max is tested with isfinite
+'''
+
+
+def test_bfloat16_erfc_and_isfinite_are_written_as_mosaic_lowers_them(tmp_path: Path) -> None:
+    """Mosaic lowers neither ``erfc`` nor a bfloat16 ``isfinite``: the general rules write ``1 - erf`` in
+    float32 and test the float32 value; the kernel lowers for a TPU."""
+    from maxkernel.targets import validate_tpu
+
+    task = _task(tmp_path, "gelu_lse", GELU_LSE_BF16, {**ROWS, "dtype": "bfloat16", "tol": "5.0e-2"})
+    source = FUSED_GRID.render(task, FUSED_GRID.space(task, None, "tpu-v6e").defaults, ("cpu", "full"))  # type: ignore[arg-type]
+    assert "erfc" not in source and "jax.lax.erf(" in source
+    result = validate_tpu(source, task, "v6e")
+    assert result.ok, result.reason
