@@ -83,8 +83,10 @@ def mark_statics(program: "Program", reference: Callable[..., Any], static: dict
                  names: list[str]) -> int:
     """Mark the literals of ``program`` that are float statics (see the module doc); how many were marked.
     Nothing is marked when the reference has no float static, when moving them changes the program's
-    structure (a static that picks a branch in Python is a specialization, not a value), or when any
-    literal moves in a way no transform explains (a half-named program would be wrong all the same)."""
+    structure (a static that picks a branch in Python is a specialization, not a value: seen when the
+    moved value takes the other branch; a branch it does not flip stays unseen, and the redrawn statics
+    are what catch a kernel written without it), or when any literal moves in a way no transform explains
+    (a half-named program would be wrong all the same)."""
     from maxkernel.analysis.program import Const, ProgramBuilder
 
     statics = float_statics(static)
