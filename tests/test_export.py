@@ -58,7 +58,8 @@ def test_an_exported_kernel_passes_its_own_test_in_a_fresh_venv(tmp_path: Path, 
     assert ran.returncode == 0 and "exported test passed" in ran.stdout, ran.stderr[-2000:]
 
     # The shipped test is a real check: the same kernel off by a little fails it.
-    wrong = module.replace("    return _computation(x, weight)", "    return _computation(x, weight) * 1.001")
+    call = "    return _computation(x, weight, scaling_factor=static['scaling_factor'])"  # the static passed on
+    wrong = module.replace(call, call + " * 1.001")
     assert wrong != module
     (package / "gemm_divide_sum_scaling.py").write_text(wrong)
     ran = subprocess.run([str(python), "-m", "gemm_divide_sum_scaling.test_gemm_divide_sum_scaling"],
