@@ -175,6 +175,17 @@ def read(env: dict[Var, Any], op: Operand) -> Any:
     return env[op]
 
 
+def run_program(program: Program, args: list[Any]) -> Any:
+    """``program`` on ``args`` (arrays or tracers: under a trace this writes its equations), its results in
+    the reference's output structure."""
+    env: dict[Var, Any] = dict(zip(program.inputs, args))
+    for node in program.nodes:
+        out = node.primitive.bind(*[read(env, op) for op in node.ins], **node.params)
+        env.update(zip(node.outs, out if node.primitive.multiple_results else [out]))
+    outs = [read(env, op) for op in program.outputs]
+    return outs[0] if program.out_tree is None else jax.tree_util.tree_unflatten(program.out_tree, outs)
+
+
 class ProgramBuilder:
     """Flattens a closed jaxpr into a Program, inlining calls."""
 

@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 from pydantic import BaseModel, Field
 
+from maxkernel.analysis.program import arg_names
 from maxkernel.rewrites.structural import structural_rewrites
+from maxkernel.rules.views import WITHOUT_UNIT_AXIS, unit_axis_view, wrap_candidate
 from maxkernel.sketches import SKETCHES
 from maxkernel.templates import TEMPLATES
 from maxkernel.templates.base import sizes_for, tpu_target
@@ -52,7 +54,33 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
         space = structural.space(task, analysis, target)
         found.append(Strategy(name=f"rewrite:{structural.name}", kind="rewrite", params=space.defaults,
                               space=space.space, rationale=structural.description, target=target))
+    planned = _template_strategies(task, analysis, target)
+    try:
+        view = unit_axis_view(task)
+    except Exception as exc:  # the view is an extra; its defect costs only what it would add
+        log.warning("view_failed", task=task.id, error=f"{type(exc).__name__}: {exc}")
+        view = None
+    if view is not None:  # what does not apply to a batch of one kept as an axis may apply without it
+        from maxkernel.analysis import analyze_task
+
+        names = {s.name for s in found + planned}
+        for strategy in _template_strategies(view, analyze_task(view, target, analysis.size), target, skip=names):
+            strategy.params["view"] = WITHOUT_UNIT_AXIS
+            strategy.rationale += " (run without the leading axis of one every argument and result carries)"
+            planned.append(strategy)
+    order = [f"template:{t.name}" for t in templates_for(target)]
+    found.extend(sorted(planned, key=lambda s: order.index(s.name)))
+    found.append(Strategy(name=REFERENCE, kind="reference", rationale="the reference itself (the baseline)", target=target))
+    return found
+
+
+def _template_strategies(task: "Task", analysis: "TaskAnalysis", target: str,
+                         skip: set[str] = frozenset()) -> list[Strategy]:  # type: ignore[assignment]
+    """A strategy for each template of ``target`` that applies to ``task`` (and is not named in ``skip``)."""
+    found = []
     for template in templates_for(target):
+        if f"template:{template.name}" in skip:
+            continue
         try:
             reason = template.applies(task, analysis)
             space = template.space(task, analysis, target) if reason is None else None
@@ -66,7 +94,6 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
         extents = {"block_rows": analysis.rows.rows} if analysis.rows is not None else {}
         found.append(Strategy(name=f"template:{template.name}", kind="template", params=space.defaults,
                               space=space.space, rationale=template.description, target=target, extents=extents))
-    found.append(Strategy(name=REFERENCE, kind="reference", rationale="the reference itself (the baseline)", target=target))
     return found
 
 
@@ -93,6 +120,11 @@ def render(task: "Task", strategy: Strategy, params: dict[str, Any] | None = Non
         return render_rewrite(task, list(chosen["rewrites"]), sizes)
     if strategy.kind == "template":
         template = next(t for t in templates_for(strategy.target) if f"template:{t.name}" == strategy.name)
+        if chosen.pop("view", None) == WITHOUT_UNIT_AXIS:
+            view = unit_axis_view(task)
+            if view is None:
+                raise ValueError(f"{task.id}: {strategy.name} was planned without an axis of one the task's arguments do not carry")
+            return wrap_candidate(template.render(view, chosen, sizes), arg_names(task))
         return template.render(task, chosen, sizes)
     return reference_source(task)
 

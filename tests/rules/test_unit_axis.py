@@ -1,0 +1,131 @@
+"""A computation under a leading axis of one (a layer mapped over a batch of one): its program without that
+axis is the same computation, the sketches that serve the computation serve it through the planner's view,
+and what mixes the axis with others is refused with its reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from maxkernel.analysis import analyze_task
+from maxkernel.analysis.program import run_program, trace_program
+from maxkernel.analysis.unit_axis import drop_unit_axis
+from maxkernel.rules.strategy import propose_strategies, render
+from maxkernel.rules.views import WITHOUT_UNIT_AXIS, unit_axis_reason
+from maxkernel.targets import validate_tpu
+from support import task_folder, task_yaml
+
+# A projection with a bias and a clamp, written for one example (weight first, einsum) and mapped over a
+# batch of one: every matmul is a batched one, every argument and the result lead with the axis of one.
+PROJECTION = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, tokens, width):
+    k1, k2, k3 = jax.random.split(key, 3)
+    proj = jax.random.normal(k1, (1, width, 256), jnp.float32) / width ** 0.5
+    h = jax.random.normal(k2, (1, tokens, width), jnp.float32)
+    bias = jax.random.normal(k3, (1, 256), jnp.float32)
+    return (proj, h, bias), {}
+
+
+def _one(proj, h, bias):
+    y = jnp.einsum("td,de->te", h, proj, precision=jax.lax.Precision.HIGHEST) + bias
+    return jnp.clip(y, -1.0, 1.0) * 0.5
+
+
+def reference(proj, h, bias):
+    return jax.vmap(_one)(proj, h, bias)
+'''
+
+# A convolution mapped the same way: JAX folds the axis into the convolution's batch with a transposing
+# reshape and unfolds it after.
+CONV = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, images, width):
+    k1, k2 = jax.random.split(key)
+    x = jax.random.normal(k1, (1, images, 8, width, width), jnp.float32)
+    w = jax.random.normal(k2, (1, 16, 8, 3, 3), jnp.float32) / 8.0
+    return (x, w), {}
+
+
+def _one(x, w):
+    y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", precision=jax.lax.Precision.HIGHEST)
+    return jax.nn.relu(y)
+
+
+def reference(x, w):
+    return jax.vmap(_one)(x, w)
+'''
+
+
+def _task(tmp_path: Path, name: str, source: str, dims: tuple[str, str] = ("tokens", "width")):  # type: ignore[no-untyped-def]
+    cpu, full = ({dims[0]: 64, dims[1]: 128}, {dims[0]: 1024, dims[1]: 512}) if dims[0] == "tokens" else \
+        ({dims[0]: 2, dims[1]: 16}, {dims[0]: 8, dims[1]: 64})
+    return task_folder(tmp_path, name, task_yaml(name, "matmul", 0.001, cpu, full, dims[0]), source)
+
+
+def _without_axis(task, size: str = "cpu"):  # type: ignore[no-untyped-def]
+    args, static = task.get_inputs(jax.random.key(1), size)
+    program = drop_unit_axis(trace_program(task, size))
+    assert not isinstance(program, str), program
+    expected = np.asarray(task.reference(*args, **static))[0]
+    got = np.asarray(run_program(program, [a[0] for a in args]))
+    return program, expected, got
+
+
+def test_a_mapped_projection_is_a_plain_matmul_without_the_axis(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    program, expected, got = _without_axis(_task(tmp_path, "projection", PROJECTION))
+    (dot,) = [n for n in program.nodes if n.prim == "dot_general"]
+    (_, (lhs_batch, rhs_batch)) = dot.params["dimension_numbers"]
+    assert lhs_batch == () and rhs_batch == ()  # the batched matmul became a plain one
+    assert [v.shape for v in program.inputs] == [(128, 256), (64, 128), (256,)]
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_mapped_convolution_loses_its_folding_reshapes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    program, expected, got = _without_axis(_task(tmp_path, "conv", CONV, ("images", "width")))
+    assert "reshape" not in program.primitives() and "transpose" not in program.primitives()
+    assert "conv_general_dilated" in program.primitives()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("old, new, why", [
+    # the axis of one joined to another along itself: the result's leading axis is two, not one
+    ("return jax.vmap(_one)(proj, h, bias)", "return jnp.concatenate([jax.vmap(_one)(proj, h, bias)] * 2, axis=0)[:1] * 2.0",
+     "concatenation along the axis of one"),
+    # the result does not lead with the axis of one (it is summed away)
+    ("return jax.vmap(_one)(proj, h, bias)", "return jax.vmap(_one)(proj, h, bias).sum(axis=0)",
+     "a result without the leading axis of one"),
+    # the axis of one is an argument's only, not every argument's
+    ("bias = jax.random.normal(k3, (1, 256), jnp.float32)", "bias = jax.random.normal(k3, (256,), jnp.float32)",
+     "not every argument leads with an axis of one"),
+])
+def test_what_does_not_carry_the_axis_through_is_refused(tmp_path, old: str, new: str,
+                                                           why: str) -> None:  # type: ignore[no-untyped-def]
+    source = PROJECTION.replace(old, new)
+    if "(256,)" in new:
+        source = source.replace("return jax.vmap(_one)(proj, h, bias)", "return jax.vmap(_one, in_axes=(0, 0, None))(proj, h, bias)")
+    task = _task(tmp_path, "near_miss", source)
+    assert why in str(unit_axis_reason(task))
+    planned = propose_strategies(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")
+    assert not any(s.params.get("view") for s in planned)
+
+
+def test_the_planner_offers_the_gemm_sketch_through_the_view(tmp_path, declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
+    task = _task(tmp_path, "projection", PROJECTION)
+    planned = {s.name: s for s in propose_strategies(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")}
+    gemm = planned["template:tpu_gemm"]
+    assert gemm.params["view"] == WITHOUT_UNIT_AXIS and "view" not in gemm.space
+    source = render(task, gemm)
+    assert "def kernel(proj, h, bias, **static):" in source and "pl.pallas_call" in source
+    report = declared_size_evaluator.evaluate(task, source)
+    assert report.passed and report.label == "pallas-kernel", report.reason
+    result = validate_tpu(source, task, "v6e")
+    assert result.ok, result.reason
