@@ -106,11 +106,12 @@ def unit_axis_view(task: "Task") -> "Task | None":
 
 def wrap_candidate(source: str, names: list[str]) -> str:
     """A candidate for the view made a candidate for the task: ``kernel`` takes the axis of one off each
-    argument, calls the view's kernel and puts the axis back on each result."""
+    argument, calls the view's kernel and puts the axis back on each result (reshapes: indexing the axis
+    away is priced by XLA:TPU as a copy, a reshape as nothing)."""
     head = "" if re.search(r"^import jax$", source, re.M) else "import jax\n"
-    inner = ", ".join(f"{n}[0]" for n in names)
+    inner = ", ".join(f"{n}.reshape({n}.shape[1:])" for n in names)  # a reshape, which XLA does in place
     return (f"{head}{source.rstrip()}\n\n\n_kernel_without_unit_axis = kernel\n\n\n"
             f"def kernel({', '.join(names)}, **static):\n"
             f'    """Every argument and result carries a leading axis of one: the kernel above runs without it."""\n'
             f"    out = _kernel_without_unit_axis({inner}, **static)\n"
-            f"    return jax.tree_util.tree_map(lambda o: o[None], out)\n")
+            f"    return jax.tree_util.tree_map(lambda o: o.reshape((1, *o.shape)), out)\n")
