@@ -196,6 +196,7 @@ class AutoRun:
         self.confirmation = ""
         self.note = ""
         self.reference_misses = ""  # the reference fails its own tolerance on the target: why, said once
+        self.reference_unjudged = ""  # the judge could not run or price the reference on the target: why
 
     # -- budget ---------------------------------------------------------------------------------
 
@@ -301,7 +302,14 @@ class AutoRun:
         """A reference that misses its own tolerance under the target's numerics is a valid task, not a failed
         session: say so once (its error, the tolerance, which precision passes) and go on. Candidates are still
         judged against the exact result at the task's tolerance, the reference's modelled time is still the
-        baseline, and if nothing beats it the reference is returned with this reason."""
+        baseline, and if nothing beats it the reference is returned with this reason. A reference the judge
+        could not run or price on the target (its lowering stage ran out of time, say) is still the task's own
+        computation: it is returned with that reason unless a candidate beats it."""
+        if not baseline.passed and baseline.status != "incorrect":
+            self.reference_unjudged = (f"the reference itself was not judged on {self.target} "
+                                       f"({baseline.status}: {baseline.reason or 'no reason given'})")
+            self.emit("reference_unjudged", {"text": self.reference_unjudged})
+            return
         if baseline.status != "incorrect" or not self.target.startswith("tpu"):
             return
         from maxkernel.analysis.precision import precision_need
@@ -508,7 +516,7 @@ class AutoRun:
         status = "failed"
         if self.budget.baseline and not self.baseline_runs:
             await self.measure_baseline()
-        elif self.baseline is not None and not self.reference_misses:
+        elif self.baseline is not None and not (self.reference_misses or self.reference_unjudged):
             await self.explain_reference(self.baseline)  # carried over from an interrupted run: said again here
         while True:
             reason = self.stop_reason()
@@ -538,7 +546,7 @@ class AutoRun:
         if not self.budget.baseline and self.best is not None:  # no bar was measured: the best reading stands
             return self.best.source, self.best.report, self.best.strategy, self.params_of(self.best)
         baseline = self.baseline
-        if baseline is not None and (baseline.passed or self.reference_misses):
+        if baseline is not None and (baseline.passed or self.reference_misses or self.reference_unjudged):
             from maxkernel.rules.strategy import reference_source
 
             return reference_source(self.task), baseline, REFERENCE, {}
@@ -667,8 +675,9 @@ async def _run(services: Services, task_id: str, target: str, size: str, budget:
             status, reason = ("scored" if run.best else "budget"), f"time budget of {budget.time_s} s spent"
             if run.best is None:
                 run.note = run.nothing_passed(reason)
-        if run.winner is None and run.reference_misses:
-            run.note = (run.note + "; " if run.note else "") + f"the reference is returned: {run.reference_misses}"
+        for why in (run.reference_misses, run.reference_unjudged):
+            if run.winner is None and why:
+                run.note = (run.note + "; " if run.note else "") + f"the reference is returned: {why}"
     finally:
         # Runs on cancellation too (a daemon job cancelled or shut down): the session says how it ended.
         await bus.close(idle=not interrupted)

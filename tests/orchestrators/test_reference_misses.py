@@ -69,3 +69,46 @@ def test_a_reference_missing_its_own_tolerance_on_the_tpu_does_not_fail_the_sess
     # Candidates were judged at the task's tolerance and priced against the reference's modelled time.
     kernels = [t for t in result.trials if t.role != "baseline" and t.status == "ok"]
     assert all(t.speedup is not None for t in kernels)
+
+
+CALLBACK_REFERENCE = """\
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def get_inputs(key, *, m, k, n):
+    kx, kw = jax.random.split(key)
+    return (jax.random.normal(kx, (m, k), jnp.float32), jax.random.normal(kw, (k, n), jnp.float32) / k ** 0.5), {}
+
+
+def reference(x, w):
+    y = jax.nn.relu(x @ w)
+    return jax.pure_callback(np.tanh, jax.ShapeDtypeStruct(y.shape, y.dtype), y)
+"""
+
+
+@pytest.mark.slow
+def test_a_reference_the_judge_cannot_run_on_the_target_is_returned_with_the_reason(
+        tmp_path: Path, orch_evaluator: object) -> None:
+    """A host callback does not go to a TPU: the reference's own evaluation there is not ``ok``. The task is
+    still valid, so the session ends with the reference returned and says why, never as failed."""
+    folder = tmp_path / "callback_gemm"
+    folder.mkdir()
+    (folder / "task.yaml").write_text(TASK_YAML.replace("tight_default_gemm", "callback_gemm"))
+    (folder / "reference.py").write_text(CALLBACK_REFERENCE)
+    events: list[tuple[str, dict]] = []
+    services = Services(ActorConfig(brain="rules", remember=False), evaluator=orch_evaluator)  # type: ignore[arg-type]
+    try:
+        result = asyncio.run(run_auto(str(folder), services=services, target="tpu-v6e",
+                                      budget=AutoBudget(max_evaluations=2, time_s=300),
+                                      on_event=lambda kind, data: events.append((kind, data))))
+    finally:
+        services.store.close()
+        services.memory.close()
+    baseline = [t for t in result.trials if t.role == "baseline"]
+    assert baseline and baseline[0].status not in ("ok", "incorrect")
+    said = [d for k, d in events if k == "reference_unjudged"]
+    assert len(said) == 1 and "the reference itself was not judged on tpu-v6e" in said[0]["text"]
+    assert result.status == "scored", (result.status, result.stop_reason, result.note)
+    assert result.best_strategy == "reference" and "the reference is returned" in result.note
