@@ -42,6 +42,10 @@ class _Dropper:
         self.old = program
         self.new = Program([], [], [], program.out_tree, program._counter, dict(program.dim_names), list(program.notes))
         self.env: dict[Var, tuple[Operand, int | None]] = {}
+        # Values whose axis of one a reshape or broadcast put there (the unfolding after a convolution), and
+        # what only they feed: where the arguments' axis meets them elsewhere, the arguments' place is kept,
+        # and where an elementwise op broadcasts their axis of one to a longer extent, it was not the axis.
+        self.inserted: set[Var] = set()
 
     # -- operands -----------------------------------------------------------------------------------
     def get(self, op: Operand) -> tuple[Operand, int | None]:
@@ -53,8 +57,11 @@ class _Dropper:
         new, carried = self.get(op)
         if carried == d:
             return new
-        if carried is not None or op.shape[d] != 1:
+        if op.shape[d] != 1:
             raise Refused(f"an operand of shape {op.shape} meets the axis of one at its axis {d}")
+        if carried is not None:  # an axis of one at another place: the same values, reshaped
+            return self.bind(lax.reshape_p, [new], {"new_sizes": _drop(op.shape, d), "dimensions": None,
+                                                     "sharding": None}, [None])[0]
         if isinstance(op, Const):
             value = np.squeeze(np.asarray(op.value, dtype=op.dtype), d)
             return Const(value, tuple(value.shape), op.dtype, op.weak, op.static)
@@ -86,6 +93,10 @@ class _Dropper:
 
     # -- nodes --------------------------------------------------------------------------------------
     def visit(self, node: Node) -> None:
+        if node.prim in ELEMENTWISE and len(node.outs) == 1:
+            for op in node.ins:  # an inserted axis of one that this op broadcasts to a longer extent
+                if isinstance(op, Var) and op in self.inserted and node.out.shape[self.get(op)[1]] != 1:
+                    self.restore(op)
         carried = [(op, self.get(op)[1]) for op in node.ins if isinstance(op, Var) and self.get(op)[1] is not None]
         if not carried and self._inserts_unit(node):
             return
@@ -108,33 +119,43 @@ class _Dropper:
         rule(node, params, carried)
 
     def _inserts_unit(self, node: Node) -> bool:
-        """A reshape or broadcast that only inserts an axis of one: its result is its operand with that
-        axis, which is what carrying the axis there means (a batch of one merged away and put back)."""
-        if node.prim not in ("reshape", "broadcast_in_dim") or not isinstance(node.ins[0], Var):
+        """A reshape or broadcast that only inserts an axis of one: its result is its operand with that axis,
+        which is what carrying the axis there means."""
+        if node.prim not in ("reshape", "broadcast_in_dim") or not isinstance(node.ins[0], Var) or len(node.ins) > 1:
             return False
-        src, out = node.ins[0], node.out
         if node.prim == "reshape" and node.params.get("dimensions") is not None:
             return False
-        if node.prim == "broadcast_in_dim" and len(node.ins) > 1:
-            return False
+        src, out = node.ins[0], node.out
         for at in range(len(out.shape)):
             if out.shape[at] == 1 and _drop(out.shape, at) == tuple(src.shape):
                 if node.prim == "broadcast_in_dim" and tuple(node.params["broadcast_dimensions"]) != _drop(range(len(out.shape)), at):
                     continue
                 self.env[out] = (self.get(src)[0], at)
+                self.inserted.add(out)
                 return True
         return False
 
+    def restore(self, op: Var) -> None:
+        """``op`` with its inserted axis of one back in place, no longer carrying it."""
+        new, _ = self.get(op)
+        value = self.bind(lax.reshape_p, [new], {"new_sizes": tuple(op.shape), "dimensions": None, "sharding": None},
+                          [None])[0]
+        self.env[op] = (value, None)
+        self.inserted.discard(op)
+
     def _emit(self, node: Node, ins: list[Operand], params: dict[str, Any], at: list[int | None]) -> None:
         outs = self.bind(node.primitive, ins, params, list(node.outs), node.source)
+        carriers = [op for op in node.ins if isinstance(op, Var) and self.get(op)[1] is not None]
         for old, new, d in zip(node.outs, outs, at):
             self.env[old] = (new, d)
+            if d is not None and carriers and all(op in self.inserted for op in carriers):
+                self.inserted.add(old)
 
     def _alias(self, node: Node, value: Operand) -> None:
         self.env[node.out] = (value, None)
 
     def _one_axis(self, carried: list[tuple[Var, int]]) -> int:
-        dims = {d for _, d in carried}
+        dims = {d for v, d in carried if v not in self.inserted} or {d for _, d in carried}
         if len(dims) != 1:
             raise Refused("operands carry the axis of one at different axes")
         return dims.pop()
@@ -167,6 +188,8 @@ class _Dropper:
         new = self.get(src)[0]
         if params["dimensions"] is None and tuple(params["new_sizes"]) == tuple(new.shape):
             self.env[node.out] = (new, at)  # only the axis of one moved: nothing left to do
+            if src in self.inserted and at is not None:
+                self.inserted.add(node.out)
             return
         self._emit(node, [new], params, [at])
 
@@ -186,6 +209,8 @@ class _Dropper:
         params["permutation"] = _renumber(tuple(p for p in perm if p != c), c)
         if params["permutation"] == tuple(range(len(perm) - 1)):  # only the axis of one moved
             self.env[node.out] = (self.get(src)[0], perm.index(c))
+            if src in self.inserted:
+                self.inserted.add(node.out)
             return
         self._emit(node, [self.get(src)[0]], params, [perm.index(c)])
 
@@ -357,7 +382,50 @@ class _Dropper:
             if not isinstance(out, Var) or not out.shape or out.shape[0] != 1:
                 raise Refused("a result without the leading axis of one")
             self.new.outputs.append(self.without(out, 0))
-        return self.new
+        return _collapse_layout(self.new)
+
+
+def _moves_no_data(node: Node) -> bool:
+    """A node whose result is its operand's elements in the same order (a reshape, a squeeze, a transpose
+    that only moves axes of one, a broadcast that only inserts them)."""
+    src = node.ins[0] if node.ins else None
+    if not isinstance(src, Var) or len(node.outs) != 1 or node.out.size != src.size:
+        return False
+    if node.prim == "reshape":
+        return node.params.get("dimensions") is None
+    if node.prim == "squeeze":
+        return True
+    if node.prim == "transpose":
+        kept = [a for a in node.params["permutation"] if src.shape[a] != 1]
+        return kept == sorted(kept)
+    if node.prim == "broadcast_in_dim":
+        dims = tuple(node.params["broadcast_dimensions"])
+        return len(node.ins) == 1 and dims == tuple(sorted(dims))
+    return False
+
+
+def _collapse_layout(program: Program) -> Program:
+    """Chains of nodes that move no data (what dropping the axis leaves around a convolution: a reshape that
+    puts an axis of one back, a transpose that moves it, a squeeze that takes it out) as one reshape of
+    where the chain starts, or nothing where that has the result's shape already."""
+    origin: dict[Var, Var] = {}
+    kept: list[Node] = []
+    for node in program.nodes:
+        if not _moves_no_data(node):
+            kept.append(node)
+            continue
+        src = origin.get(node.ins[0], node.ins[0])
+        if tuple(src.shape) == tuple(node.out.shape) and src.dtype == node.out.dtype:
+            program.substitute(node.out, src)
+            for later in kept:  # nodes already kept read the result by name: none can (program order)
+                assert node.out not in later.ins
+            continue
+        origin[node.out] = src
+        kept.append(Node(lax.reshape_p, [src], list(node.outs), {"new_sizes": tuple(node.out.shape),
+                                                                "dimensions": None, "sharding": None},
+                         node.source, node.notes))
+    program.nodes = kept
+    return program.dce()
 
 
 def has_unit_axis(shapes: Any) -> bool:

@@ -65,6 +65,32 @@ def reference(x, w):
 '''
 
 
+# A decayed causal score matrix (as retention builds one), mapped over a batch of one: the positions'
+# difference ``i[:, None] - i[None, :]`` broadcasts two inserted axes of one to full extents.
+DECAY = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, tokens, width):
+    kq, kk = jax.random.split(key)
+    q = jax.random.normal(kq, (1, tokens, width), jnp.float32)
+    k = jax.random.normal(kk, (1, tokens, width), jnp.float32)
+    return (q, k), {}
+
+
+def _one(q, k):
+    i = jnp.arange(q.shape[0])
+    gap = i[:, None] - i[None, :]
+    decay = jnp.where(gap >= 0, 0.97 ** gap.astype(jnp.float32), 0.0)
+    return (q @ k.T) * decay
+
+
+def reference(q, k):
+    return jax.vmap(_one)(q, k)
+'''
+
+
 def _task(tmp_path: Path, name: str, source: str, dims: tuple[str, str] = ("tokens", "width")):  # type: ignore[no-untyped-def]
     cpu, full = ({dims[0]: 64, dims[1]: 128}, {dims[0]: 1024, dims[1]: 512}) if dims[0] == "tokens" else \
         ({dims[0]: 2, dims[1]: 16}, {dims[0]: 8, dims[1]: 64})
@@ -87,6 +113,12 @@ def test_a_mapped_projection_is_a_plain_matmul_without_the_axis(tmp_path) -> Non
     assert lhs_batch == () and rhs_batch == ()  # the batched matmul became a plain one
     assert [v.shape for v in program.inputs] == [(128, 256), (64, 128), (256,)]
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_positions_broadcast_against_each_other_are_not_the_axis(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    program, expected, got = _without_axis(_task(tmp_path, "decay", DECAY))
+    assert [v.shape for v in program.outputs] == [(64, 64)]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_mapped_convolution_loses_its_folding_reshapes(tmp_path) -> None:  # type: ignore[no-untyped-def]
