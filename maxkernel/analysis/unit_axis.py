@@ -417,10 +417,11 @@ def _collapse_layout(program: Program) -> Program:
         src = origin.get(node.ins[0], node.ins[0])
         if tuple(src.shape) == tuple(node.out.shape) and src.dtype == node.out.dtype:
             program.substitute(node.out, src)
-            for later in kept:  # nodes already kept read the result by name: none can (program order)
-                assert node.out not in later.ins
             continue
         origin[node.out] = src
+        if src is node.ins[0]:  # the start of a chain stays as it was written (a broadcast of a bias row)
+            kept.append(node)
+            continue
         kept.append(Node(lax.reshape_p, [src], list(node.outs), {"new_sizes": tuple(node.out.shape),
                                                                 "dimensions": None, "sharding": None},
                          node.source, node.notes))

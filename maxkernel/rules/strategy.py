@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 from pydantic import BaseModel, Field
 
-from maxkernel.analysis.program import arg_names
 from maxkernel.rewrites.structural import structural_rewrites
-from maxkernel.rules.views import WITHOUT_UNIT_AXIS, unit_axis_view, wrap_candidate
+from maxkernel.rules.views import VIEWS, task_view, wrap_candidate
 from maxkernel.sketches import SKETCHES
 from maxkernel.templates import TEMPLATES
 from maxkernel.templates.base import sizes_for, tpu_target
@@ -55,18 +54,20 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
         found.append(Strategy(name=f"rewrite:{structural.name}", kind="rewrite", params=space.defaults,
                               space=space.space, rationale=structural.description, target=target))
     planned = _template_strategies(task, analysis, target)
-    try:
-        view = unit_axis_view(task)
-    except Exception as exc:  # the view is an extra; its defect costs only what it would add
-        log.warning("view_failed", task=task.id, error=f"{type(exc).__name__}: {exc}")
-        view = None
-    if view is not None:  # what does not apply to a batch of one kept as an axis may apply without it
+    for kind in VIEWS:  # what does not apply to the task as it is may apply to it in another layout
+        try:
+            view = task_view(task, kind)
+        except Exception as exc:  # a view is an extra; its defect costs only what it would add
+            log.warning("view_failed", task=task.id, view=kind, error=f"{type(exc).__name__}: {exc}")
+            continue
+        if view is None:
+            continue
         from maxkernel.analysis import analyze_task
 
         names = {s.name for s in found + planned}
         for strategy in _template_strategies(view, analyze_task(view, target, analysis.size), target, skip=names):
-            strategy.params["view"] = WITHOUT_UNIT_AXIS
-            strategy.rationale += " (run without the leading axis of one every argument and result carries)"
+            strategy.params["view"] = kind
+            strategy.rationale += f" (run in the task's {kind.replace('_', ' ')} view)"
             planned.append(strategy)
     order = [f"template:{t.name}" for t in templates_for(target)]
     found.extend(sorted(planned, key=lambda s: order.index(s.name)))
@@ -120,11 +121,12 @@ def render(task: "Task", strategy: Strategy, params: dict[str, Any] | None = Non
         return render_rewrite(task, list(chosen["rewrites"]), sizes)
     if strategy.kind == "template":
         template = next(t for t in templates_for(strategy.target) if f"template:{t.name}" == strategy.name)
-        if chosen.pop("view", None) == WITHOUT_UNIT_AXIS:
-            view = unit_axis_view(task)
+        kind = chosen.pop("view", None)
+        if kind is not None:
+            view = task_view(task, kind)
             if view is None:
-                raise ValueError(f"{task.id}: {strategy.name} was planned without an axis of one the task's arguments do not carry")
-            return wrap_candidate(template.render(view, chosen, sizes), arg_names(task))
+                raise ValueError(f"{task.id}: {strategy.name} was planned in the {kind} view, which the task is not in")
+            return wrap_candidate(template.render(view, chosen, sizes), task, kind)
         return template.render(task, chosen, sizes)
     return reference_source(task)
 

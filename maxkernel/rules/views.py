@@ -1,12 +1,18 @@
-"""A task seen without the leading axis of one that every argument and result carries.
+"""A task seen in another layout of the same work: sketches read a computation, not how it stacks its axes.
 
-Sketches match what a computation does; a batch of one kept as an axis (a layer under ``jax.vmap`` over
-one example) changes how every op is written, not what it does. The planner offers each sketch that does
-not apply to such a task as it is on its **view**: a task folder whose reference is the original traced at
-the argument shapes with the axis put back, that axis dropped from the traced program
-(:mod:`maxkernel.analysis.unit_axis`), and the result run. The sketch renders for the view; the candidate
-is that source with a ``kernel`` that drops the axis from the arguments and puts it back on the results, and
-the evaluator judges it against the original reference like any other.
+Two views, each found on the traced program by data flow:
+- **without the unit axis**: every argument and result carries a leading axis of one (a layer under
+  ``jax.vmap`` over one example). Every matmul is a batched one there; the view drops the axis
+  (:mod:`maxkernel.analysis.unit_axis`);
+- **rows merged**: the results lead with two parallel axes that the arguments carrying them hold side by side
+  (``[batch, seq, d]`` activations). The view merges them into one axis of rows
+  (:mod:`maxkernel.analysis.merge_axes`).
+
+The planner offers each sketch that does not apply to a task as it is on its view: a task folder whose
+reference traces the original at the view's argument shapes with the layout put back, rebuilds that program
+in the view's layout and runs it. The sketch renders for the view; the candidate is that source with a
+``kernel`` that reshapes the arguments into the view's layout and the results back (reshapes, which XLA
+does in place), and the evaluator judges it against the original reference like any other.
 """
 
 from __future__ import annotations
@@ -19,14 +25,17 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from maxkernel.analysis.program import ProgramBuilder, arg_names, input_shapes, run_program, trace_program
+from maxkernel.analysis.merge_axes import leading_pair, merge_leading_axes
+from maxkernel.analysis.program import Program, ProgramBuilder, arg_names, input_shapes, run_program, trace_program
 from maxkernel.analysis.unit_axis import drop_unit_axis, has_unit_axis
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
 
-# The value of a strategy's ``view`` parameter when it was planned on the task's view.
+# The values of a strategy's ``view`` parameter when it was planned on one of the task's views.
 WITHOUT_UNIT_AXIS = "without_unit_axis"
+ROWS_MERGED = "rows_merged"
+VIEWS = (WITHOUT_UNIT_AXIS, ROWS_MERGED)
 _ROOT = Path(tempfile.gettempdir()) / "maxkernel-views"
 
 REFERENCE = '''"""{doc}"""
@@ -35,83 +44,148 @@ from jaxbench.task import load_task
 from maxkernel.rules.views import view_inputs, view_reference
 
 _ORIGINAL = load_task({path!r})
+VIEW = {kind!r}
+CARRIERS = {carriers!r}  # argument index -> the axis where its two merged axes start
 
 
 def get_inputs(key, **size):
-    return view_inputs(_ORIGINAL, key, size)
+    return view_inputs(_ORIGINAL, VIEW, CARRIERS, key, size)
 
 
 def reference({params}, **static):
-    return view_reference(_ORIGINAL, ({args}), static)
+    return view_reference(_ORIGINAL, VIEW, CARRIERS, ({args}), static)
 '''
 
 
-def view_inputs(original: "Task", key: Any, size: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The original's inputs with the axis of one taken off each argument."""
+def _merged(shape: tuple[int, ...], at: int) -> tuple[int, ...]:
+    return (*shape[:at], shape[at] * shape[at + 1], *shape[at + 2:])
+
+
+def view_inputs(original: "Task", kind: str, carriers: dict[int, int], key: Any,
+                size: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The original's inputs in the view's layout."""
     args, static = original.module.get_inputs(key, **size)
-    return tuple(a[0] for a in args), static
+    if kind == WITHOUT_UNIT_AXIS:
+        return tuple(a[0] for a in args), static
+    return tuple(a.reshape(_merged(a.shape, carriers[i])) if i in carriers else a for i, a in enumerate(args)), static
 
 
-def view_reference(original: "Task", args: tuple[Any, ...], static: dict[str, Any]) -> Any:
-    """The original computation on ``args`` (without the axis of one), as its program without that axis."""
-    shapes = [jax.ShapeDtypeStruct((1, *a.shape), a.dtype) for a in args]
+def _rebuilt(original: "Task", kind: str, carriers: dict[int, int], shapes: list[Any],
+             static: dict[str, Any]) -> Program:
     closed, out_shape = jax.make_jaxpr(functools.partial(original.reference, **static), return_shape=True)(*shapes)
     names = arg_names(original)
-    program = ProgramBuilder().build(closed, (names + [f"arg{i}" for i in range(len(names), len(args))])[:len(args)])
+    program = ProgramBuilder().build(closed, (names + [f"arg{i}" for i in range(len(names), len(shapes))])[:len(shapes)])
     program.out_tree = jax.tree_util.tree_structure(out_shape)
-    dropped = drop_unit_axis(program)
-    if isinstance(dropped, str):
-        raise ValueError(f"{original.path}: the axis of one cannot be dropped at these shapes: {dropped}")
-    return run_program(dropped, list(args))
+    rebuilt = drop_unit_axis(program) if kind == WITHOUT_UNIT_AXIS else merge_leading_axes(program, carriers)
+    if isinstance(rebuilt, str):
+        raise ValueError(f"{original.path}: not in the {kind} layout at these shapes: {rebuilt}")
+    return rebuilt
+
+
+def view_reference(original: "Task", kind: str, carriers: dict[int, int], args: tuple[Any, ...],
+                   static: dict[str, Any]) -> Any:
+    """The original computation on ``args`` in the view's layout: the original traced at those arguments
+    with the layout put back (merged rows as one row of them each: the axes are parallel, so how the rows
+    split does not change the program), rebuilt in the view's layout and run."""
+    if kind == WITHOUT_UNIT_AXIS:
+        shapes = [jax.ShapeDtypeStruct((1, *a.shape), a.dtype) for a in args]
+    else:
+        shapes = [jax.ShapeDtypeStruct((*a.shape[:carriers[i]], 1, *a.shape[carriers[i]:]) if i in carriers else a.shape,
+                                       a.dtype) for i, a in enumerate(args)]
+    return run_program(_rebuilt(original, kind, carriers, shapes, static), list(args))
+
+
+def view_reason(task: "Task", kind: str) -> str | dict[int, int]:
+    """The carriers of the view (empty for the unit axis) when ``task`` is in its layout at every size and
+    its program can be rebuilt there; else why not."""
+    found: dict[int, int] | None = None
+    for size in ("cpu", "full"):
+        program = trace_program(task, size)
+        if kind == WITHOUT_UNIT_AXIS:
+            if not has_unit_axis([s.shape for s in input_shapes(task, size)]):
+                return "not every argument leads with an axis of one"
+            carriers: dict[int, int] | str = {}
+            rebuilt = drop_unit_axis(program)
+        else:
+            carriers = leading_pair(program)
+            if isinstance(carriers, str):
+                return carriers
+            rebuilt = merge_leading_axes(program, carriers)
+        if isinstance(rebuilt, str):
+            return rebuilt
+        if found is not None and carriers != found:
+            return "the arguments that carry the leading axes change with size"
+        found = carriers
+    assert found is not None
+    return found
 
 
 def unit_axis_reason(task: "Task") -> str | None:
-    """None when every argument and result of ``task`` carries a leading axis of one at every size that
-    the program can be seen without; else why not."""
-    for size in ("cpu", "full"):
-        if not has_unit_axis([s.shape for s in input_shapes(task, size)]):
-            return "not every argument leads with an axis of one"
-        dropped = drop_unit_axis(trace_program(task, size))
-        if isinstance(dropped, str):
-            return dropped
-    return None
+    """None when the task can be seen without the axis of one; else why not."""
+    found = view_reason(task, WITHOUT_UNIT_AXIS)
+    return found if isinstance(found, str) else None
 
 
 @functools.lru_cache(maxsize=64)
-def _view_at(path: str, digest: str) -> "Task | None":
+def _view_at(path: str, digest: str, kind: str) -> "Task | None":
     from jaxbench.task import load_task
 
     task = load_task(path)
-    if unit_axis_reason(task) is not None:
+    carriers = view_reason(task, kind)
+    if isinstance(carriers, str):
         return None
-    folder = _ROOT / f"{task.id}-{digest}" / Path(path).name
+    folder = _ROOT / f"{task.id}-{digest}-{kind}" / Path(path).name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "task.yaml").write_bytes((task.path / "task.yaml").read_bytes())
     names = arg_names(task)
-    doc = f"{task.id} without the leading axis of one on every argument and result (a view of {task.path})"
-    text = REFERENCE.format(doc=doc, path=str(task.path), params=", ".join(names), args="".join(f"{n}, " for n in names))
+    what = "without the leading axis of one on every argument and result" if kind == WITHOUT_UNIT_AXIS \
+        else "with the two leading axes of its rows merged into one"
+    text = REFERENCE.format(doc=f"{task.id} {what} (a view of {task.path})", path=str(task.path), kind=kind,
+                            carriers=carriers, params=", ".join(names), args="".join(f"{n}, " for n in names))
     target = folder / "reference.py"
     if not target.is_file() or target.read_text() != text:
         target.write_text(text)
     return load_task(folder)
 
 
-def unit_axis_view(task: "Task") -> "Task | None":
-    """The view of ``task`` (a task folder of its own, written once per source), or None when its arguments
-    and results do not all carry an axis of one that the program can be seen without."""
-    if task.static_overrides or not has_unit_axis([s.shape for s in input_shapes(task, "cpu")]):
+def task_view(task: "Task", kind: str) -> "Task | None":
+    """The view of ``task`` (a task folder of its own, written once per source), or None when the task is not
+    in that view's layout."""
+    if task.static_overrides:
         return None
-    return _view_at(str(task.path.resolve()), task.source_digest)
+    shapes = [s.shape for s in input_shapes(task, "cpu")]
+    if kind == WITHOUT_UNIT_AXIS and not has_unit_axis(shapes):
+        return None
+    if kind == ROWS_MERGED and max((len(s) for s in shapes), default=0) < 3:
+        return None
+    return _view_at(str(task.path.resolve()), task.source_digest, kind)
 
 
-def wrap_candidate(source: str, names: list[str]) -> str:
-    """A candidate for the view made a candidate for the task: ``kernel`` takes the axis of one off each
-    argument, calls the view's kernel and puts the axis back on each result (reshapes: indexing the axis
+def unit_axis_view(task: "Task") -> "Task | None":
+    return task_view(task, WITHOUT_UNIT_AXIS)
+
+
+def wrap_candidate(source: str, task: "Task", kind: str) -> str:
+    """A candidate for the view made a candidate for the task: ``kernel`` reshapes each argument into the
+    view's layout, calls the view's kernel and reshapes each result back (reshapes: indexing an axis of one
     away is priced by XLA:TPU as a copy, a reshape as nothing)."""
+    names = arg_names(task)
     head = "" if re.search(r"^import jax$", source, re.M) else "import jax\n"
-    inner = ", ".join(f"{n}.reshape({n}.shape[1:])" for n in names)  # a reshape, which XLA does in place
-    return (f"{head}{source.rstrip()}\n\n\n_kernel_without_unit_axis = kernel\n\n\n"
+    if kind == WITHOUT_UNIT_AXIS:
+        inner = ", ".join(f"{n}.reshape({n}.shape[1:])" for n in names)
+        doc = "Every argument and result carries a leading axis of one: the kernel above runs without it."
+        back = "o.reshape((1, *o.shape))"
+    else:
+        carriers = view_reason(task, kind)
+        assert not isinstance(carriers, str), carriers
+        inner = ", ".join((f"{n}.reshape(-1, *{n}.shape[2:])" if carriers[i] == 0 else
+                           f"{n}.reshape(*{n}.shape[:{carriers[i]}], -1, *{n}.shape[{carriers[i] + 2}:])")
+                          if i in carriers else n for i, n in enumerate(names))
+        first, at = next(iter(carriers.items()))
+        doc = "The rows are kept in two leading axes: the kernel above runs over them merged into one."
+        back = f"o.reshape({names[first]}.shape[{at}], {names[first]}.shape[{at + 1}], *o.shape[1:])"
+    return (f"{head}{source.rstrip()}\n\n\n_kernel_in_view = kernel\n\n\n"
             f"def kernel({', '.join(names)}, **static):\n"
-            f'    """Every argument and result carries a leading axis of one: the kernel above runs without it."""\n'
-            f"    out = _kernel_without_unit_axis({inner}, **static)\n"
-            f"    return jax.tree_util.tree_map(lambda o: o.reshape((1, *o.shape)), out)\n")
+            f'    """{doc}"""\n'
+            f"    out = _kernel_in_view({inner}, **static)\n"
+            f"    return jax.tree_util.tree_map(lambda o: {back}, out)\n")

@@ -156,8 +156,69 @@ def test_the_planner_offers_the_gemm_sketch_through_the_view(tmp_path, declared_
     gemm = planned["template:tpu_gemm"]
     assert gemm.params["view"] == WITHOUT_UNIT_AXIS and "view" not in gemm.space
     source = render(task, gemm)
-    assert "def kernel(proj, h, bias, **static):" in source and "pl.pallas_call" in source
+    assert "def kernel(proj, h, bias, **static):" in source and "proj.reshape(proj.shape[1:])" in source and "pl.pallas_call" in source
     report = declared_size_evaluator.evaluate(task, source)
     assert report.passed and report.label == "pallas-kernel", report.reason
     result = validate_tpu(source, task, "v6e")
     assert result.ok, result.reason
+
+
+# Activations kept as [batch, seq, d], as real layers take them: a projection with a GELU over the rows.
+ROWS = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, batch, seq, width):
+    k1, k2, k3 = jax.random.split(key, 3)
+    h = jax.random.normal(k1, (batch, seq, width), jnp.float32)
+    w = jax.random.normal(k2, (width, 256), jnp.float32) / width ** 0.5
+    shift = jax.random.normal(k3, (256,), jnp.float32)
+    return (w, h, shift), {}
+
+
+def reference(w, h, shift):
+    y = jnp.einsum("bsd,de->bse", h, w, precision=jax.lax.Precision.HIGHEST) + shift
+    return jax.nn.gelu(y)
+'''
+
+
+def _rows_task(tmp_path: Path, name: str, source: str):  # type: ignore[no-untyped-def]
+    return task_folder(tmp_path, name, task_yaml(name, "matmul", 0.001, {"batch": 2, "seq": 64, "width": 128},
+                                                   {"batch": 8, "seq": 512, "width": 512}, "batch"), source)
+
+
+def test_rows_in_two_leading_axes_are_a_matrix_of_rows_merged(tmp_path, declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
+    from maxkernel.analysis.merge_axes import leading_pair, merge_leading_axes
+    from maxkernel.rules.views import ROWS_MERGED
+
+    task = _rows_task(tmp_path, "rows", ROWS)
+    program = trace_program(task, "cpu")
+    assert leading_pair(program) == {1: 0}  # the activations, wherever they stand among the arguments
+    merged = merge_leading_axes(program)
+    assert not isinstance(merged, str), merged
+    assert [v.shape for v in merged.inputs] == [(128, 256), (128, 128), (256,)]
+    args, static = task.get_inputs(jax.random.key(2), "cpu")
+    got = np.asarray(run_program(merged, [args[0], args[1].reshape(128, 128), args[2]]))
+    np.testing.assert_allclose(got.reshape(2, 64, 256), np.asarray(task.reference(*args)), rtol=1e-6, atol=1e-6)
+    planned = {s.name: s for s in propose_strategies(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")}
+    gemm = planned["template:tpu_gemm"]
+    assert gemm.params["view"] == ROWS_MERGED
+    source = render(task, gemm)
+    assert "h.reshape(-1, *h.shape[2:])" in source
+    report = declared_size_evaluator.evaluate(task, source)
+    assert report.passed and report.label == "pallas-kernel", report.reason
+
+
+@pytest.mark.parametrize("old, new, why", [
+    # a mean over the sequence: the second axis is reduced, not a row
+    ("return jax.nn.gelu(y)", "return jax.nn.gelu(y - y.mean(axis=1, keepdims=True))", "not both parallel"),
+    # the batch and the sequence swapped on the way out
+    ("return jax.nn.gelu(y)", "return jnp.swapaxes(jax.nn.gelu(y), 0, 1)", "in another order"),
+])
+def test_rows_that_are_not_independent_are_not_merged(tmp_path, old: str, new: str, why: str) -> None:  # type: ignore[no-untyped-def]
+    from maxkernel.rules.views import ROWS_MERGED, view_reason
+
+    task = _rows_task(tmp_path, "near_miss", ROWS.replace(old, new))
+    reason = view_reason(task, ROWS_MERGED)
+    assert isinstance(reason, str) and why in reason, reason
