@@ -135,12 +135,7 @@ class _Merger(_Dropper):
 
     def _dot_general(self, node: Node, params: dict[str, Any], carried: list[tuple[Var, int]]) -> None:
         lhs, rhs = node.ins
-        (lc, rc), (lb, rb) = params["dimension_numbers"]
-        lc, rc, lb, rb = (tuple(int(x) for x in t) for t in (lc, rc, lb, rb))
-        cl = self.get(lhs)[1] if isinstance(lhs, Var) else None
-        cr = self.get(rhs)[1] if isinstance(rhs, Var) else None
-        lfree = [a for a in range(len(lhs.shape)) if a not in lc + lb]
-        rfree = [a for a in range(len(rhs.shape)) if a not in rc + rb]
+        lc, rc, lb, rb, cl, cr, lfree, rfree = self._dot_parts(node, params)
         if cl is not None and cr is None and cl in lfree and cl + 1 in lfree and lfree.index(cl + 1) == lfree.index(cl) + 1:
             at = len(lb) + lfree.index(cl)
             params["dimension_numbers"] = ((_after(lc, cl), rc), (_after(lb, cl), rb))

@@ -236,7 +236,9 @@ class _Dropper:
         params[key] = int(params[key]) - (int(params[key]) > d)
         self._emit(node, [self.without(op, d) for op in node.ins], params, [d] * len(node.outs))
 
-    def _dot_general(self, node: Node, params: dict[str, Any], carried: list[tuple[Var, int]]) -> None:
+    def _dot_parts(self, node: Node, params: dict[str, Any]) -> tuple[Any, ...]:
+        """A matmul's contracting and batch axes of each side, where each side carries the axis (None where it
+        does not), and each side's free axes in order."""
         lhs, rhs = node.ins
         (lc, rc), (lb, rb) = params["dimension_numbers"]
         lc, rc, lb, rb = (tuple(int(x) for x in t) for t in (lc, rc, lb, rb))
@@ -244,6 +246,11 @@ class _Dropper:
         cr = self.get(rhs)[1] if isinstance(rhs, Var) else None
         lfree = [a for a in range(len(lhs.shape)) if a not in lc + lb]
         rfree = [a for a in range(len(rhs.shape)) if a not in rc + rb]
+        return lc, rc, lb, rb, cl, cr, lfree, rfree
+
+    def _dot_general(self, node: Node, params: dict[str, Any], carried: list[tuple[Var, int]]) -> None:
+        lhs, rhs = node.ins
+        lc, rc, lb, rb, cl, cr, lfree, rfree = self._dot_parts(node, params)
         dl = dr = at = None
         if cl is not None and cl in lb + lc:
             dl = cl

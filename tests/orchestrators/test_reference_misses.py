@@ -39,6 +39,17 @@ def reference(x, w):
 """
 
 
+def _session(folder: Path, evaluator: object, events: list[tuple[str, dict]], budget: AutoBudget):  # type: ignore[no-untyped-def]
+    """One Auto session on tpu-v6e over ``folder`` with the rules brain, its events collected."""
+    services = Services(ActorConfig(brain="rules", remember=False), evaluator=evaluator)  # type: ignore[arg-type]
+    try:
+        return asyncio.run(run_auto(str(folder), services=services, target="tpu-v6e", budget=budget,
+                                    on_event=lambda kind, data: events.append((kind, data))))
+    finally:
+        services.store.close()
+        services.memory.close()
+
+
 @pytest.mark.slow
 def test_a_reference_missing_its_own_tolerance_on_the_tpu_does_not_fail_the_session(
         tmp_path: Path, orch_evaluator: object) -> None:
@@ -47,14 +58,7 @@ def test_a_reference_missing_its_own_tolerance_on_the_tpu_does_not_fail_the_sess
     (folder / "task.yaml").write_text(TASK_YAML)
     (folder / "reference.py").write_text(REFERENCE)
     events: list[tuple[str, dict]] = []
-    services = Services(ActorConfig(brain="rules", remember=False), evaluator=orch_evaluator)  # type: ignore[arg-type]
-    try:
-        result = asyncio.run(run_auto(str(folder), services=services, target="tpu-v6e",
-                                      budget=AutoBudget(max_evaluations=3, time_s=400),
-                                      on_event=lambda kind, data: events.append((kind, data))))
-    finally:
-        services.store.close()
-        services.memory.close()
+    result = _session(folder, orch_evaluator, events, AutoBudget(max_evaluations=3, time_s=400))
     baseline = [t for t in result.trials if t.role == "baseline"]
     assert baseline and baseline[0].status == "incorrect"  # one bf16 pass misses 1e-3 here
     said = [d for k, d in events if k == "reference_numerics"]
@@ -98,14 +102,7 @@ def test_a_reference_the_judge_cannot_run_on_the_target_is_returned_with_the_rea
     (folder / "task.yaml").write_text(TASK_YAML.replace("tight_default_gemm", "callback_gemm"))
     (folder / "reference.py").write_text(CALLBACK_REFERENCE)
     events: list[tuple[str, dict]] = []
-    services = Services(ActorConfig(brain="rules", remember=False), evaluator=orch_evaluator)  # type: ignore[arg-type]
-    try:
-        result = asyncio.run(run_auto(str(folder), services=services, target="tpu-v6e",
-                                      budget=AutoBudget(max_evaluations=2, time_s=300),
-                                      on_event=lambda kind, data: events.append((kind, data))))
-    finally:
-        services.store.close()
-        services.memory.close()
+    result = _session(folder, orch_evaluator, events, AutoBudget(max_evaluations=2, time_s=300))
     baseline = [t for t in result.trials if t.role == "baseline"]
     assert baseline and baseline[0].status not in ("ok", "incorrect")
     said = [d for k, d in events if k == "reference_unjudged"]

@@ -1,6 +1,7 @@
-"""A computation under a leading axis of one (a layer mapped over a batch of one): its program without that
-axis is the same computation, the sketches that serve the computation serve it through the planner's view,
-and what mixes the axis with others is refused with its reason."""
+"""The planner's views: a computation under a leading axis of one (a layer mapped over a batch of one), or
+over rows kept in two leading axes (``[batch, seq, d]``), rebuilt without the axis or with the rows merged is
+the same computation; the sketches that serve it serve the task through the view; what mixes those axes
+with others is refused with its reason."""
 
 from __future__ import annotations
 
