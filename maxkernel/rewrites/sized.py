@@ -293,15 +293,17 @@ def emit_sized(program: Program, name: str, doc: str | None, choices: list[Key |
     return "\n".join([head, *([f'    """{doc}"""'] if doc else []), *body, f"    return {returns}"]), set(em.used_statics)
 
 
-def emit_every_size(programs: list[Program], name: str, doc: str | None = None, statics: bool = False) -> str | None:
+def emit_every_size(programs: list[Program], name: str, doc: str | None = None, statics: bool = False,
+                    integers: list[dict[str, int]] | None = None) -> str | None:
     """One function that is the code of every program (one computation traced at several sizes; the first
     names the dimensions), each extent read from the input axes that give it at all of them; None where
     the programs differ in structure or an extent that changes between them follows no input axis (a
     literal would be right at one size only). ``statics``: literals that are float statics are written as
-    their names, keyword-only arguments of the function."""
+    their names, keyword-only arguments of the function. ``integers``: each program's integer statics, which
+    an extent may also be written as (by name: the caller puts them in scope)."""
     if len(programs) < 2:
         return None
-    records = {str(i): record(program, {}, statics) for i, program in enumerate(programs)}
+    records = {str(i): record(program, (integers or [{}] * len(programs))[i], statics) for i, program in enumerate(programs)}
     choices = choose(records, axes_for_constants=True)
     if choices is None:
         return None

@@ -6,7 +6,10 @@ Two views, each found on the traced program by data flow:
   (:mod:`maxkernel.analysis.unit_axis`);
 - **rows merged**: the results lead with two parallel axes that the arguments carrying them hold side by side
   (``[batch, seq, d]`` activations). The view merges them into one axis of rows
-  (:mod:`maxkernel.analysis.merge_axes`).
+  (:mod:`maxkernel.analysis.merge_axes`);
+- **reshaped at the edges**: arguments the computation reads only through a reshape, results it makes by a
+  last reshape (a batch merged into the rows by the caller and split inside). The view takes and gives them
+  in the layout the work uses (:mod:`maxkernel.analysis.boundary_reshapes`).
 
 The planner offers each sketch that does not apply to a task as it is on its view: a task folder whose
 reference traces the original at the view's argument shapes with the layout put back, rebuilds that program
@@ -25,9 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+from maxkernel.analysis.boundary_reshapes import between_reshapes, boundary_reshapes, edge_programs
 from maxkernel.analysis.merge_axes import leading_pair, merge_leading_axes
-from maxkernel.analysis.program import Program, ProgramBuilder, arg_names, input_shapes, run_program, trace_program
+from maxkernel.analysis.program import (Program, ProgramBuilder, arg_names, input_shapes, probe_sizes, run_program,
+                                        static_args, trace_program)
 from maxkernel.analysis.unit_axis import drop_unit_axis, has_unit_axis
+from maxkernel.rewrites.emit import EmitError
+from maxkernel.rewrites.sized import emit_every_size, integer_statics
+from maxkernel.sketches.axes import _reshape_groups
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -35,7 +43,8 @@ if TYPE_CHECKING:
 # The values of a strategy's ``view`` parameter when it was planned on one of the task's views.
 WITHOUT_UNIT_AXIS = "without_unit_axis"
 ROWS_MERGED = "rows_merged"
-VIEWS = (WITHOUT_UNIT_AXIS, ROWS_MERGED)
+RESHAPED = "reshaped_at_edges"
+VIEWS = (WITHOUT_UNIT_AXIS, ROWS_MERGED, RESHAPED)
 _ROOT = Path(tempfile.gettempdir()) / "maxkernel-views"
 
 REFERENCE = '''"""{doc}"""
@@ -45,7 +54,9 @@ from maxkernel.rules.views import view_inputs, view_reference
 
 _ORIGINAL = load_task({path!r})
 VIEW = {kind!r}
-CARRIERS = {carriers!r}  # argument index -> the axis where its two merged axes start
+# rows merged: argument index -> the axis where its two merged axes start; reshaped at the edges: argument
+# index -> its axes in groups, each group of the argument's axes with the group of the view's that it becomes
+CARRIERS = {carriers!r}
 
 
 def get_inputs(key, **size):
@@ -67,6 +78,10 @@ def view_inputs(original: "Task", kind: str, carriers: dict[int, int], key: Any,
     args, static = original.module.get_inputs(key, **size)
     if kind == WITHOUT_UNIT_AXIS:
         return tuple(a[0] for a in args), static
+    if kind == RESHAPED:
+        closed = jax.make_jaxpr(functools.partial(original.reference, **static))(*args)
+        entries, _ = boundary_reshapes(ProgramBuilder().build(closed, [f"arg{i}" for i in range(len(args))]))
+        return tuple(a.reshape(entries[i].out.shape) if i in entries else a for i, a in enumerate(args)), static
     return tuple(a.reshape(_merged(a.shape, carriers[i])) if i in carriers else a for i, a in enumerate(args)), static
 
 
@@ -76,7 +91,10 @@ def _rebuilt(original: "Task", kind: str, carriers: dict[int, int], shapes: list
     names = arg_names(original)
     program = ProgramBuilder().build(closed, (names + [f"arg{i}" for i in range(len(names), len(shapes))])[:len(shapes)])
     program.out_tree = jax.tree_util.tree_structure(out_shape)
-    rebuilt = drop_unit_axis(program) if kind == WITHOUT_UNIT_AXIS else merge_leading_axes(program, carriers)
+    if kind == RESHAPED:
+        rebuilt: Program | str = between_reshapes(program, *boundary_reshapes(program))
+    else:
+        rebuilt = drop_unit_axis(program) if kind == WITHOUT_UNIT_AXIS else merge_leading_axes(program, carriers)
     if isinstance(rebuilt, str):
         raise ValueError(f"{original.path}: not in the {kind} layout at these shapes: {rebuilt}")
     return rebuilt
@@ -89,13 +107,61 @@ def view_reference(original: "Task", kind: str, carriers: dict[int, int], args: 
     split does not change the program), rebuilt in the view's layout and run."""
     if kind == WITHOUT_UNIT_AXIS:
         shapes = [jax.ShapeDtypeStruct((1, *a.shape), a.dtype) for a in args]
+    elif kind == RESHAPED:
+        shapes = [jax.ShapeDtypeStruct(_unreshaped(a.shape, carriers[i]) if i in carriers else a.shape, a.dtype)
+                  for i, a in enumerate(args)]
     else:
         shapes = [jax.ShapeDtypeStruct((*a.shape[:carriers[i]], 1, *a.shape[carriers[i]:]) if i in carriers else a.shape,
                                        a.dtype) for i, a in enumerate(args)]
     return run_program(_rebuilt(original, kind, carriers, shapes, static), list(args))
 
 
-def view_reason(task: "Task", kind: str) -> str | dict[int, int]:
+def _unreshaped(shape: tuple[int, ...], groups: list[list[list[int]]]) -> tuple[int, ...]:
+    """An argument's own shape from its shape in the view: each group of its axes takes the extent of the
+    view's group it became (axes merged in the view: the extent on the group's last axis, ones before it)."""
+    found: list[int] = []
+    for axes, view_axes in groups:
+        extent = 1
+        for j in view_axes:
+            extent *= shape[j]
+        found.extend([1] * (len(axes) - 1) + [extent] if axes else [])
+    return tuple(found)
+
+
+def _edges(task: "Task") -> tuple[str, str, list[str]] | str:
+    """The reshapes at the task's edges written as two functions (into the view, out of it) that read every
+    extent from their inputs or the task's integer statics (a batch count: keyword-only arguments, their
+    names returned) at every size; or why they cannot be."""
+    sized = [(task, "cpu"), (task, "full"), *probe_sizes(task, "cpu")]
+    # Every size parameter moved by its own amount besides: the check size shrinks fixed extents too, so an
+    # extent that equals another at the task's sizes (in and out features both 1024) must not be read from
+    # the wrong one. A task whose sizes cannot all move (heads that must divide) goes without: the judge
+    # checks at the check size.
+    values = task.size("cpu")
+    moved = {k: v + 8 * (i + 1) if isinstance(v, int) and not isinstance(v, bool) and v > 1 else v
+             for i, (k, v) in enumerate(values.items())}
+    sized.append((task.with_size("edges_probe", moved), "edges_probe"))
+    programs, integers = [], []
+    for t, size in sized:
+        try:
+            programs.append(trace_program(t, size))
+        except Exception:  # noqa: BLE001 - only the moved sizes may fail here: the task's own traced before
+            continue
+        integers.append(integer_statics(static_args(t, size)))
+    into, back = zip(*(edge_programs(p, *boundary_reshapes(p)) for p in programs))
+    try:
+        written = [emit_every_size(list(into), "_into_view", statics=True, integers=integers),
+                   emit_every_size(list(back), "_out_of_view", statics=True, integers=integers)]
+    except EmitError as exc:
+        return f"the reshapes at the edges cannot be written for every size: {exc}"
+    if written[0] is None or written[1] is None:
+        return "the reshapes at the edges do not read their extents from the arguments and integer statics"
+    names = sorted({n.strip() for w in written for n in w.partition("\n")[0].partition("*,")[2].rstrip("):").split(",")
+                    if n.strip()})
+    return written[0], written[1], names
+
+
+def view_reason(task: "Task", kind: str) -> str | dict[int, Any]:
     """The carriers of the view (empty for the unit axis) when ``task`` is in its layout at every size and
     its program can be rebuilt there; else why not."""
     found: dict[int, int] | None = None
@@ -104,8 +170,15 @@ def view_reason(task: "Task", kind: str) -> str | dict[int, int]:
         if kind == WITHOUT_UNIT_AXIS:
             if not has_unit_axis([s.shape for s in input_shapes(task, size)]):
                 return "not every argument leads with an axis of one"
-            carriers: dict[int, int] | str = {}
+            carriers: dict[int, Any] | str = {}
             rebuilt = drop_unit_axis(program)
+        elif kind == RESHAPED:
+            entries, exits = boundary_reshapes(program)
+            if not entries:
+                return "no argument is read only through a reshape"
+            carriers = {i: [[list(a), list(b)] for a, b in _reshape_groups(tuple(program.inputs[i].shape), tuple(n.out.shape))]
+                        for i, n in entries.items()}
+            rebuilt = between_reshapes(program, entries, exits)
         else:
             carriers = leading_pair(program)
             if isinstance(carriers, str):
@@ -117,6 +190,10 @@ def view_reason(task: "Task", kind: str) -> str | dict[int, int]:
             return "the arguments that carry the leading axes change with size"
         found = carriers
     assert found is not None
+    if kind == RESHAPED:
+        edges = _edges(task)
+        if isinstance(edges, str):
+            return edges
     return found
 
 
@@ -138,8 +215,9 @@ def _view_at(path: str, digest: str, kind: str) -> "Task | None":
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "task.yaml").write_bytes((task.path / "task.yaml").read_bytes())
     names = arg_names(task)
-    what = "without the leading axis of one on every argument and result" if kind == WITHOUT_UNIT_AXIS \
-        else "with the two leading axes of its rows merged into one"
+    what = {WITHOUT_UNIT_AXIS: "without the leading axis of one on every argument and result",
+            ROWS_MERGED: "with the two leading axes of its rows merged into one",
+            RESHAPED: "taking its arguments and giving its results as its work reshapes them"}[kind]
     text = REFERENCE.format(doc=f"{task.id} {what} (a view of {task.path})", path=str(task.path), kind=kind,
                             carriers=carriers, params=", ".join(names), args="".join(f"{n}, " for n in names))
     target = folder / "reference.py"
@@ -158,6 +236,8 @@ def task_view(task: "Task", kind: str) -> "Task | None":
         return None
     if kind == ROWS_MERGED and max((len(s) for s in shapes), default=0) < 3:
         return None
+    if kind == RESHAPED and not any(n.prim == "reshape" for n in trace_program(task, "cpu").nodes):
+        return None
     return _view_at(str(task.path.resolve()), task.source_digest, kind)
 
 
@@ -171,6 +251,19 @@ def wrap_candidate(source: str, task: "Task", kind: str) -> str:
     away is priced by XLA:TPU as a copy, a reshape as nothing)."""
     names = arg_names(task)
     head = "" if re.search(r"^import jax$", source, re.M) else "import jax\n"
+    if kind == RESHAPED:
+        edges = _edges(task)
+        assert not isinstance(edges, str), edges
+        args = ", ".join(names)
+
+        def passed(text: str) -> str:  # the statics a function takes by name, from kernel's own
+            return "".join(f", {n}=static[{n!r}]" for n in edges[2] if re.search(rf"\b{n}\b", text.partition("\n")[0]))
+
+        return (f"{head}{source.rstrip()}\n\n\n_kernel_in_view = kernel\n\n\n{edges[0]}\n\n\n{edges[1]}\n\n\n"
+                f"def kernel({args}, **static):\n"
+                f'    """The arguments reshaped as the reference first reshapes them, the results as it last does."""\n'
+                f"    out = _kernel_in_view(*_into_view({args}{passed(edges[0])}), **static)\n"
+                f"    return _out_of_view(out, {args}{passed(edges[1])})\n")
     if kind == WITHOUT_UNIT_AXIS:
         inner = ", ".join(f"{n}.reshape({n}.shape[1:])" for n in names)
         doc = "Every argument and result carries a leading axis of one: the kernel above runs without it."

@@ -223,3 +223,50 @@ def test_rows_that_are_not_independent_are_not_merged(tmp_path, old: str, new: s
     task = _rows_task(tmp_path, "near_miss", ROWS.replace(old, new))
     reason = view_reason(task, ROWS_MERGED)
     assert isinstance(reason, str) and why in reason, reason
+
+
+# A caller that keeps the batch merged into one flat vector; the layer splits it first and flattens last.
+FLAT = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, batch, features, hidden):
+    k1, k2 = jax.random.split(key)
+    x = jax.random.normal(k1, (batch * features,), jnp.float32)
+    w = jax.random.normal(k2, (features, hidden), jnp.float32) / features ** 0.5
+    return (x, w), {"rows": batch}
+
+
+def reference(x, w, *, rows):
+    y = jnp.dot(x.reshape(rows, -1), w, precision=jax.lax.Precision.HIGHEST)
+    return jnp.maximum(y, 0.1 * y).reshape(-1)
+'''
+
+
+def _flat_task(tmp_path: Path, name: str, source: str):  # type: ignore[no-untyped-def]
+    return task_folder(tmp_path, name, task_yaml(name, "matmul", 0.001, {"batch": 64, "features": 256, "hidden": 256},
+                                                   {"batch": 512, "features": 1024, "hidden": 1024}, "batch"), source)
+
+
+def test_a_batch_merged_by_the_caller_is_split_at_the_edges(tmp_path, declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
+    from maxkernel.rules.views import RESHAPED
+
+    task = _flat_task(tmp_path, "flat", FLAT)
+    planned = {s.name: s for s in propose_strategies(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")}
+    gemm = planned["template:tpu_gemm"]
+    assert gemm.params["view"] == RESHAPED
+    source = render(task, gemm)
+    # the feature count is read from the weight's rows (what x is split by), not its columns (the hidden
+    # size), which equal it at both of the task's sizes but not at the moved sizes the edges are traced at
+    into = source[source.index("def _into_view"):source.index("def _out_of_view")]
+    assert "w.shape[0]" in into and "w.shape[1]" not in into, into
+    report = declared_size_evaluator.evaluate(task, source)
+    assert report.passed and report.label == "pallas-kernel", report.reason
+
+
+def test_an_argument_read_whole_too_is_not_reshaped_at_the_edge(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from maxkernel.rules.views import RESHAPED, view_reason
+
+    both = FLAT.replace("return jnp.maximum(y, 0.1 * y).reshape(-1)", "return jnp.maximum(y, 0.1 * y).reshape(-1) + x")
+    assert "no argument is read only through a reshape" in str(view_reason(_flat_task(tmp_path, "both", both), RESHAPED))
