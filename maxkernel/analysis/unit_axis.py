@@ -169,9 +169,15 @@ class _Dropper:
         self._emit(node, ins, params, [d])
 
     def _broadcast_in_dim(self, node: Node, params: dict[str, Any], carried: list[tuple[Var, int]]) -> None:
-        (_, c), = carried
+        (src, c), = carried
         dims = tuple(int(x) for x in params["broadcast_dimensions"])
         t = dims[c]
+        if int(params["shape"][t]) != 1:  # the axis of one repeated to a longer extent: it was not the axis
+            if src not in self.inserted:
+                raise Refused("a broadcast that repeats the axis of one")
+            self.restore(src)
+            self.visit(node)
+            return
         params["broadcast_dimensions"] = _renumber(_drop(dims, c), t)
         params["shape"] = _drop(params["shape"], t)
         self._emit(node, [self.get(op)[0] for op in node.ins], params, [t])

@@ -56,22 +56,26 @@ def propose_strategies(task: "Task", analysis: "TaskAnalysis", target: str = "cp
     planned = _template_strategies(task, analysis, target)
     for kind in VIEWS:  # what does not apply to the task as it is may apply to it in another layout
         try:
-            view = task_view(task, kind)
+            planned.extend(_view_strategies(task, analysis, target, kind, {s.name for s in found + planned}))
         except Exception as exc:  # a view is an extra; its defect costs only what it would add
             log.warning("view_failed", task=task.id, view=kind, error=f"{type(exc).__name__}: {exc}")
-            continue
-        if view is None:
-            continue
-        from maxkernel.analysis import analyze_task
-
-        names = {s.name for s in found + planned}
-        for strategy in _template_strategies(view, analyze_task(view, target, analysis.size), target, skip=names):
-            strategy.params["view"] = kind
-            strategy.rationale += f" (run in the task's {kind.replace('_', ' ')} view)"
-            planned.append(strategy)
     order = [f"template:{t.name}" for t in templates_for(target)]
     found.extend(sorted(planned, key=lambda s: order.index(s.name)))
     found.append(Strategy(name=REFERENCE, kind="reference", rationale="the reference itself (the baseline)", target=target))
+    return found
+
+
+def _view_strategies(task: "Task", analysis: "TaskAnalysis", target: str, kind: str, planned: set[str]) -> list[Strategy]:
+    """The templates not in ``planned`` that apply to the task's ``kind`` view, marked to render there."""
+    view = task_view(task, kind)
+    if view is None:
+        return []
+    from maxkernel.analysis import analyze_task
+
+    found = _template_strategies(view, analyze_task(view, target, analysis.size), target, skip=planned)
+    for strategy in found:
+        strategy.params["view"] = kind
+        strategy.rationale += f" (run in the task's {kind.replace('_', ' ')} view)"
     return found
 
 

@@ -67,7 +67,8 @@ def reference(x, w):
 
 
 # A decayed causal score matrix (as retention builds one), mapped over a batch of one: the positions'
-# difference ``i[:, None] - i[None, :]`` broadcasts two inserted axes of one to full extents.
+# difference ``i[:, None] - i[None, :]`` broadcasts two inserted axes of one to full extents, and
+# ``jnp.broadcast_to`` repeats one.
 DECAY = '''\
 import jax
 import jax.numpy as jnp
@@ -84,7 +85,8 @@ def _one(q, k):
     i = jnp.arange(q.shape[0])
     gap = i[:, None] - i[None, :]
     decay = jnp.where(gap >= 0, 0.97 ** gap.astype(jnp.float32), 0.0)
-    return (q @ k.T) * decay
+    rows = jnp.broadcast_to(i[:, None].astype(jnp.float32), decay.shape)  # an inserted axis repeated
+    return (q @ k.T) * decay * (1.0 + 0.01 * rows)
 
 
 def reference(q, k):
