@@ -24,7 +24,6 @@ OTHER_VARIABLES = {
     "MAXKERNEL_CONFIG": "a YAML file of settings",
     "MAXKERNEL_LEARNED_COST_MODEL": "off disables the learned cost model",
     "MAXKERNEL_NO_TPU_COMPILER": "any value prices references by the fallback model, not XLA:TPU's program",
-    "MAXKERNEL_TPU_COMPILE_LIMIT_S": "seconds XLA:TPU may take to compile one program before the fallback prices it",
     "MAXKERNEL_TPU_COMPILE": "1 also compiles TPU candidates with XLA:TPU and Mosaic (needs the tpu-compiler extra)",
     "MAXKERNEL_TEST_PG_URL": "the test suite's PostgreSQL server",
     "MAXKERNEL_TEST_PG_DIR": "the folder of that server",
@@ -108,14 +107,6 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known)
     if unknown:
         raise ConfigError(f"unknown variable {unknown[0]}: the known ones are {', '.join(sorted(known))}")
-    limit = environ.get("MAXKERNEL_TPU_COMPILE_LIMIT_S")
-    if limit:
-        try:
-            ok = float(limit) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ConfigError(f"MAXKERNEL_TPU_COMPILE_LIMIT_S={limit!r}: expected a number of seconds above 0")
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -39,10 +38,6 @@ INSTALL_HINT = 'pip install "maxkernel[tpu-compiler]"'
 # are taken out. A program that still comes out negative (a Pallas kernel: -1000 s) is not priced here.
 UNCOSTED_SENTINEL_S = 1.0
 UNCOSTED_CALL = re.compile(r"custom-call\(.*custom_call_target=\"(?!tpu_custom_call)")
-# How long XLA:TPU may take to compile one program before the fallback prices it instead (with the reason in
-# its notes): a large program can take minutes on a loaded host (a matmul whose result goes through a
-# 4096 x 8192 dropout and softmax: over two minutes here), which would otherwise spend the judge's whole stage.
-COMPILE_LIMIT_S = 90.0
 
 
 @dataclass(frozen=True)
@@ -90,7 +85,7 @@ def compiled_cost(fn: Callable[..., Any], arg_shapes: Sequence[Any], device: Any
     """XLA:TPU's cost of ``fn`` at ``arg_shapes`` (abstract) compiled for ``device``."""
     sharding = jax.sharding.SingleDeviceSharding(device)
     placed = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), arg_shapes)
-    compiled = _compile_within(jax.jit(fn).lower(*placed), compile_limit_s())
+    compiled = jax.jit(fn).lower(*placed).compile()
     analysis = compiled.cost_analysis()
     if isinstance(analysis, (list, tuple)):
         analysis = analysis[0] if analysis else {}
@@ -104,37 +99,6 @@ def compiled_cost(fn: Callable[..., Any], arg_shapes: Sequence[Any], device: Any
     return CompiledCost(seconds=seconds, bytes=float(analysis.get("bytes accessed", 0.0)),
                         flops=float(analysis.get("flops", 0.0)),
                         temp_bytes=int(getattr(memory, "temp_size_in_bytes", 0) or 0))
-
-
-def compile_limit_s() -> float:
-    """``MAXKERNEL_TPU_COMPILE_LIMIT_S`` when set (seconds), else :data:`COMPILE_LIMIT_S`."""
-    raw = os.environ.get("MAXKERNEL_TPU_COMPILE_LIMIT_S", "")
-    try:
-        return float(raw) if raw else COMPILE_LIMIT_S
-    except ValueError:
-        return COMPILE_LIMIT_S
-
-
-def _compile_within(lowered: Any, limit_s: float) -> Any:
-    """``lowered.compile()``, or TimeoutError once it has taken ``limit_s`` (the compile is left to finish
-    in a daemon thread: XLA cannot be interrupted, and the process that asked goes on)."""
-    done: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            done["compiled"] = lowered.compile()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
-            done["error"] = exc
-
-    thread = threading.Thread(target=run, name="xla-tpu-compile", daemon=True)
-    thread.start()
-    thread.join(limit_s)
-    if thread.is_alive():
-        raise TimeoutError(f"XLA:TPU did not compile the program within {limit_s:.0f} s "
-                           f"(MAXKERNEL_TPU_COMPILE_LIMIT_S)")
-    if "error" in done:
-        raise done["error"]
-    return done["compiled"]
 
 
 def program_cost(closed: core.ClosedJaxpr, records: dict[Path, Any], device: Any) -> CompiledCost:

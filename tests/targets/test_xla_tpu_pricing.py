@@ -58,55 +58,6 @@ def test_a_program_xla_tpu_will_not_compile_is_priced_by_the_fallback_with_its_r
     assert "more lines" not in note and estimate.time_ms > 0
 
 
-def test_a_compile_past_its_limit_is_refused_and_priced_by_the_fallback(
-        matmul_task, monkeypatch: pytest.MonkeyPatch) -> None:
-    """XLA:TPU can take minutes on a large program on a loaded host; past the limit the compile is left to
-    finish in the background and the fallback prices the program, saying why."""
-    import threading
-    import time
-
-    from maxkernel.targets import xla_cost
-
-    release = threading.Event()
-
-    class SlowLowered:
-        def compile(self) -> None:
-            release.wait(30)
-
-    started = time.monotonic()
-    with pytest.raises(TimeoutError, match="within 0 s"):
-        xla_tpu._compile_within(SlowLowered(), 0.2)
-    assert time.monotonic() - started < 5
-    release.set()
-
-    class QuickLowered:
-        def compile(self) -> str:
-            return "compiled"
-
-    assert xla_tpu._compile_within(QuickLowered(), 5) == "compiled"
-
-    def slow(*args: object) -> None:
-        xla_tpu._compile_within(SlowLowered(), xla_tpu.compile_limit_s())
-
-    release.clear()
-    monkeypatch.setenv("MAXKERNEL_TPU_COMPILE_LIMIT_S", "0.2")
-    monkeypatch.setattr(xla_cost, "tpu_compiler", lambda generation: object())
-    monkeypatch.setattr(xla_cost, "program_cost", slow)
-    estimate = model_reference(matmul_task, "v6e")
-    release.set()
-    (note,) = [n for n in estimate.notes if "XLA program" in n]
-    assert "FALLBACK" in note and "XLA:TPU did not compile it: TimeoutError" in note and estimate.time_ms > 0
-
-
-def test_a_compile_limit_that_is_not_a_number_of_seconds_is_refused() -> None:
-    from maxkernel.config import ConfigError, check_environment
-
-    check_environment({"MAXKERNEL_TPU_COMPILE_LIMIT_S": "45"})
-    for bad in ("soon", "0", "-3"):
-        with pytest.raises(ConfigError, match="MAXKERNEL_TPU_COMPILE_LIMIT_S"):
-            check_environment({"MAXKERNEL_TPU_COMPILE_LIMIT_S": bad})
-
-
 @pytest.mark.skipif(not xla_tpu.compiler_installed(), reason="the TPU compiler (extra tpu-compiler) is not installed")
 def test_with_the_compiler_xla_code_is_priced_by_its_compiled_program(matmul_task) -> None:
     xla_tpu.tpu_compiler.cache_clear()
