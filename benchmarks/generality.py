@@ -364,12 +364,12 @@ def print_tables(config: dict[str, Any], rows: list[dict[str, Any]], markdown: b
 def markdown_tables(config: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     lines = [f"{config['mode']}, seed {config.get('seed')}, {config['target']}, {config['evals']} evaluations a task, "
              f"cost model {config['cost_model']}, started {config.get('started')}, {config.get('machine')}", "",
-             "| task | family | dtype | winner | speedup | ref roofline | winner roofline | status | template errors |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| task | family | dtype | winner | strategy | speedup | ref roofline | winner roofline | status | template errors | commit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['task']} | {r.get('family')} | {r.get('dtype')} | {r.get('winner')} | "
+        lines.append(f"| {r['task']} | {r.get('family')} | {r.get('dtype')} | {r.get('winner')} | {r.get('strategy') or 'reference'} | "
                      f"{float(r.get('speedup') or 1.0):.2f}x | {_pct(r.get('ref_roofline'))} | {_pct(r.get('winner_roofline'))} | "
-                     f"{r.get('status')} | {len(r.get('template_errors') or [])} |")
+                     f"{r.get('status')} | {len(r.get('template_errors') or [])} | {r.get('commit') or '-'} |")
     lines += ["", "| family | tasks | pallas | jax | reference | geomean | ref roofline | winner roofline | failed | template errors |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in [*summary["families"].items(), ("**total**", summary["total"])]:
