@@ -58,26 +58,18 @@ class _Merger(_Dropper):
                 return self.bind(made.primitive, list(made.ins), params, [None])[0]
         return self.bind(lax.reshape_p, [new], {"new_sizes": shape, "dimensions": None, "sharding": None}, [None])[0]
 
+    WHAT = "the merged axes"
+
     def visit(self, node: Node) -> None:
         carried = [(op, self.get(op)[1]) for op in node.ins if isinstance(op, Var) and self.get(op)[1] is not None]
         if not carried:
-            ins = [self.get(op)[0] for op in node.ins]
-            self.new.nodes.append(Node(node.primitive, ins, list(node.outs), dict(node.params), node.source, node.notes))
-            for out in node.outs:
-                self.env[out] = (out, None)
+            self._copy(node)
             return
-        prim, params = node.prim, dict(node.params)
-        rule = {"broadcast_in_dim": self._broadcast_in_dim, "reshape": self._reshape, "transpose": self._transpose,
+        self._dispatch(node, carried)
+
+    def _rule(self, prim: str) -> Any:
+        return {"broadcast_in_dim": self._broadcast_in_dim, "reshape": self._reshape, "transpose": self._transpose,
                 "dot_general": self._dot_general}.get(prim)
-        if prim in ELEMENTWISE and len(node.outs) == 1:
-            rule = self._elementwise
-        elif prim in REDUCING:
-            rule = self._reduce
-        elif prim in ALONG_ONE_AXIS:
-            rule = self._along
-        if rule is None:
-            raise Refused(f"{prim} reads the merged axes")
-        rule(node, params, carried)
 
     def _elementwise(self, node: Node, params: dict[str, Any], carried: list[tuple[Var, int]]) -> None:
         d = self._one_axis(carried)

@@ -101,13 +101,26 @@ class _Dropper:
         if not carried and self._inserts_unit(node):
             return
         if not carried:
-            ins = [self.get(op)[0] for op in node.ins]
-            self.new.nodes.append(Node(node.primitive, ins, list(node.outs), dict(node.params), node.source, node.notes))
-            for out in node.outs:
-                self.env[out] = (out, None)
+            self._copy(node)
             return
+        self._dispatch(node, carried)
+
+    # The layout this rebuilds programs without, as its refusals name it.
+    WHAT = "the axis of one"
+
+    def _copy(self, node: Node) -> None:
+        """A node that reads nothing carrying the axis, as it is."""
+        ins = [self.get(op)[0] for op in node.ins]
+        self.new.nodes.append(Node(node.primitive, ins, list(node.outs), dict(node.params), node.source, node.notes))
+        for out in node.outs:
+            self.env[out] = (out, None)
+
+    def _rule(self, prim: str) -> Any:
+        return getattr(self, f"_{prim}", None)
+
+    def _dispatch(self, node: Node, carried: list[tuple[Var, int]]) -> None:
         prim, params = node.prim, dict(node.params)
-        rule = getattr(self, f"_{prim}", None)
+        rule = self._rule(prim)
         if prim in ELEMENTWISE and len(node.outs) == 1:
             rule = self._elementwise
         elif prim in REDUCING:
@@ -115,7 +128,7 @@ class _Dropper:
         elif prim in ALONG_ONE_AXIS:
             rule = self._along
         if rule is None:
-            raise Refused(f"{prim} reads the axis of one")
+            raise Refused(f"{prim} reads {self.WHAT}")
         rule(node, params, carried)
 
     def _inserts_unit(self, node: Node) -> bool:
