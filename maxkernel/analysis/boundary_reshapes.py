@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 
 from maxkernel.analysis.program import Node, Program, Var
-from maxkernel.analysis.unit_axis import _collapse_layout
+from maxkernel.analysis.unit_axis import collapse_layout
 
 
 def _is_reshape(node: Node) -> bool:
@@ -55,7 +55,7 @@ def between_reshapes(program: Program, entries: dict[int, Node], exits: dict[int
         view.substitute(node.out, new)
     for i, node in exits.items():
         view.outputs[i] = nodes[id(node)].ins[0]
-    return _collapse_layout(view.dce())
+    return collapse_layout(view.dce())
 
 
 def edge_programs(program: Program, entries: dict[int, Node], exits: dict[int, Node]) -> tuple[Program, Program]:

@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from maxkernel.analysis.program import Const, Node, Operand, Program, Var
-from maxkernel.analysis.unit_axis import Refused, _collapse_layout, _Dropper, _drop
+from maxkernel.analysis.unit_axis import Refused, collapse_layout, LayoutRebuild, _drop
 from maxkernel.sketches.axes import ALONG_ONE_AXIS, ELEMENTWISE, REDUCING, analyse_axes, parallel_labels
 
 
@@ -32,7 +32,7 @@ def _after(dims: Any, c: int) -> tuple[int, ...]:
     return tuple(int(x) - (int(x) > c + 1) for x in dims)
 
 
-class _Merger(_Dropper):
+class _Merger(LayoutRebuild):
     """Rebuilds a program with the pair of axes each value carries at ``(c, c + 1)`` merged into ``c``."""
 
     def __init__(self, program: Program, carriers: dict[int, int]) -> None:
@@ -152,7 +152,7 @@ class _Merger(_Dropper):
             if not isinstance(out, Var) or self.get(out)[1] != 0:
                 raise Refused("a result that does not lead with the merged axes")
             self.new.outputs.append(self.get(out)[0])
-        return _collapse_layout(self.new)
+        return collapse_layout(self.new)
 
 
 def leading_pair(program: Program) -> dict[int, int] | str:

@@ -37,7 +37,7 @@ def _renumber(dims: Any, d: int | None) -> tuple[int, ...]:
     return tuple(int(x) - (d is not None and int(x) > d) for x in dims)
 
 
-class _Dropper:
+class LayoutRebuild:
     def __init__(self, program: Program) -> None:
         self.old = program
         self.new = Program([], [], [], program.out_tree, program._counter, dict(program.dim_names), list(program.notes))
@@ -408,7 +408,7 @@ class _Dropper:
             if not isinstance(out, Var) or not out.shape or out.shape[0] != 1:
                 raise Refused("a result without the leading axis of one")
             self.new.outputs.append(self.without(out, 0))
-        return _collapse_layout(self.new)
+        return collapse_layout(self.new)
 
 
 def _moves_no_data(node: Node) -> bool:
@@ -430,7 +430,7 @@ def _moves_no_data(node: Node) -> bool:
     return False
 
 
-def _collapse_layout(program: Program) -> Program:
+def collapse_layout(program: Program) -> Program:
     """Chains of nodes that move no data (what dropping the axis leaves around a convolution: a reshape that
     puts an axis of one back, a transpose that moves it, a squeeze that takes it out) as one reshape of
     where the chain starts, or nothing where that has the result's shape already."""
@@ -465,6 +465,6 @@ def drop_unit_axis(program: Program) -> Program | str:
     if not has_unit_axis([v.shape for v in program.inputs]):
         return "not every argument leads with an axis of one"
     try:
-        return _Dropper(program).run()
+        return LayoutRebuild(program).run()
     except Refused as exc:
         return str(exc)

@@ -35,7 +35,7 @@ from maxkernel.analysis.program import (Program, ProgramBuilder, arg_names, inpu
 from maxkernel.analysis.unit_axis import drop_unit_axis, has_unit_axis
 from maxkernel.rewrites.emit import EmitError
 from maxkernel.rewrites.sized import emit_every_size, integer_statics
-from maxkernel.sketches.axes import _reshape_groups
+from maxkernel.sketches.axes import reshape_groups
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -176,7 +176,7 @@ def view_reason(task: "Task", kind: str) -> str | dict[int, Any]:
             entries, exits = boundary_reshapes(program)
             if not entries:
                 return "no argument is read only through a reshape"
-            carriers = {i: [[list(a), list(b)] for a, b in _reshape_groups(tuple(program.inputs[i].shape), tuple(n.out.shape))]
+            carriers = {i: [[list(a), list(b)] for a, b in reshape_groups(tuple(program.inputs[i].shape), tuple(n.out.shape))]
                         for i, n in entries.items()}
             rebuilt = between_reshapes(program, entries, exits)
         else:

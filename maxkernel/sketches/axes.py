@@ -97,7 +97,7 @@ def _mark_all(axes: Axes, node: Node, why: str) -> None:
             axes.mark((id(v), axis), why)
 
 
-def _reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
     """Runs of source and destination axes whose sizes multiply to the same extent, in order."""
     groups, i, j = [], 0, 0
     while i < len(src) or j < len(dst):
@@ -147,7 +147,7 @@ def _visit(axes: Axes, node: Node, split: Node | None = None) -> None:
         src, out = node.ins[0], outs[0]
         if not isinstance(src, Var):
             return
-        for gi, gj in _reshape_groups(tuple(src.shape), tuple(out.shape)):
+        for gi, gj in reshape_groups(tuple(src.shape), tuple(out.shape)):
             real_i = [i for i in gi if src.shape[i] != 1]
             real_j = [j for j in gj if out.shape[j] != 1]
             if len(real_i) == 1 and len(real_j) == 1:
