@@ -2,7 +2,8 @@
 
 What an expert writes for ``epilogue(x @ w)`` on a TPU:
 - a (M tiles, N tiles, K tiles) grid, K innermost, accumulating in an f32 VMEM tile; the weight is read in
-  its stored layout ([N, K] is contracted on its dim 1, no transpose in HBM);
+  its stored layout ([N, K] is contracted on its dim 1, no transpose in HBM), and so is x (stored [K, M], it
+  is read as [K, M] blocks and contracted on its dim 0);
 - MXU operands in bf16 with f32 accumulation (``preferred_element_type``). bf16 inputs go in as they are.
   f32 inputs multiplied at full precision are either split into bf16 high and low parts and multiplied in
   three passes (``hi·hi + hi·lo + lo·hi``, the scheme XLA calls BF16_BF16_F32_X3: half the MXU passes of
@@ -59,6 +60,14 @@ HIGHEST = "HIGHEST"
 PASSES_F32 = (3, 6)  # bf16 passes per f32 product: the 3-pass split, or Precision.HIGHEST
 W_NK_DIMENSIONS = "(((1,), (1,)), ((), ()))"
 W_KN_DIMENSIONS = "(((1,), (0,)), ((), ()))"
+
+
+def gemm_dimensions(x_km: bool, w_nk: bool) -> str:
+    """The tile product's dimension numbers for x stored [M, K] or [K, M] and the weight [K, N] or [N, K]."""
+    return f"((({0 if x_km else 1},), ({1 if w_nk else 0},)), ((), ()))"
+
+
+ALL_DIMENSIONS = tuple(gemm_dimensions(a, b) for a in (False, True) for b in (True, False))
 # The 3-pass product keeps about 16 mantissa bits, HIGHEST all 24: its error is about 2**8 times smaller.
 # An `incorrect` 3-pass GEMM whose error is within this factor of the tolerance is retried at HIGHEST.
 PRECISE_RETRY_FACTOR = 64.0
@@ -84,6 +93,7 @@ class GemmPlan:
     rows_keyed: bool = True  # an XLA tail's constants may follow the row count (else only the row width does)
     prologue: Prologue | None = None  # the tail's random draws, made in XLA before the kernels
     prologue_text: str = ""  # its emitted ``_prologue``
+    x_km: bool = False  # x is stored [K, M] and contracted on its dim 0 (activations kept transposed)
 
     @property
     def out(self) -> Var:
@@ -100,31 +110,44 @@ def match(program: Program) -> GemmPlan | str:
     dot = dots[0]
     (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
     lhs, rhs = dot.ins
-    if lb or rb or tuple(lc) != (1,) or lhs not in program.inputs or len(getattr(lhs, "shape", ())) != 2:
-        return "not a plain [M, K] matmul of an input"
     producers = program.producers()
-    src = producers.get(rhs) if isinstance(rhs, Var) else None
     upstream = {id(dot)}
+
+    def _transposed_input(v: Any) -> Node | None:  # the 2-D transpose of an input that makes ``v``
+        src = producers.get(v) if isinstance(v, Var) else None
+        if (src is not None and src.prim == "transpose" and src.ins[0] in program.inputs
+                and tuple(src.params["permutation"]) == (1, 0)):
+            return src
+        return None
+
+    if lb or rb or len(getattr(lhs, "shape", ())) != 2 or tuple(lc) not in ((0,), (1,)):
+        return "not a plain [M, K] matmul of an input"
+    if lhs in program.inputs:
+        x, x_km = lhs, tuple(lc) == (0,)
+    elif (src := _transposed_input(lhs)) is not None and tuple(lc) == (1,):
+        x, x_km = src.ins[0], True
+        upstream.add(id(src))
+    else:
+        return "not a plain [M, K] matmul of an input (or of its transpose)"
     if rhs in program.inputs and len(rhs.shape) == 2 and tuple(rc) in ((0,), (1,)):
         w, w_nk = rhs, tuple(rc) == (1,)
-    elif (src is not None and src.prim == "transpose" and src.ins[0] in program.inputs and tuple(rc) == (0,)
-          and tuple(src.params["permutation"]) == (1, 0)):
+    elif (src := _transposed_input(rhs)) is not None and tuple(rc) == (0,):
         w, w_nk = src.ins[0], True
         upstream.add(id(src))
     else:
         return "the weight is not a 2-D input (or its transpose)"
-    assert isinstance(w, Var)
-    if np.dtype(lhs.dtype) != np.dtype(w.dtype) or np.dtype(lhs.dtype) not in (np.dtype("float32"), np.dtype("bfloat16")):
+    assert isinstance(w, Var) and isinstance(x, Var)
+    if np.dtype(x.dtype) != np.dtype(w.dtype) or np.dtype(x.dtype) not in (np.dtype("float32"), np.dtype("bfloat16")):
         return "operands that are not both float32 or both bfloat16"
     m, n = dot.out.shape
-    k = lhs.shape[1]
+    k = lhs.shape[lc[0]]
     nodes = [nd for nd in program.nodes if id(nd) not in upstream]
-    if any(v in (lhs, w) for nd in nodes for v in nd.ins):
+    if any(v in (x, w) for nd in nodes for v in nd.ins):
         return "the computation after the matmul reads x or the weight again"
     if len(program.outputs) != 1 or not isinstance(program.outputs[0], Var):
         return "the output is not one array"
     h = Var("h", (m, n), dot.out.dtype)
-    others = [v for v in program.inputs if v is not lhs and v is not w and any(v in nd.ins for nd in nodes)]
+    others = [v for v in program.inputs if v is not x and v is not w and any(v in nd.ins for nd in nodes)]
     tail = Program([h] + others, [Node(nd.primitive, list(nd.ins), list(nd.outs), dict(nd.params)) for nd in nodes],
                    list(program.outputs), program.out_tree)
     tail.substitute(dot.out, h)
@@ -138,9 +161,9 @@ def match(program: Program) -> GemmPlan | str:
     precision = dot.params.get("precision")
     levels = precision if isinstance(precision, (tuple, list)) else (precision,)
     names = {str(getattr(p, "name", p)).upper() for p in levels if p is not None}
-    return GemmPlan(m, n, k, lhs, w, w_nk, np.dtype(lhs.dtype), HIGHEST if HIGHEST in names else "DEFAULT", tail,
+    return GemmPlan(m, n, k, x, w, w_nk, np.dtype(x.dtype), HIGHEST if HIGHEST in names else "DEFAULT", tail,
                     tileable, tuple(bool(v.shape) and v.shape[0] == m and v.shape != (n,) for v in others),
-                    prologue=prologue)
+                    prologue=prologue, x_km=x_km)
 
 
 def gemm_vmem_bytes(p: GemmPlan, bm: int, bn: int, bk: int, passes: int) -> int:
@@ -254,7 +277,7 @@ class TpuGemmTemplate:
                + {"tile": "", "rows": f", {params.get('block_rows')} rows a step for the row epilogue",
                   "xla": ", the epilogue (it couples rows) left to XLA"}[p.placement] + '.\n"""\n')
         parts = [doc, HEADER, _constants(params, p.placement), FIT_SOURCE, "",
-                 _mxu_source(_dimension_numbers(p), passes),
+                 _mxu_source(gemm_dimensions(p.x_km, p.w_nk), passes),
                  _epilogue_source(p) + (p.prologue_text + "\n\n" if p.prologue else ""), _gemm_source(p)]
         if p.placement == "rows":
             parts.append(_rows_source(p))
@@ -276,7 +299,7 @@ def summed_product(task: "Task") -> str | None:
 def precise_source(source: str) -> str | None:
     """A rendered 3-pass GEMM with its tile product at ``Precision.HIGHEST`` instead (all else the same), or
     None when ``source`` has no 3-pass product of this template."""
-    for dn in (W_NK_DIMENSIONS, W_KN_DIMENSIONS):
+    for dn in ALL_DIMENSIONS:
         split = _mxu_source(dn, 3)
         if split in source:
             return (source.replace(split, _mxu_source(dn, 6))
@@ -288,7 +311,7 @@ def split_source(source: str) -> str | None:
     """A rendered kernel's one-pass tile products (``_mxu_source``) as three-pass ones instead (all else the
     same), or None when ``source`` has none."""
     out, first = source, True
-    for dn in (W_NK_DIMENSIONS, W_KN_DIMENSIONS):
+    for dn in ALL_DIMENSIONS:
         for name in sorted(set(_PRODUCT_NAME.findall(source))):
             one = _mxu_source(dn, 1, name)
             if one in out:
@@ -359,7 +382,7 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> GemmPlan | str:
         found.append(p)
     if len(prologues) > 1:
         return "the random draws after the matmul are written differently at different sizes"
-    if len({(p.w_nk, p.in_dtype, p.precision, p.placement, p.row_blocked) for p in found}) != 1:
+    if len({(p.x_km, p.w_nk, p.in_dtype, p.precision, p.placement, p.row_blocked) for p in found}) != 1:
         return "a matmul laid out differently at different sizes"
     generic = {text.replace(_epilogue_name(key), "_epilogue").replace(f", for {_extent(key)}.", ".")
                for key, text in texts.items()}
@@ -443,10 +466,6 @@ def _constants(params: dict[str, Any], placement: str) -> str:
     if placement == "rows":
         lines.append(f"BLOCK_ROWS = {int(params['block_rows'])}  # whole rows of the product per epilogue step")
     return "\n".join(lines) + "\n"
-
-
-def _dimension_numbers(p: GemmPlan) -> str:
-    return W_NK_DIMENSIONS if p.w_nk else W_KN_DIMENSIONS
 
 
 SPLIT_SOURCE = '''def _split(a):
@@ -559,7 +578,9 @@ def _kernel_source(p: GemmPlan, names: list[str], statics: list[str]) -> str:
     n_expr = f"{w}.shape[0]" if p.w_nk else f"{w}.shape[1]"
     h_dtype = dtype_expr(np.dtype(p.tail.inputs[0].dtype))
     out_dtype = dtype_expr(np.dtype(p.out.dtype))
-    in_specs = ["pl.BlockSpec((block_m, block_k), lambda i, j, kk: (i, kk))", w_spec]
+    x_spec = ("pl.BlockSpec((block_k, block_m), lambda i, j, kk: (kk, i))" if p.x_km
+              else "pl.BlockSpec((block_m, block_k), lambda i, j, kk: (i, kk))")
+    in_specs = [x_spec, w_spec]
     operands = [x, w]
     if p.tileable:
         for name, v in zip(others, p.tail.inputs[1:]):
@@ -573,7 +594,7 @@ def _kernel_source(p: GemmPlan, names: list[str], statics: list[str]) -> str:
     item = p.in_dtype.itemsize
     lines = [
         f"def kernel({', '.join(names)}, **static):",
-        f"    m, k = {x}.shape",
+        f"    {'k, m' if p.x_km else 'm, k'} = {x}.shape",
         f"    n = {n_expr}",
         "    block_m, block_n, block_k = min(BLOCK_M, m), min(BLOCK_N, n), _fit(BLOCK_K, k)  # partial last M, N tiles",
         "    # What one step holds (blocks double-buffered, the f32 accumulator, split operands): the limit",

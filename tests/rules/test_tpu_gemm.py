@@ -192,3 +192,62 @@ def test_a_top_k_after_the_matmul_runs_in_xla_not_in_the_kernel(tmp_path) -> Non
     offered = [s.name for s in propose_strategies(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")]
     assert "template:rowblock" not in offered  # its row body would hold the top-k: no Mosaic lowering
     assert "template:rowblock" in [s.name for s in propose_strategies(task, analyze_task(task, "cpu"), "cpu")]
+
+
+# Activations kept feature-major ([features, tokens], as a caller that stores them transposed hands them
+# over), multiplied by a weight stored [out, in] through einsum; a bias and a tanh GELU after.
+FEATURE_MAJOR = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, tokens, width):
+    k1, k2, k3 = jax.random.split(key, 3)
+    acts = jax.random.normal(k1, (width, tokens), jnp.float32)
+    proj = jax.random.normal(k2, (512, width), jnp.float32) / width ** 0.5
+    shift = jax.random.normal(k3, (512,), jnp.float32)
+    return (proj, acts, shift), {}
+
+
+def reference(proj, acts, shift):
+    y = jnp.einsum("dt,ed->te", acts, proj, precision=jax.lax.Precision.HIGHEST)
+    return jax.nn.gelu(y + shift)
+'''
+
+# The same, written with the transpose spelled out (``acts.T @ proj.T``), and a near miss that reads the
+# activations again after the product (a residual of their own transpose: x is not only the matmul's).
+TRANSPOSES = FEATURE_MAJOR.replace('jnp.einsum("dt,ed->te", acts, proj, precision=jax.lax.Precision.HIGHEST)',
+                                   "jnp.matmul(acts.T, proj.T, precision=jax.lax.Precision.HIGHEST)")
+READ_AGAIN = TRANSPOSES.replace("(512, width)", "(width, width)").replace("(512,)", "(width,)").replace(
+    "return jax.nn.gelu(y + shift)", "return jax.nn.gelu(y + shift) + acts.T")
+
+
+def _feature_major(tmp_path, name: str, source: str):  # type: ignore[no-untyped-def]
+    from support import task_folder, task_yaml
+
+    return task_folder(tmp_path, name, task_yaml(name, "matmul", 0.001, {"tokens": 256, "width": 512},
+                                                 {"tokens": 2048, "width": 4096}, "tokens"), source)
+
+
+@pytest.mark.parametrize("name", ["einsum", "transposes"])
+def test_activations_stored_feature_major_are_read_in_their_layout(tmp_path, declared_size_evaluator,  # type: ignore[no-untyped-def]
+                                                                   name: str) -> None:
+    task = _feature_major(tmp_path, name, {"einsum": FEATURE_MAJOR, "transposes": TRANSPOSES}[name])
+    full = plan(task, ("full",))
+    assert not isinstance(full, str), full
+    assert full.x_km and full.w_nk and full.x.name == "acts" and full.w.name == "proj"
+    assert (full.m, full.n, full.k) == (2048, 512, 4096)
+    offered = [s.name for s in propose_strategies(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")]
+    assert "template:tpu_gemm" in offered
+    source = TPU_GEMM.render(task, {"block_m": 128, "block_n": 256, "block_k": 256, "passes": 3}, ("cpu", "full"))
+    assert "k, m = acts.shape" in source and "pl.BlockSpec((block_k, block_m), lambda i, j, kk: (kk, i))" in source
+    assert ".T" not in source.partition("def kernel")[2]  # no transpose of the activations in HBM
+    report = declared_size_evaluator.evaluate(task, source)
+    assert report.passed and report.label == "pallas-kernel", report.reason
+    result = validate_tpu(source, task, "v6e")
+    assert result.ok, result.reason
+
+
+def test_activations_read_again_after_the_product_are_not_a_gemm_input(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    task = _feature_major(tmp_path, "read_again", READ_AGAIN)
+    assert plan(task, ("cpu",)) == "the computation after the matmul reads x or the weight again"
