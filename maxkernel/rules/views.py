@@ -34,7 +34,7 @@ from maxkernel.analysis.program import (Program, ProgramBuilder, arg_names, inpu
                                         static_args, trace_program)
 from maxkernel.analysis.unit_axis import drop_unit_axis, has_unit_axis
 from maxkernel.rewrites.emit import EmitError
-from maxkernel.rewrites.sized import emit_every_size, integer_statics
+from maxkernel.rewrites.sized import emit_every_size
 from maxkernel.sketches.axes import reshape_groups
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ def _edges(task: "Task") -> tuple[str, str, list[str]] | str:
     # the wrong one. A task whose sizes cannot all move (heads that must divide) goes without: the judge
     # checks at the check size.
     values = task.size("cpu")
-    moved = {k: v + 8 * (i + 1) if isinstance(v, int) and not isinstance(v, bool) and v > 1 else v
+    moved = {k: v + 8 * (i + 1) if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else v
              for i, (k, v) in enumerate(values.items())}
     sized.append((task.with_size("edges_probe", moved), "edges_probe"))
     programs, integers = [], []
@@ -147,7 +147,9 @@ def _edges(task: "Task") -> tuple[str, str, list[str]] | str:
             programs.append(trace_program(t, size))
         except Exception:  # noqa: BLE001 - only the moved sizes may fail here: the task's own traced before
             continue
-        integers.append(integer_statics(static_args(t, size)))
+        # A batch count of one at one size is a static like any other here: the moved size makes it two.
+        integers.append({k: v for k, v in static_args(t, size).items()
+                         if isinstance(v, int) and not isinstance(v, bool) and v >= 1})
     into, back = zip(*(edge_programs(p, *boundary_reshapes(p)) for p in programs))
     try:
         written = [emit_every_size(list(into), "_into_view", statics=True, integers=integers),

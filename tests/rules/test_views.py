@@ -272,3 +272,16 @@ def test_an_argument_read_whole_too_is_not_reshaped_at_the_edge(tmp_path) -> Non
 
     both = FLAT.replace("return jnp.maximum(y, 0.1 * y).reshape(-1)", "return jnp.maximum(y, 0.1 * y).reshape(-1) + x")
     assert "no argument is read only through a reshape" in str(view_reason(_flat_task(tmp_path, "both", both), RESHAPED))
+
+
+def test_a_batch_count_of_one_at_the_task_size_is_still_read_from_its_static(tmp_path, declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
+    """One example at the cpu size: the split ``x.reshape(rows, -1)`` reads ``rows``, which is 1 there, 512 at
+    the full size and 9 at the moved size the edges are traced at."""
+    task = task_folder(tmp_path, "one", task_yaml("one", "matmul", 0.001, {"batch": 1, "features": 256, "hidden": 256},
+                                                   {"batch": 512, "features": 1024, "hidden": 1024}, "batch"), FLAT)
+    gemm = {s.name: s for s in propose_strategies(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")}["template:tpu_gemm"]
+    source = render(task, gemm)
+    into = source[source.index("def _into_view"):source.index("def _out_of_view")]
+    assert "def _into_view(x, w, *, rows)" in into and "x.reshape((rows, w_dim0))" in into, into
+    report = declared_size_evaluator.evaluate(task, source)
+    assert report.passed and report.label == "pallas-kernel", report.reason
