@@ -328,6 +328,16 @@ class LayoutRebuild:
 
     def _gather(self, node: Node, params: dict[str, Any], carried: list[tuple[Var, int]]) -> None:
         src, indices = node.ins[:2]
+        for v, _ in carried:  # an axis of one put there by a reshape (the index vector's): back in place
+            if v in self.inserted:
+                self.restore(v)
+        carried = [(v, d) for v, d in carried if self.get(v)[1] is not None]
+        if not carried:
+            self._copy(node)
+            return
+        if len(carried) == 2 and src is not indices and {v for v, _ in carried} == {src, indices}:
+            self._batched_gather(node, params, dict(carried))
+            return
         if len(carried) != 1 or carried[0][0] is not src:
             raise Refused("a gather whose indices carry the axis of one")
         c = carried[0][1]
@@ -346,6 +356,30 @@ class LayoutRebuild:
             start_indices_batching_dims=tuple(numbers.start_indices_batching_dims))
         params["slice_sizes"] = _drop(params["slice_sizes"], c)
         self._emit(node, [self.get(src)[0], self.get(indices)[0], *[self.get(op)[0] for op in node.ins[2:]]], params, [at])
+
+    def _batched_gather(self, node: Node, params: dict[str, Any], axes: dict[Var, int]) -> None:
+        """A gather mapped over the axis of one in both the operand and the indices (``jax.vmap`` of a
+        table lookup): the axis is one of its batching dimensions, paired in both; dropped from both."""
+        src, indices = node.ins[:2]
+        c, ci = axes[src], axes[indices]
+        numbers = params["dimension_numbers"]
+        batching = tuple(int(x) for x in numbers.operand_batching_dims)
+        index_batching = tuple(int(x) for x in numbers.start_indices_batching_dims)
+        if c not in batching or index_batching[batching.index(c)] != ci or ci == len(indices.shape) - 1:
+            raise Refused("a gather whose indices carry the axis of one")
+        j = batching.index(c)
+        offset_dims = tuple(int(x) for x in numbers.offset_dims)
+        # The result's axes that are not offsets follow the indices' axes, the index vector (last) left out.
+        at = [d for d in range(len(node.out.shape)) if d not in offset_dims][ci]
+        params["dimension_numbers"] = type(numbers)(
+            offset_dims=_renumber(offset_dims, at),
+            collapsed_slice_dims=_renumber(numbers.collapsed_slice_dims, c),
+            start_index_map=_renumber(numbers.start_index_map, c),
+            operand_batching_dims=_renumber(_drop(batching, j), c),
+            start_indices_batching_dims=_renumber(_drop(index_batching, j), ci))
+        params["slice_sizes"] = _drop(params["slice_sizes"], c)
+        self._emit(node, [self.without(src, c), self.without(indices, ci), *[self.get(op)[0] for op in node.ins[2:]]],
+                   params, [at])
 
     def _concatenate(self, node: Node, params: dict[str, Any], carried: list[tuple[Var, int]]) -> None:
         d = self._one_axis(carried)

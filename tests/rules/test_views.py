@@ -131,6 +131,58 @@ def test_a_mapped_convolution_loses_its_folding_reshapes(tmp_path) -> None:  # t
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
+# A relative-position bias looked up in a per-head table, mapped over a batch of one: the table carries the
+# axis, the bucket indices (positions, with the index vector's inserted axis of one) do not.
+TABLE_BIAS = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, tokens, width):
+    ks, kt = jax.random.split(key)
+    scores = jax.random.normal(ks, (1, 4, tokens, tokens), jnp.float32)
+    table = jax.random.normal(kt, (1, 4, width), jnp.float32)
+    return (scores, table), {}
+
+
+def _one(scores, table):
+    i = jnp.arange(scores.shape[-1])
+    bucket = jnp.clip(i[:, None] - i[None, :], 0, table.shape[-1] - 1)
+    return jax.nn.softmax(scores + table[:, bucket], axis=-1)
+
+
+def reference(scores, table):
+    return jax.vmap(_one)(scores, table)
+'''
+
+# Each example's own indices into its own table: both carry the axis, a batching dimension of the gather.
+OWN_INDICES = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, tokens, width):
+    kt, ki = jax.random.split(key)
+    table = jax.random.normal(kt, (1, width, 8), jnp.float32)
+    ids = jax.random.randint(ki, (1, tokens), 0, width)
+    return (table, ids), {}
+
+
+def reference(table, ids):
+    return jax.vmap(lambda t, i: jnp.tanh(t[i]) * 2.0)(table, ids)
+'''
+
+
+@pytest.mark.parametrize("name", ["table_bias", "own_indices"])
+def test_a_mapped_lookup_is_a_plain_gather_without_the_axis(tmp_path, name: str) -> None:  # type: ignore[no-untyped-def]
+    program, expected, got = _without_axis(_task(tmp_path, name, {"table_bias": TABLE_BIAS, "own_indices": OWN_INDICES}[name]))
+    (gather,) = [n for n in program.nodes if n.prim == "gather"]
+    numbers = gather.params["dimension_numbers"]
+    assert numbers.operand_batching_dims == () and numbers.start_indices_batching_dims == ()
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("old, new, why", [
     # the axis of one joined to another along itself: the result's leading axis is two, not one
     ("return jax.vmap(_one)(proj, h, bias)", "return jnp.concatenate([jax.vmap(_one)(proj, h, bias)] * 2, axis=0)[:1] * 2.0",
