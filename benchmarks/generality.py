@@ -50,7 +50,8 @@ DEFAULT_CALIBRATION = ROOT.parent / "shared" / "calibration"
 SESSION_MEMORY_BYTES = 12 << 30  # a session's address space: what a render allocates must not take the machine
 SESSION_WALL_S = 3600  # a guard against a hung session only; the budget is evaluations
 COST_MODEL_FILES = ("config/targets.yaml", "maxkernel/targets/model.py", "maxkernel/targets/ops.py",
-                    "maxkernel/targets/work.py", "maxkernel/targets/xla_cost.py", "maxkernel/targets/specs.py")
+                    "maxkernel/targets/work.py", "maxkernel/targets/xla_cost.py", "maxkernel/targets/specs.py",
+                    "maxkernel/targets/xla_tpu.py")
 TEMPLATE_ERROR_STATUSES = ("compile_error", "runtime_error")
 
 

@@ -78,3 +78,29 @@ def test_captured_pieces_reprice_exactly_as_the_model(matmul_task) -> None:
     steps = sum(k.grid_steps * k.count for k in estimate.kernels)
     slower = params.model_copy(update={"step_overhead_s": params.step_overhead_s + 1e-6})
     assert prepared.seconds(slower) - prepared.seconds(params) == pytest.approx(steps * 1e-6, rel=1e-6)
+
+
+def test_sentinels_are_counted_from_the_figure_not_from_every_custom_call() -> None:
+    """The ragged paged attention reference compiled for v6e: seven non-Mosaic custom calls, optimal_seconds
+    -0.99937 (one sentinel). Counting every custom call as one priced it at 6.0 s, a 1299x 'speedup'."""
+    assert xla_tpu.without_sentinels(-0.99937, 7) == pytest.approx(0.00063)
+    assert xla_tpu.without_sentinels(-1.9995, 3) == pytest.approx(0.0005)
+    assert xla_tpu.without_sentinels(0.0042, 0) == 0.0042
+    assert xla_tpu.without_sentinels(-999.9, 2) is None  # a Pallas kernel's -1000 s: not priced here
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not xla_tpu.compiler_installed(), reason="the TPU compiler (extra tpu-compiler) is not installed")
+def test_a_reference_with_layout_helpers_is_priced_at_its_own_time() -> None:
+    import functools
+
+    import jax
+    from jax._src import core
+
+    from maxkernel.analysis.program import input_shapes, static_args
+
+    task = load_task("7p_Ragged_Paged_Attention")
+    closed = jax.make_jaxpr(functools.partial(task.reference, **static_args(task, "full")))(*input_shapes(task, "full"))
+    device = xla_tpu.tpu_compiler("v6e")
+    cost = xla_tpu.compiled_cost(core.jaxpr_as_fun(closed), [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in closed.in_avals], device)
+    assert 1e-4 < cost.seconds < 0.1, cost  # its loop body once: 0.6 ms, not the 6.0 s of seven sentinels
