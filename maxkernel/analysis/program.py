@@ -261,9 +261,15 @@ def _const(value: Any) -> Const:
 
 
 def arg_names(task: "Task") -> list[str]:
-    """The reference's positional parameter names (``x``, ``weight`` ...), used as input names."""
-    params = inspect.signature(task.reference).parameters.values()
-    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    """The reference's positional parameter names (``x``, ``weight`` ...), used as input names: those its
+    arguments fill (a trailing ``eps=1e-6`` that ``get_inputs`` does not pass is a constant, not an input)."""
+    params = [p for p in inspect.signature(task.reference).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if params and params[-1].default is not inspect.Parameter.empty:
+        count = len(input_shapes(task, "cpu"))
+        if count < len(params) and all(p.default is not inspect.Parameter.empty for p in params[count:]):
+            params = params[:count]
+    return [p.name for p in params]
 
 
 def trace_program(task: "Task", size: str = "cpu", shapes: list[Any] | None = None) -> Program:

@@ -265,6 +265,28 @@ def test_rows_in_two_leading_axes_are_a_matrix_of_rows_merged(tmp_path, declared
     assert report.passed and report.label == "pallas-kernel", report.reason
 
 
+def test_a_constant_with_a_default_in_the_signature_is_not_an_argument_of_the_view(tmp_path, declared_size_evaluator) -> None:  # type: ignore[no-untyped-def]
+    """``def reference(w, h, shift, slope=0.01)``: get_inputs passes three arrays; the slope keeps its default.
+    The view's reference and the candidate's ``kernel`` take the three arrays (the view once passed the
+    slope on as a fourth array and failed)."""
+    from maxkernel.analysis.program import arg_names
+    from maxkernel.rules.views import ROWS_MERGED, task_view
+
+    source = ROWS.replace("def reference(w, h, shift):", "def reference(w, h, shift, slope=0.01):").replace(
+        "return jax.nn.gelu(y)", "return jnp.maximum(y, slope * y)")
+    task = _rows_task(tmp_path, "defaulted", source)
+    assert arg_names(task) == ["w", "h", "shift"]
+    view = task_view(task, ROWS_MERGED)
+    assert view is not None
+    args, static = view.get_inputs(jax.random.key(2), "cpu")
+    assert np.asarray(view.reference(*args, **static)).shape == (128, 256)
+    gemm = {s.name: s for s in propose_strategies(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")}["template:tpu_gemm"]
+    rendered = render(task, gemm)
+    assert "def kernel(w, h, shift, **static):" in rendered
+    report = declared_size_evaluator.evaluate(task, rendered)
+    assert report.passed and report.label == "pallas-kernel", report.reason
+
+
 @pytest.mark.parametrize("old, new, why", [
     # a mean over the sequence: the second axis is reduced, not a row
     ("return jax.nn.gelu(y)", "return jax.nn.gelu(y - y.mean(axis=1, keepdims=True))", "not both parallel"),
