@@ -113,29 +113,26 @@ def match(program: Program) -> GemmPlan | str:
     producers = program.producers()
     upstream = {id(dot)}
 
-    def _transposed_input(v: Any) -> Node | None:  # the 2-D transpose of an input that makes ``v``
+    def _stored(v: Any, axis: int) -> tuple[Var, int, Node | None] | None:
+        """The 2-D input an operand is read from, the axis of it contracted, and the transpose between."""
+        if v in program.inputs and len(v.shape) == 2:
+            return v, axis, None
         src = producers.get(v) if isinstance(v, Var) else None
         if (src is not None and src.prim == "transpose" and src.ins[0] in program.inputs
                 and tuple(src.params["permutation"]) == (1, 0)):
-            return src
+            return src.ins[0], 1 - axis, src
         return None
 
-    if lb or rb or len(getattr(lhs, "shape", ())) != 2 or tuple(lc) not in ((0,), (1,)):
+    if lb or rb or len(getattr(lhs, "shape", ())) != 2 or tuple(lc) not in ((0,), (1,)) or tuple(rc) not in ((0,), (1,)):
         return "not a plain [M, K] matmul of an input"
-    if lhs in program.inputs:
-        x, x_km = lhs, tuple(lc) == (0,)
-    elif (src := _transposed_input(lhs)) is not None and tuple(lc) == (1,):
-        x, x_km = src.ins[0], True
-        upstream.add(id(src))
-    else:
+    found_x, found_w = _stored(lhs, int(lc[0])), _stored(rhs, int(rc[0]))
+    if found_x is None:
         return "not a plain [M, K] matmul of an input (or of its transpose)"
-    if rhs in program.inputs and len(rhs.shape) == 2 and tuple(rc) in ((0,), (1,)):
-        w, w_nk = rhs, tuple(rc) == (1,)
-    elif (src := _transposed_input(rhs)) is not None and tuple(rc) == (0,):
-        w, w_nk = src.ins[0], True
-        upstream.add(id(src))
-    else:
+    if found_w is None:
         return "the weight is not a 2-D input (or its transpose)"
+    (x, x_axis, x_t), (w, w_axis, w_t) = found_x, found_w
+    x_km, w_nk = x_axis == 0, w_axis == 1  # x stored [K, M]; the weight stored [N, K]
+    upstream.update(id(t) for t in (x_t, w_t) if t is not None)
     assert isinstance(w, Var) and isinstance(x, Var)
     if np.dtype(x.dtype) != np.dtype(w.dtype) or np.dtype(x.dtype) not in (np.dtype("float32"), np.dtype("bfloat16")):
         return "operands that are not both float32 or both bfloat16"
