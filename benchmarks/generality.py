@@ -268,7 +268,8 @@ def stop_sessions(signum: int, _frame: Any = None) -> None:
     os._exit(128 + signum)
 
 
-def bounded_session(entry: dict[str, Any], target: str, evals: int, seed: int) -> dict[str, Any]:
+def bounded_session(entry: dict[str, Any], target: str, evals: int, seed: int,
+                    wall_s: float = SESSION_WALL_S) -> dict[str, Any]:
     """``run_session`` in a process of its own (spawned: a fresh JAX), answered or killed after the wall guard."""
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
@@ -277,21 +278,23 @@ def bounded_session(entry: dict[str, Any], target: str, evals: int, seed: int) -
     proc.start()
     LIVE_SESSIONS.add(proc)
     send.close()
-    reply = None
+    reply, killed = None, False
     try:
-        if receive.poll(SESSION_WALL_S):
+        if receive.poll(wall_s):
             try:
                 reply = receive.recv()
             except EOFError:
                 reply = None
         if reply is None and proc.is_alive():
             proc.kill()
+            killed = True
         proc.join(30)
     finally:
         LIVE_SESSIONS.discard(proc)
     if reply is not None:
         return json.loads(reply)
-    why = "no answer within the wall guard" if proc.exitcode is None else f"the session's process ended with exit code {proc.exitcode}"
+    why = (f"no answer within the wall guard ({wall_s:.0f} s, --session-wall): killed" if killed or proc.exitcode is None
+           else f"the session's process ended with exit code {proc.exitcode}")
     return {**entry, "status": "error", "winner": "reference", "speedup": 1.0, "template_errors": [], "note": why,
             "seconds": round(time.monotonic() - started, 1)}
 
@@ -380,6 +383,53 @@ def markdown_tables(config: dict[str, Any], rows: list[dict[str, Any]], summary:
     return "\n".join(lines)
 
 
+def family(row: dict[str, Any]) -> str:
+    """A winner's strategy family: its name up to its parameters, without its kind (``template:tpu_gemm`` and a
+    rewrite then the same template are one family), ``reference`` for a returned reference."""
+    strategy = str(row.get("strategy") or "reference")
+    return strategy.split(":", 1)[-1] if strategy != "reference" else "reference"
+
+
+def against_originals(rows: list[dict[str, Any]], originals: list[dict[str, Any]], original_model: str,
+                      variant_model: str) -> str:
+    """Markdown: each variant beside its original's session, with what the generality targets ask of it: a
+    variant that keeps the work keeps the original's family, within 10% of its speedup; one that changes the
+    work gets a winner within 10% of the original's share of roofline. Variants whose original did not run
+    in ``originals`` are counted apart."""
+    from jaxbench.variants import KEEP
+
+    by_task = {r["task"]: r for r in originals}
+    lines = [f"originals: {original_model}; variants: {variant_model}", "",
+             "| variant | keeps the work | original | variant | same family | within 10% |", "|---|---|---|---|---|---|"]
+    counts = {"keep": 0, "kept": 0, "close": 0, "change": 0, "change_close": 0, "unmatched": 0}
+    for row in rows:
+        base, _, kind = str(row["task"]).partition("__")
+        original = by_task.get(base)
+        if original is None:
+            counts["unmatched"] += 1
+            continue
+        keeps = kind in KEEP
+        o_speed, v_speed = float(original.get("speedup") or 1.0), float(row.get("speedup") or 1.0)
+        same = family(row) == family(original)
+        if keeps:
+            close = same and abs(v_speed / o_speed - 1.0) <= 0.10
+            counts["keep"] += 1
+            counts["kept"] += same
+            counts["close"] += close
+        else:
+            o_roof, v_roof = original.get("winner_roofline"), row.get("winner_roofline")
+            close = o_roof is not None and v_roof is not None and abs(v_roof / o_roof - 1.0) <= 0.10
+            counts["change"] += 1
+            counts["change_close"] += close
+        lines.append(f"| {row['task']} | {'yes' if keeps else 'no'} | {family(original)} {o_speed:.2f}x | "
+                     f"{family(row)} {v_speed:.2f}x | {'yes' if same else 'no'} | {'yes' if close else 'no'} |")
+    lines += ["", f"Keeping the work: the original's family on {counts['kept']} of {counts['keep']}, within 10% of its "
+              f"speedup on {counts['close']}. Changing the work: within 10% of the original's share of roofline on "
+              f"{counts['change_close']} of {counts['change']}. Variants whose original is not in the run: "
+              f"{counts['unmatched']}."]
+    return "\n".join(lines)
+
+
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "rows.jsonl"
     if not path.is_file():
@@ -402,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--peer", action="store_true", help="the peer's plain-JAX starting programs")
     mode.add_argument("--resume", type=Path, metavar="RUN_DIR", help="finish the run in RUN_DIR")
     mode.add_argument("--report", type=Path, metavar="RUN_DIR", help="print the tables of RUN_DIR (no run)")
+    parser.add_argument("--against", type=Path, metavar="ORIGINALS_RUN_DIR",
+                        help="with --report of a variants run: each variant beside its original's session in this run "
+                             "(the suite tasks run with --tasks on the same model)")
     parser.add_argument("--seed", type=int, help="default: drawn from the clock and printed")
     parser.add_argument("--target", default="tpu-v6e")
     parser.add_argument("--evals", type=int, default=20, help="evaluations per session")
@@ -410,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="sessions at once")
     parser.add_argument("--limit", type=int, help="run at most this many of the run's tasks (the rest: --resume)")
     parser.add_argument("--json", type=Path, help="rows and summary, rewritten after every task")
+    parser.add_argument("--session-wall", type=float, default=SESSION_WALL_S, metavar="SECONDS",
+                        help="kill a session after this long (a guard against a hung one; a loaded 2-core host "
+                             "can take over an hour on a session that compiles its reference for XLA:TPU often)")
     parser.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     args = parser.parse_args(argv)
     try:
@@ -425,8 +481,14 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.report:
         config = _read_config(args.report)
-        print_tables(config, _ordered(config, read_rows(args.report)), markdown=args.markdown)
+        rows = _ordered(config, read_rows(args.report))
+        print_tables(config, rows, markdown=args.markdown)
+        if args.against:
+            originals = _read_config(args.against)
+            print(against_originals(rows, read_rows(args.against), originals["cost_model"], config["cost_model"]))
         return 0
+    if args.against:
+        raise UsageError("--against goes with --report RUN_DIR of a variants run")
     if args.resume:
         run_dir = args.resume
         config = _read_config(run_dir)
@@ -473,7 +535,8 @@ def _run(args: argparse.Namespace) -> int:
             row = {**entry, "status": "error", "winner": "reference", "speedup": 1.0, "template_errors": [],
                    "note": f"task not written: {type(exc).__name__}: {exc}"[:300]}
         else:
-            row = bounded_session(entry, config["target"], config["evals"], int(config["seed"]) % (2**31))
+            row = bounded_session(entry, config["target"], config["evals"], int(config["seed"]) % (2**31),
+                                  args.session_wall)
         row.pop("slot", None)
         row["commit"] = commit
         with lock:

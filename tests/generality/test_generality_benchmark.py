@@ -73,6 +73,26 @@ def test_summary_counts_winners_failures_and_template_errors() -> None:
     assert summarize(rows + [crashed])["families"]["g"]["failed"] == 1
 
 
+def test_variants_beside_their_originals_count_what_the_targets_ask() -> None:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.generality import against_originals
+
+    originals = [{"task": "1p_A", "strategy": "template:flash", "speedup": 4.0, "winner_roofline": 0.5},
+                 {"task": "2p_B", "strategy": "reference", "speedup": 1.0, "winner_roofline": 0.3}]
+    variants = [
+        {"task": "1p_A__permute", "strategy": "template:flash", "speedup": 3.8},  # kept, within 10%
+        {"task": "1p_A__batch_added", "strategy": "rewrite:x+flash", "speedup": 2.0},  # another family
+        {"task": "2p_B__statics", "strategy": "reference", "speedup": 1.0},  # kept: both return the reference
+        {"task": "2p_B__dtype", "strategy": "template:y", "speedup": 1.5, "winner_roofline": 0.32},  # changes the work
+        {"task": "3p_C__permute", "strategy": "template:z", "speedup": 2.0},  # no original on this model
+    ]
+    text = against_originals(variants, originals, "model-a", "model-a")
+    assert "| 1p_A__permute | yes | flash 4.00x | flash 3.80x | yes | yes |" in text
+    assert "| 1p_A__batch_added | yes | flash 4.00x | x+flash 2.00x | no | no |" in text
+    assert ("the original's family on 2 of 3, within 10% of its speedup on 2. Changing the work: within 10% of the "
+            "original's share of roofline on 1 of 1. Variants whose original is not in the run: 1.") in text
+
+
 @pytest.mark.slow
 def test_a_run_cut_short_resumes_without_rerunning_finished_tasks(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks"
