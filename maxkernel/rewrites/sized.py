@@ -171,9 +171,10 @@ def _tuple(parts: list[str]) -> str:
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
-def integer_statics(static: dict[str, Any]) -> dict[str, int]:
-    """The layer's static arguments that are size parameters (integers above 1)."""
-    return {k: v for k, v in static.items() if isinstance(v, int) and not isinstance(v, bool) and v > 1}
+def integer_statics(static: dict[str, Any], minimum: int = 2) -> dict[str, int]:
+    """The layer's static arguments that are size parameters (integers of at least ``minimum``: a count of
+    one is left out where nothing moves it, since it would match every axis of one)."""
+    return {k: v for k, v in static.items() if isinstance(v, int) and not isinstance(v, bool) and v >= minimum}
 
 
 def candidates(program: Program, statics: dict[str, int]) -> dict[Key, int]:

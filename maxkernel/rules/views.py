@@ -34,7 +34,7 @@ from maxkernel.analysis.program import (Program, ProgramBuilder, arg_names, inpu
                                         static_args, trace_program)
 from maxkernel.analysis.unit_axis import drop_unit_axis, has_unit_axis
 from maxkernel.rewrites.emit import EmitError
-from maxkernel.rewrites.sized import emit_every_size
+from maxkernel.rewrites.sized import emit_every_size, integer_statics
 from maxkernel.sketches.axes import reshape_groups
 
 if TYPE_CHECKING:
@@ -147,9 +147,8 @@ def _edges(task: "Task") -> tuple[str, str, list[str]] | str:
             programs.append(trace_program(t, size))
         except Exception:  # noqa: BLE001 - only the moved sizes may fail here: the task's own traced before
             continue
-        # A batch count of one at one size is a static like any other here: the moved size makes it two.
-        integers.append({k: v for k, v in static_args(t, size).items()
-                         if isinstance(v, int) and not isinstance(v, bool) and v >= 1})
+        # A batch count of one at one size is a static like any other here: the moved size makes it nine.
+        integers.append(integer_statics(static_args(t, size), minimum=1))
     into, back = zip(*(edge_programs(p, *boundary_reshapes(p)) for p in programs))
     try:
         written = [emit_every_size(list(into), "_into_view", statics=True, integers=integers),
