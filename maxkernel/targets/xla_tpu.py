@@ -39,7 +39,7 @@ INSTALL_HINT = 'pip install "maxkernel[tpu-compiler]"'
 # seven non-Mosaic custom calls (``AllocateBuffer``, ``AssumeGatherIndicesInBound``, ...) read -0.9994 s, one
 # sentinel. So the sentinels are counted from the figure itself: the fewest whole seconds that make it
 # non-negative (a program's own time here is under a second: the dearest reference of the suite and of the
-# generated tasks is priced under 100 ms), never more than the program has custom calls. A program that
+# generated tasks is priced under 300 ms), never more than the program has custom calls. A program that
 # cannot be explained so (a Pallas kernel: -1000 s) is not priced here.
 UNCOSTED_SENTINEL_S = 1.0
 UNCOSTED_CALL = re.compile(r"custom-call\(.*custom_call_target=\"(?!tpu_custom_call)")
