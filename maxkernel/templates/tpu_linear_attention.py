@@ -1,0 +1,659 @@
+"""TPU linear attention: ``Q K^T`` scores times a factor of positions and per-position values, optionally
+divided by a row sum of what the scores become, applied to ``V`` — RetNet's retention and Mamba-2's SSD in
+their quadratic ("dual") form, whatever the reference calls its arguments.
+
+Matched by data flow on the jaxpr: two products, the first reading one input per operand (q and k), the
+second one input (v) on its right; between them only elementwise work on score tiles. Every operand of that
+work that does not vary along both the query and the key axis — a decay rate per head, a cumulative log
+gate per position, the positions themselves — is computed by XLA as the reference computes it and read by
+the kernel as a row ``[block_q, 1]``, a column ``[1, block_k]`` or one value per head. One reduction is
+allowed: a sum over the keys of what the scores become, which the reference then turns into a per-row
+divisor (a RetNet or SSD normalizer). Dividing a row before the value product equals dividing the product
+after it, so the kernel accumulates the row sum beside the product over the key blocks and divides once.
+
+What an expert writes, and this emits:
+- a grid (batch, head, step) whose steps are the (query block, key block) pairs the factor leaves visible,
+  row by row, prefetched as scalars: where the factor is zero above the diagonal whatever the inputs (an
+  abstract evaluation at the cpu size proves it), a block above the diagonal costs neither a DMA nor a
+  step;
+- the reference's own elementwise ops on each score tile, iotas made from the block's offsets: no [S, S]
+  factor ever reaches HBM;
+- both products on the MXU into an f32 accumulator, the row sum in an f32 column beside it, the divisor
+  and the output written once after the row's last key block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from maxkernel.analysis.program import Const, Node, Program, Var, arg_names, static_args, trace_program
+from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, scalar_text
+from maxkernel.rewrites.numeric import TooLargeToEvaluate, evaluate_nodes
+from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, block_pair_space, tpu_target
+from maxkernel.templates.tpu_gemm import HEADER, W_KN_DIMENSIONS, W_NK_DIMENSIONS, _mxu_source, _passes, chosen_passes
+from maxkernel.templates.tpu_mlp import _precision
+
+if TYPE_CHECKING:
+    from jaxbench.task import Task
+    from maxkernel.analysis import TaskAnalysis
+
+TPU_BLOCKS = (128, 256, 512, 1024)
+SCORE_DIMENSIONS = (((3,), (3,)), ((0, 1), (0, 1)))  # [b, h, q, d] x [b, h, k, d] -> [b, h, q, k]
+VALUE_DIMENSIONS = (((3,), (2,)), ((0, 1), (0, 1)))  # [b, h, q, k] x [b, h, k, d] -> [b, h, q, d]
+INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "ge": ">=", "gt": ">", "le": "<=", "lt": "<", "eq": "==",
+         "ne": "!=", "and": "&", "or": "|"}
+CALLS = {"max": "jnp.maximum", "min": "jnp.minimum", "pow": "jnp.power", "exp": "jnp.exp", "exp2": "jnp.exp2",
+         "log": "jnp.log", "log1p": "jnp.log1p", "expm1": "jnp.expm1", "abs": "jnp.abs", "sign": "jnp.sign",
+         "tanh": "jnp.tanh", "logistic": "jax.nn.sigmoid", "sqrt": "jnp.sqrt", "rsqrt": "jax.lax.rsqrt",
+         "not": "jnp.logical_not", "square": "jnp.square"}
+SHAPING = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims"})
+TILE_PRIMS = frozenset(INFIX) | frozenset(CALLS) | SHAPING | {"neg", "integer_pow", "select_n", "convert_element_type",
+                                                               "iota"}
+# exp of a value at or below this is exactly 0 in float32 (the smallest subnormal is about exp(-103.3)).
+EXP_ZERO_BELOW = -1e4
+
+
+@dataclass
+class Leaf:
+    """A value the score tiles read that does not vary along both sequence axes: computed by XLA, read per
+    block."""
+
+    var: Var
+    aligned: tuple[int, int, int, int]  # its shape right-aligned to [batch, heads, q, k] (1 where it is constant)
+    reads_inputs: bool
+
+    @property
+    def rows(self) -> bool:
+        return self.aligned[2] > 1
+
+    @property
+    def cols(self) -> bool:
+        return self.aligned[3] > 1
+
+
+@dataclass
+class LinearAttention:
+    q: Var
+    k: Var
+    v: Var
+    q_factor: float
+    scores: Var  # the first product's result
+    tile_nodes: list[Node]  # in program order: what each score tile goes through
+    leaves: list[Leaf]
+    mixed: Var  # the tile that multiplies v (before the normalizer, when there is one)
+    mixed_dtype: Any  # the dtype the reference multiplies v in
+    summed: Var | None = None  # the tile whose row sum the normalizer reads
+    row_nodes: list[Node] = field(default_factory=list)  # from the row sum to the divisor
+    row_sum: Var | None = None
+    divisor: Var | None = None
+    divides: bool = True  # the divisor divides the rows (else multiplies them)
+    causal: bool = False
+    out_dtype: Any = None
+    in_dtype: Any = None
+    precision: str = "DEFAULT"
+    names: tuple[str, str, str] = ("q", "k", "v")
+    program: Program | None = None  # what was matched (the renderer names its values)
+
+
+def _is_tile(var: Var, sq: int, sk: int) -> bool:
+    return len(var.shape) >= 2 and tuple(var.shape[-2:]) == (sq, sk)
+
+
+def _through_converts(program: Program, var: Var) -> Var:
+    producers = program.producers()
+    while var in producers and producers[var].prim == "convert_element_type":
+        var = producers[var].ins[0]  # type: ignore[assignment]
+    return var
+
+
+def _aligned(var: Var, score: tuple[int, ...]) -> tuple[int, int, int, int] | None:
+    """``var``'s shape right-aligned to the scores' ``[b, h, q, k]``, or None when an axis matches neither
+    the scores' extent nor 1."""
+    if len(var.shape) > 4:
+        return None
+    shape = (1,) * (4 - len(var.shape)) + tuple(int(d) for d in var.shape)
+    if any(d not in (1, s) for d, s in zip(shape, score)):
+        return None
+    return shape  # type: ignore[return-value]
+
+
+def _tile_walk(program: Program, starts: list[Var], score: Var, stop: set[Var]) -> tuple[list[Node], list[Var]] | str:
+    """The nodes that make ``starts`` from the score tile by elementwise work on tiles, and the vars they read
+    that are not tiles of that work (the leaves); vars in ``stop`` are read as leaves."""
+    producers = program.producers()
+    sq, sk = score.shape[-2:]
+    nodes: set[int] = set()
+    leaves: list[Var] = []
+    seen: set[int] = set()
+    stack = list(starts)
+    while stack:
+        var = stack.pop()
+        if id(var) in seen or var is score:
+            continue
+        seen.add(id(var))
+        node = producers.get(var)
+        tile = _is_tile(var, sq, sk) or _constant_scalar(program, var)
+        if var in stop or node is None or not tile or node.prim not in TILE_PRIMS:
+            leaves.append(var)
+            continue
+        if node.prim == "iota" and int(node.params["dimension"]) < len(var.shape) - 2:
+            return "an iota along an axis other than the two sequence axes"
+        if node.prim == "select_n" and (len(node.ins) != 3 or np.dtype(node.ins[0].dtype) != np.dtype(bool)):
+            return "a select on an integer case index"
+        nodes.add(id(node))
+        for op in node.ins:
+            if isinstance(op, Var):
+                stack.append(op)
+            elif op.size != 1:
+                return "an array constant in the score work"
+    return [n for n in program.nodes if id(n) in nodes], leaves
+
+
+def _constant_scalar(program: Program, var: Var) -> bool:
+    """One value computed from scalar literals alone (a cast literal, its broadcast): written inline in the
+    kernel."""
+    if program.reads(var):
+        return False
+    ancestors = program.ancestors(var)
+    return all(n.prim in TILE_PRIMS and n.prim != "iota" and all(not isinstance(op, Const) or op.size == 1 for op in n.ins)
+               for n in ancestors) and (bool(ancestors) or var.size == 1)
+
+
+def _descendants(program: Program, var: Var) -> set[int]:
+    found = {id(var)}
+    for node in program.nodes:
+        if any(isinstance(op, Var) and id(op) in found for op in node.ins):
+            found.update(id(o) for o in node.outs)
+    return found
+
+
+def match(program: Program) -> LinearAttention | str:
+    """The linear attention ``program`` computes, or why it is not one."""
+    from maxkernel.rewrites.blocked_attention import _scalar_factor
+
+    dots = [n for n in program.nodes if n.prim == "dot_general"]
+    if len(dots) != 2:
+        return "not two matmuls (scores, then scores times values)"
+    first, second = dots
+    reads = [program.reads(op) if isinstance(op, Var) else set() for op in (*first.ins, second.ins[1])]
+    if any(len(r) != 1 for r in reads):
+        return "the products do not read one input per operand (q and k, then v)"
+    by_name = {v.name: v for v in program.inputs}
+    q, k, v = (by_name[next(iter(r))] for r in reads)
+    if len({q.name, k.name, v.name}) != 3 or any(len(t.shape) != 4 for t in (q, k, v)):
+        return "q, k and v are not three inputs of rank 4"
+    batch, heads, sq, d = q.shape
+    if k.shape != (batch, heads, sq, d) or v.shape[:3] != (batch, heads, sq):
+        return "q, k and v are not [batch, heads, seq, head_dim] of one sequence"
+    if (tuple(first.params["dimension_numbers"]) != SCORE_DIMENSIONS
+            or tuple(second.params["dimension_numbers"]) != VALUE_DIMENSIONS):
+        return "the products are not q k^T and scores times v per batch and head"
+    if _through_converts(program, second.ins[1]) is not v:  # type: ignore[arg-type]
+        return "the value product reads more than v"
+    try:
+        q_factor = _scalar_factor(program, first.ins[0], q) * _scalar_factor(program, first.ins[1], k)  # type: ignore[arg-type]
+    except EmitError as exc:
+        return str(exc)
+    if len(program.outputs) != 1 or _through_converts(program, program.outputs[0]) is not second.out:  # type: ignore[arg-type]
+        return "the output is not the value product"
+    score = first.out
+    if sq < 8 or sq % 8:
+        return "a sequence too short for score tiles"
+    mixed = second.ins[0]
+    assert isinstance(mixed, Var)
+    found = LinearAttention(q, k, v, q_factor, score, [], [], mixed, mixed.dtype, out_dtype=program.outputs[0].dtype,
+                            in_dtype=np.dtype(q.dtype), names=(q.name, k.name, v.name))
+    precisions = {_precision(first), _precision(second)}
+    if len(precisions) != 1:
+        return "the two products at different precisions"
+    found.precision = precisions.pop()
+    from_score = _descendants(program, score)
+    walked = _tile_walk(program, [mixed], score, set())
+    if isinstance(walked, str):
+        return walked
+    normalizers = [leaf for leaf in walked[1] if id(leaf) in from_score]
+    if normalizers:
+        norm = _normalizer(program, found, normalizers, from_score)
+        if norm is not None:
+            return norm
+        walked = _tile_walk(program, [found.mixed] + ([found.summed] if found.summed is not None else []), score,
+                            {found.divisor} if found.divisor is not None else set())  # type: ignore[arg-type]
+        if isinstance(walked, str):
+            return walked
+    nodes, leaf_vars = walked
+    if any(id(leaf) in from_score for leaf in leaf_vars):
+        return "the scores reach the value product other than through tile work and one row sum"
+    if id(found.mixed) not in from_score:
+        return "the value product does not read the scores"
+    found.tile_nodes = nodes
+    for var in leaf_vars:
+        aligned = _aligned(var, score.shape)
+        if aligned is None:
+            return f"a score term shaped {var.shape}, not a broadcast of [batch, heads, seq, seq]"
+        found.leaves.append(Leaf(var, aligned, bool(program.reads(var))))
+    return found
+
+
+def _normalizer(program: Program, found: LinearAttention, normalizers: list[Var], from_score: set[int]) -> str | None:
+    """Fills ``found``'s row sum, divisor and the tile it divides; the reason when the scores reach the value
+    product through anything else."""
+    producers = program.producers()
+    sq, sk = found.scores.shape[-2:]
+    if len(normalizers) != 1:
+        return "more than one value of the scores' rows feeds the value product"
+    divisor = normalizers[0]
+    if len(divisor.shape) < 2 or divisor.shape[-2:] != (sq, 1):
+        return "what the scores' row sum becomes is not one value per row"
+    rows = [n for n in program.ancestors(divisor) if id(n.out) in from_score]
+    sums = [n for n in rows if n.prim == "reduce_sum"]
+    if len(sums) != 1 or tuple(sums[0].params["axes"]) != (len(sums[0].ins[0].shape) - 1,):
+        return "not one sum over the keys before the divisor"
+    summed = sums[0].ins[0]
+    if not isinstance(summed, Var) or not _is_tile(summed, sq, sk):
+        return "the row sum is not of a score tile"
+    after_sum = _descendants(program, sums[0].out)
+    row_nodes = [n for n in rows if n is not sums[0] and id(n.out) in after_sum]
+    literal: set[int] = set()
+    for node in row_nodes:
+        if node.prim not in TILE_PRIMS or node.prim == "iota":
+            return f"{node.prim} between the row sum and the divisor"
+        for op in node.ins:
+            if isinstance(op, Var) and id(op) not in after_sum:
+                if not _constant_scalar(program, op):
+                    return "the divisor reads more than the row sum and constants"
+                literal.update(id(n) for n in program.ancestors(op))
+            elif isinstance(op, Const) and op.size != 1:
+                return "the divisor reads more than the row sum and constants"
+    row_nodes = [n for n in program.nodes if id(n) in literal or n in row_nodes]
+    # The divisor applies to the rows once, right before the casts to the value product.
+    apply = producers.get(_through_converts(program, found.mixed))
+    if apply is None or apply.prim not in ("div", "mul") or divisor not in apply.ins:
+        return "the divisor is not applied to the scores right before the value product"
+    if apply.prim == "div" and apply.ins[1] is not divisor:
+        return "the scores divide the divisor"
+    tile = next(op for op in apply.ins if op is not divisor)
+    if not isinstance(tile, Var) or id(tile) in _descendants(program, divisor):
+        return "the divided tile depends on its own divisor"
+    found.mixed, found.summed, found.divisor, found.divides = tile, summed, divisor, apply.prim == "div"
+    found.row_sum, found.row_nodes = sums[0].out, row_nodes
+    return None
+
+
+def hidden_keys(program: Program, a: LinearAttention) -> np.ndarray | str:
+    """[q, k]: True where the tile multiplying v (and the one summed) is zero for every input, by an abstract
+    evaluation at this program's size: values of no input are computed, the rest known only where a zero
+    factor, a select of a constant or exp of a huge negative value makes them zero."""
+    zero: dict[int, np.ndarray] = {}
+    tiny: dict[int, np.ndarray] = {}
+    value: dict[int, np.ndarray] = {}
+    try:
+        for leaf in a.leaves:
+            if not leaf.reads_inputs:
+                value[id(leaf.var)] = evaluate_nodes(program.ancestors(leaf.var), {})[leaf.var]
+        for node in a.tile_nodes:
+            ins = node.ins
+            if all(isinstance(op, Const) or id(op) in value for op in ins):
+                value[id(node.out)] = evaluate_nodes([node], {op: value[id(op)] for op in ins if isinstance(op, Var)})[node.out]
+                continue
+
+            def z(op: Any) -> Any:
+                if isinstance(op, Const):
+                    return np.asarray(op.scalar() == 0)
+                if id(op) in value:
+                    return value[id(op)] == 0
+                return zero.get(id(op), np.asarray(False))
+
+            def t(op: Any) -> Any:
+                if isinstance(op, Const):
+                    return np.asarray(np.dtype(op.dtype).kind == "f" and op.scalar() <= EXP_ZERO_BELOW)  # type: ignore[operator]
+                if id(op) in value:
+                    return np.asarray(value[id(op)] <= EXP_ZERO_BELOW) if np.dtype(op.dtype).kind == "f" else np.asarray(False)
+                return tiny.get(id(op), np.asarray(False))
+
+            shape = node.out.shape
+            if node.prim == "mul":
+                zero[id(node.out)] = z(ins[0]) | z(ins[1])
+            elif node.prim == "div":
+                zero[id(node.out)] = z(ins[0])
+            elif node.prim in ("convert_element_type", "neg", "abs") or node.prim in SHAPING:
+                zero[id(node.out)] = _fit(z(ins[0]), shape)
+                tiny[id(node.out)] = _fit(t(ins[0]), shape) if node.prim != "abs" else np.asarray(False)
+            elif node.prim == "exp":
+                zero[id(node.out)] = t(ins[0])
+            elif node.prim == "select_n":
+                pred = ins[0]
+                if isinstance(pred, Var) and id(pred) in value:
+                    chosen = np.asarray(value[id(pred)])
+                    zero[id(node.out)] = np.where(chosen, z(ins[2]), z(ins[1]))
+                    tiny[id(node.out)] = np.where(chosen, t(ins[2]), t(ins[1]))
+                else:
+                    zero[id(node.out)] = z(ins[1]) & z(ins[2])
+            for kind in (zero, tiny):
+                if id(node.out) in kind:
+                    kind[id(node.out)] = np.broadcast_to(kind[id(node.out)], np.broadcast_shapes(np.shape(kind[id(node.out)]), shape))
+    except TooLargeToEvaluate as exc:
+        return f"score terms not evaluated: {exc}"
+
+    def hidden(var: Var) -> np.ndarray:
+        if id(var) in value:
+            found = np.asarray(value[id(var)] == 0)
+        else:
+            found = zero.get(id(var), np.asarray(False))
+        full = np.broadcast_to(found, a.scores.shape)
+        return full.reshape((-1,) + full.shape[-2:]).all(axis=0)
+
+    out = hidden(a.mixed)
+    if a.summed is not None:
+        out = out & hidden(a.summed)
+    return out
+
+
+def _fit(array: Any, shape: tuple[int, ...]) -> Any:
+    """A zero mask reshaped along with its value (a reshape that only moves axes of one)."""
+    array = np.asarray(array)
+    if array.size == int(np.prod(shape)):
+        return array.reshape(shape)
+    return array
+
+
+def analyse(task: "Task", size: str) -> LinearAttention | str:
+    key = (str(task.path), task.source_digest, size)
+    if key not in _ANALYSED:
+        program = trace_program(task, size).dce()
+        found = match(program)
+        if not isinstance(found, str):
+            found.program = program
+        if not isinstance(found, str) and size == "cpu":
+            hidden = hidden_keys(program, found)
+            if isinstance(hidden, str):
+                found = hidden
+            else:
+                tril = np.tril(np.ones(hidden.shape, bool))
+                if hidden.all(axis=1).any():
+                    found = "a query row that sees no key"
+                else:
+                    found.causal = bool(hidden[~tril].all()) and not hidden[tril].all()
+        _ANALYSED[key] = found
+    return _ANALYSED[key]
+
+
+_ANALYSED: dict[tuple[str, str, str], LinearAttention | str] = {}
+
+
+def vmem_bytes(a: LinearAttention, block_q: int, block_k: int) -> int:
+    """Double-buffered q, k, v, output and leaf blocks, the f32 accumulator and row sum, and the f32 tiles
+    of one block pair (one per tile op, at most eight live)."""
+    item = np.dtype(a.in_dtype).itemsize
+    d, dv = a.q.shape[3], a.v.shape[3]
+    blocks = 2 * (block_q * d * item + block_k * (d + dv) * item + block_q * dv * np.dtype(a.out_dtype).itemsize)
+    leaves = sum(2 * 4 * (block_q if leaf.rows else 8) * (block_k if leaf.cols else 128) for leaf in a.leaves)
+    tiles = min(len(a.tile_nodes) + 2, 8) * block_q * block_k * 4
+    return blocks + leaves + block_q * (dv + 128) * 4 + tiles
+
+
+class TpuLinearAttentionTemplate:
+    name = "tpu_linear_attention"
+    description = ("linear attention over the visible block pairs: the reference's score terms on each tile from "
+                   "per-position rows and columns, a row-sum normalizer accumulated beside the value product")
+
+    def applies(self, task: "Task", analysis: "TaskAnalysis") -> str | None:
+        found = analyse(task, "cpu")
+        return found if isinstance(found, str) else None
+
+    def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
+        empty = TemplateSpace(defaults={"block_q": 0}, space={"block_q": []})
+        if not tpu_target(target):
+            return empty  # a TPU kernel: scalar prefetch
+        a = analyse(task, "full")
+        if isinstance(a, str):
+            return empty
+        found = block_pair_space(a.q.shape[2], list(TPU_BLOCKS), list(TPU_BLOCKS),
+                                 lambda bq, bk: vmem_bytes(a, bq, bk) <= TPU_VMEM_BUDGET)
+        if found is None:
+            return empty
+        (bq, bk), space = found
+        return TemplateSpace(defaults={"block_q": bq, "block_k": bk, "passes": max(_passes(a))},
+                             space={**space, "passes": _passes(a)})
+
+    def render(self, task: "Task", params: dict[str, Any], sizes: tuple[str, ...]) -> str:
+        cpu = analyse(task, "cpu")
+        if isinstance(cpu, str):
+            raise EmitError(cpu)
+        texts = set()
+        for size in sizes:
+            a = analyse(task, size)
+            if isinstance(a, str):
+                raise EmitError(a)
+            a.causal = cpu.causal
+            texts.add(render_linear_attention(task, a.program, a, int(params["block_q"]),
+                                              int(params.get("block_k", params["block_q"])), chosen_passes(a, params)))
+        if len(texts) != 1:
+            raise EmitError("the score terms are not written the same at every size")
+        return texts.pop()
+
+
+def _operand(op: Any, names: dict[int, str]) -> str:
+    if isinstance(op, Const):
+        return scalar_text(op.scalar())
+    return names[id(op)]
+
+
+def tile_line(node: Node, names: dict[int, str], offsets: tuple[str, str]) -> str:
+    """One node of the score work on 2-D tiles that broadcast as numpy does (rows ``[bq, 1]``, columns
+    ``[1, bk]``): the reference's op, an iota made from the block's row or column offset."""
+    ins = [_operand(op, names) for op in node.ins]
+    prim = node.prim
+    if prim in SHAPING:
+        return ins[0]
+    if prim == "iota":
+        along = int(node.params["dimension"]) - (len(node.out.shape) - 2)
+        shape = "(block_q, 1)" if along == 0 else "(1, block_k)"
+        iota = f"{offsets[along]} + jax.lax.broadcasted_iota(jnp.int32, {shape}, {along})"
+        return iota if np.dtype(node.out.dtype) == np.dtype("int32") else f"({iota}).astype({dtype_expr(node.out.dtype)})"
+    if prim == "convert_element_type" and isinstance(node.ins[0], Const):
+        return f"jnp.asarray({ins[0]}, {dtype_expr(node.params['new_dtype'])})"
+    if prim == "convert_element_type":
+        return f"{ins[0]}.astype({dtype_expr(node.params['new_dtype'])})"
+    if prim == "select_n":
+        return f"jnp.where({ins[0]}, {ins[2]}, {ins[1]})"
+    if prim == "neg":
+        return f"-{ins[0]}"
+    if prim == "integer_pow":
+        return f"{ins[0]} ** {int(node.params['y'])}"
+    if prim in INFIX:
+        return f"{ins[0]} {INFIX[prim]} {ins[1]}"
+    return f"{CALLS[prim]}({', '.join(ins)})"
+
+
+def _names(program: Program) -> dict[int, str]:
+    from maxkernel.rewrites.names import Namer
+
+    namer = Namer(program)
+    reserved = {"q", "k", "v", "s", "t", "h", "b", "acc", "rows", "cols", "block_q", "block_k", "flags", "jnp", "jax",
+                "pl", "pltpu", "np", "math", "functools"}
+    out: dict[int, str] = {}
+    taken: set[str] = set()
+    for var in [*program.inputs, *(o for n in program.nodes for o in n.outs)]:
+        name = namer(var)
+        base = name if name not in reserved else f"{name}_"
+        while base in taken:
+            base += "_"
+        taken.add(base)
+        out[id(var)] = base
+    return out
+
+
+SCHEDULE_SOURCE = '''def _fit_rows(block, extent, rows):
+    """Rows of the sequence a block: the largest divisor of the extent that is at most the block and a
+    multiple of a tile (``rows``), so a length such as 896 keeps blocks of 448 where halving would leave 128
+    and seven times the steps; else the block halved until it divides the extent."""
+    if extent <= block:
+        return extent
+    for size in range(block // rows * rows, rows - 1, -rows):
+        if extent % size == 0:
+            return size
+    return _fit(block, extent)
+
+
+def _schedule(seq, block_q, block_k, causal):
+    """The grid steps, row by row: every (query block, key block) pair, or with ``causal`` those with a key
+    at or before a query."""
+    q_blocks, kv_blocks, flags = [], [], []
+    for i in range(seq // block_q):
+        last = (min(seq // block_k, -(-(i + 1) * block_q // block_k)) if causal else seq // block_k) - 1
+        for j in range(last + 1):
+            q_blocks.append(i)
+            kv_blocks.append(j)
+            flags.append((FIRST if j == 0 else 0) | (LAST if j == last else 0))
+    return tuple(jnp.asarray(np.asarray(x, dtype=np.int32)) for x in (q_blocks, kv_blocks, flags))
+
+
+def _term_block(term, block_q, block_k):
+    """A score term as [batch or 1, heads or 1, seq or 1, seq or 1] (booleans as int32) and the block of it
+    each step reads: its rows of the query block, its columns of the key block, one value per head."""
+    term = term.reshape((1,) * (4 - term.ndim) + term.shape)
+    if term.dtype == jnp.bool_:
+        term = term.astype(jnp.int32)
+    batched, headed, rows, cols = (n > 1 for n in term.shape)
+    block = (None, None, block_q if rows else 1, block_k if cols else 1)
+    at = lambda b, h, t, qb, kb, f: (b if batched else 0, h if headed else 0, qb[t] if rows else 0, kb[t] if cols else 0)
+    return term, pl.BlockSpec(block, at)
+'''
+
+
+def render_linear_attention(task: "Task", program: Program, a: LinearAttention, block_q: int, block_k: int,
+                            passes: int) -> str:
+    names = _names(program)
+    q, k, v = a.names
+    static = list(static_args(task, "cpu"))
+    keywords = f", *, {', '.join(static)}" if static else ""
+    args = arg_names(task)
+    producers = program.producers()
+    leaves = sorted(a.leaves, key=lambda leaf: program.nodes.index(producers[leaf.var]) if leaf.var in producers else -1)
+    carriers = [a.q, a.k]
+    terms: list[str] = []
+    for index, leaf in enumerate(leaves):
+        read = [p for p in program.inputs if p.name in program.reads(leaf.var) and p not in carriers]
+        term = Program(carriers + read, program.ancestors(leaf.var), [leaf.var])
+        terms.append(emit_function(term, f"_term_{index}", f"{names[id(leaf.var)]}: a score term the kernel reads "
+                                   "per block; q and k give it the sizes."))
+    normalized = a.divisor is not None
+    # --- the kernel body
+    body = [f"def _linear_attention_kernel(q_blocks_ref, kv_blocks_ref, flags_ref, q_ref, k_ref, v_ref, "
+            f"{''.join(f'term_{i}_ref, ' for i in range(len(leaves)))}o_ref, acc_ref"
+            f"{', sum_ref' if normalized else ''}, *, block_q, block_k):",
+            "    t = pl.program_id(2)",
+            "    flags = flags_ref[t]",
+            "",
+            "    @pl.when((flags & FIRST) != 0)",
+            "    def _init():",
+            "        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)"]
+    if normalized:
+        body.append("        sum_ref[...] = jnp.zeros(sum_ref.shape, jnp.float32)")
+    body += ["",
+             "    row0 = q_blocks_ref[t] * block_q  # the block's first query and first key",
+             "    col0 = kv_blocks_ref[t] * block_k",
+             f"    {names[id(a.scores)]} = _scores(q_ref[...], k_ref[...])" + (f" * {a.q_factor!r}" if a.q_factor != 1.0 else "")]
+    loads = {id(leaf.var): index for index, leaf in enumerate(leaves)}
+    for index, leaf in enumerate(leaves):
+        if leaf.var not in producers:
+            body.append(f"    {names[id(leaf.var)]} = {_leaf_load(leaf, index)}")
+    for node in program.nodes:
+        if node in a.tile_nodes:
+            body.append(f"    {names[id(node.out)]} = {tile_line(node, names, ('row0', 'col0'))}")
+        for out in node.outs:
+            if id(out) in loads:
+                body.append(f"    {names[id(out)]} = {_leaf_load(leaves[loads[id(out)]], loads[id(out)])}")
+    mixed = names[id(a.mixed)]
+    if np.dtype(a.mixed.dtype) != np.dtype(a.mixed_dtype):
+        mixed = f"{mixed}.astype({dtype_expr(a.mixed_dtype)})"
+    body.append(f"    acc_ref[...] += _mix({mixed}, v_ref[...])")
+    if normalized:
+        body.append(f"    sum_ref[...] += jnp.sum({names[id(a.summed)]}, axis=1, keepdims=True)")
+    body += ["",
+             "    @pl.when((flags & LAST) != 0)",
+             "    def _finish():  # once per row block"]
+    result = "acc_ref[...]"
+    if normalized:
+        body.append(f"        {names[id(a.row_sum)]} = sum_ref[...]")
+        for node in a.row_nodes:
+            body.append(f"        {names[id(node.out)]} = {tile_line(node, names, ('row0', 'col0'))}")
+        result = f"acc_ref[...] {'/' if a.divides else '*'} {names[id(a.divisor)]}"
+    body.append(f"        o_ref[...] = ({result}).astype(o_ref.dtype)")
+    # --- the wrapper
+    wrapper = [f"def kernel({', '.join(args)}{keywords}):",
+               f"    batch, heads, seq, head_dim = {q}.shape",
+               f"    rows = 32 // {q}.dtype.itemsize  # a sublane tile of this dtype",
+               "    block_q, block_k = _fit_rows(BLOCK_Q, seq, rows), _fit_rows(BLOCK_K, seq, 128)",
+               "    q_blocks, kv_blocks, flags = _schedule(seq, block_q, block_k, CAUSAL)",
+               "    index = lambda b, h, t, qb, kb, f: (b, h, qb[t], 0)",
+               "    kv_index = lambda b, h, t, qb, kb, f: (b, h, kb[t], 0)",
+               f"    in_specs = [pl.BlockSpec((None, None, block_q, head_dim), index),",
+               f"                pl.BlockSpec((None, None, block_k, head_dim), kv_index),",
+               f"                pl.BlockSpec((None, None, block_k, {v}.shape[3]), kv_index)]",
+               "    terms = []"]
+    for index, leaf in enumerate(leaves):
+        read = [p for p in program.inputs if p.name in program.reads(leaf.var) and p not in carriers]
+        call = f"_term_{index}({', '.join(p.name for p in carriers + read)})"
+        wrapper += [f"    term, spec = _term_block(jnp.asarray({call}), block_q, block_k)  # {names[id(leaf.var)]}",
+                    "    terms.append(term)",
+                    "    in_specs.append(spec)"]
+    scratch = [f"pltpu.VMEM((block_q, {v}.shape[3]), jnp.float32)"]
+    if normalized:
+        scratch.append("pltpu.VMEM((block_q, 1), jnp.float32)")
+    wrapper += ["    grid_spec = pltpu.PrefetchScalarGridSpec(",
+                "        num_scalar_prefetch=3,",
+                "        grid=(batch, heads, flags.shape[0]),",
+                "        in_specs=in_specs,",
+                f"        out_specs=pl.BlockSpec((None, None, block_q, {v}.shape[3]), index),",
+                f"        scratch_shapes=[{', '.join(scratch)}],",
+                "    )",
+                "    return pl.pallas_call(",
+                "        functools.partial(_linear_attention_kernel, block_q=block_q, block_k=block_k),",
+                "        grid_spec=grid_spec,",
+                f"        out_shape=jax.ShapeDtypeStruct({q}.shape[:3] + ({v}.shape[3],), {dtype_expr(a.out_dtype)}),",
+                '        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),',
+                f"    )(q_blocks, kv_blocks, flags, {q}, {k}, {v}, *terms)",
+                ""]
+    doc = (f'"""{task.id}: {TPU_LINEAR_ATTENTION.description}.\n\n'
+           f"Grid (batch, head, step): the steps are the (query block, key block) pairs "
+           f"{'on or below the diagonal' if a.causal else 'of every block'}, row by row, prefetched as scalars.\n"
+           "Each step scores its block, runs the reference's score terms on the tile (their per-position rows and\n"
+           "columns computed by XLA, the iotas from the block's offsets) and accumulates the tile times the values\n"
+           f"in f32{'; the row sum the normalizer reads accumulates beside it and divides once' if normalized else ''}.\n"
+           f"{passes} bf16 MXU pass{'es' if passes > 1 else ''} per product. Generated by MaxKernel's rules brain.\n"
+           '"""\n')
+    return "\n".join([
+        doc,
+        HEADER + "import numpy as np\n",
+        f"BLOCK_Q = {block_q}  # query rows per block",
+        f"BLOCK_K = {block_k}  # keys per block",
+        f"CAUSAL = {a.causal}  # the score terms are zero above the diagonal whatever the inputs",
+        "FIRST, LAST = 1, 2  # step flags: a row's first key block, its last",
+        "",
+        "",
+        FIT_SOURCE,
+        "",
+        "",
+        SCHEDULE_SOURCE,
+        "",
+        "\n\n".join(terms),
+        "",
+        "",
+        _mxu_source(str(W_NK_DIMENSIONS), passes, "_scores"),
+        _mxu_source(str(W_KN_DIMENSIONS), passes, "_mix", split=False),
+        "\n".join(body),
+        "",
+        "",
+        "\n".join(wrapper),
+    ])
+
+
+def _leaf_load(leaf: Leaf, index: int) -> str:
+    return f"term_{index}_ref[...]" + (" != 0" if np.dtype(leaf.var.dtype) == np.dtype(bool) else "")
+
+
+TPU_LINEAR_ATTENTION = TpuLinearAttentionTemplate()
