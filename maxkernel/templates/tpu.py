@@ -14,9 +14,8 @@ from maxkernel.templates.tpu_mlp import TPU_MLP
 from maxkernel.templates.tpu_recurrence import TPU_RECURRENCE
 from maxkernel.templates.tpu_moe import TPU_MOE
 from maxkernel.templates.tpu_ragged import TPU_RAGGED_PAGED
-from maxkernel.templates.tpu_retention import TPU_RETENTION
 from maxkernel.templates.tpu_rows import TPU_ROWS
 from maxkernel.templates.tpu_ssd import TPU_SSD
 
 TPU_TEMPLATES: tuple[Template, ...] = (PAGED_ATTENTION, TPU_RAGGED_PAGED, TPU_DECODE, TPU_GEMM, TPU_CONV, TPU_MLP, TPU_MOE,
-                                     TPU_ROWS, TPU_RETENTION, TPU_LINEAR_ATTENTION, TPU_MLA, TPU_SSD, TPU_RECURRENCE)
+                                     TPU_ROWS, TPU_LINEAR_ATTENTION, TPU_MLA, TPU_SSD, TPU_RECURRENCE)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from maxkernel.analysis.program import Const, Node, Program, Var, arg_names, static_args, trace_program
+from maxkernel.analysis.statics import static_text
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, scalar_text
 from maxkernel.rewrites.numeric import TooLargeToEvaluate, evaluate_nodes
 from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, block_pair_space, tpu_target
@@ -64,6 +65,7 @@ class Leaf:
     var: Var
     aligned: tuple[int, int, int, int]  # its shape right-aligned to [batch, heads, q, k] (1 where it is constant)
     reads_inputs: bool
+    position: int | None = None  # 0 or 1: the positions along the query or key axis (an iota), made in the kernel
 
     @property
     def rows(self) -> bool:
@@ -89,6 +91,8 @@ class LinearAttention:
     row_nodes: list[Node] = field(default_factory=list)  # from the row sum to the divisor
     row_sum: Var | None = None
     divisor: Var | None = None
+    product: Var | None = None  # the value product's result
+    tail: list[Node] = field(default_factory=list)  # what follows it, on rows of the output tile
     divides: bool = True  # the divisor divides the rows (else multiplies them)
     causal: bool = False
     out_dtype: Any = None
@@ -197,15 +201,16 @@ def match(program: Program) -> LinearAttention | str:
         q_factor = _scalar_factor(program, first.ins[0], q) * _scalar_factor(program, first.ins[1], k)  # type: ignore[arg-type]
     except EmitError as exc:
         return str(exc)
-    if len(program.outputs) != 1 or _through_converts(program, program.outputs[0]) is not second.out:  # type: ignore[arg-type]
-        return "the output is not the value product"
+    tail = _tail(program, second.out)
+    if isinstance(tail, str):
+        return tail
     score = first.out
     if sq < 8 or sq % 8:
         return "a sequence too short for score tiles"
     mixed = second.ins[0]
     assert isinstance(mixed, Var)
     found = LinearAttention(q, k, v, q_factor, score, [], [], mixed, mixed.dtype, out_dtype=program.outputs[0].dtype,
-                            in_dtype=np.dtype(q.dtype), names=(q.name, k.name, v.name))
+                            in_dtype=np.dtype(q.dtype), names=(q.name, k.name, v.name), product=second.out, tail=tail)
     precisions = {_precision(first), _precision(second)}
     if len(precisions) != 1:
         return "the two products at different precisions"
@@ -233,8 +238,56 @@ def match(program: Program) -> LinearAttention | str:
         aligned = _aligned(var, score.shape)
         if aligned is None:
             return f"a score term shaped {var.shape}, not a broadcast of [batch, heads, seq, seq]"
-        found.leaves.append(Leaf(var, aligned, bool(program.reads(var))))
+        found.leaves.append(Leaf(var, aligned, bool(program.reads(var)), _position_axis(program, var, aligned)))
     return found
+
+
+def _position_axis(program: Program, var: Var, aligned: tuple[int, int, int, int]) -> int | None:
+    """0 or 1 where ``var`` is the positions ``0..seq-1`` along the query or key axis (an iota, its casts and
+    broadcasts): the kernel makes them from the block's offsets instead of reading them."""
+    if aligned[:2] != (1, 1) or (aligned[2] > 1) == (aligned[3] > 1):
+        return None
+    producers = program.producers()
+    node = producers.get(var)
+    while node is not None and (node.prim in SHAPING or node.prim == "convert_element_type"):
+        node = producers.get(node.ins[0]) if isinstance(node.ins[0], Var) else None
+    if node is None or node.prim != "iota" or len(node.out.shape) != 1:
+        return None
+    return 0 if aligned[2] > 1 else 1
+
+
+ROW_REDUCTIONS = {"reduce_sum": "jnp.sum", "reduce_max": "jnp.max", "reduce_min": "jnp.min"}
+
+
+def _tail(program: Program, product: Var) -> list[Node] | str:
+    """The nodes from the value product to the output: elementwise work and reductions over the head
+    dimension (a norm per row), reading nothing else but literals."""
+    if len(program.outputs) != 1 or not isinstance(program.outputs[0], Var):
+        return "not one output"
+    after = _descendants(program, product)
+    if id(program.outputs[0]) not in after:
+        return "the output is not computed from the value product"
+    literal: set[int] = set()
+    tail = [n for n in program.nodes if id(n.out) in after and n.outs[0] is not product]
+    for node in tail:
+        rank = len(node.ins[0].shape) if node.ins else 0
+        if node.prim in ROW_REDUCTIONS:
+            if tuple(node.params["axes"]) != (rank - 1,):
+                return f"a {node.prim} after the value product over another axis than the head dimension"
+        elif node.prim not in TILE_PRIMS or node.prim == "iota":
+            return f"{node.prim} after the value product"
+        if len(node.out.shape) < 3 or tuple(node.out.shape[:3]) != tuple(product.shape[:3]):
+            return "what follows the value product mixes rows of the output"
+        for op in node.ins:
+            if isinstance(op, Var) and id(op) not in after:
+                if not _constant_scalar(program, op):
+                    return "what follows the value product reads more than it and literals"
+                literal.update(id(n) for n in program.ancestors(op))
+            elif isinstance(op, Const) and op.size != 1:
+                return "what follows the value product reads an array constant"
+    if tuple(program.outputs[0].shape) != tuple(product.shape):
+        return "the output is not shaped like the value product"
+    return [n for n in program.nodes if id(n) in literal or n in tail]
 
 
 def _normalizer(program: Program, found: LinearAttention, normalizers: list[Var], from_score: set[int]) -> str | None:
@@ -385,12 +438,12 @@ _ANALYSED: dict[tuple[str, str, str], LinearAttention | str] = {}
 
 def vmem_bytes(a: LinearAttention, block_q: int, block_k: int) -> int:
     """Double-buffered q, k, v, output and leaf blocks, the f32 accumulator and row sum, and the f32 tiles
-    of one block pair (one per tile op, at most eight live)."""
+    of one block pair (four live: Mosaic fuses the elementwise ops between them)."""
     item = np.dtype(a.in_dtype).itemsize
     d, dv = a.q.shape[3], a.v.shape[3]
     blocks = 2 * (block_q * d * item + block_k * (d + dv) * item + block_q * dv * np.dtype(a.out_dtype).itemsize)
     leaves = sum(2 * 4 * (block_q if leaf.rows else 8) * (block_k if leaf.cols else 128) for leaf in a.leaves)
-    tiles = min(len(a.tile_nodes) + 2, 8) * block_q * block_k * 4
+    tiles = 4 * block_q * block_k * 4
     return blocks + leaves + block_q * (dv + 128) * 4 + tiles
 
 
@@ -422,36 +475,44 @@ class TpuLinearAttentionTemplate:
         cpu = analyse(task, "cpu")
         if isinstance(cpu, str):
             raise EmitError(cpu)
-        texts = set()
+        found = {}
         for size in sizes:
             a = analyse(task, size)
             if isinstance(a, str):
                 raise EmitError(a)
             a.causal = cpu.causal
-            texts.add(render_linear_attention(task, a.program, a, int(params["block_q"]),
-                                              int(params.get("block_k", params["block_q"])), chosen_passes(a, params)))
-        if len(texts) != 1:
-            raise EmitError("the score terms are not written the same at every size")
-        return texts.pop()
+            found[size] = a
+        return render_linear_attention(task, found, int(params["block_q"]), int(params.get("block_k", params["block_q"])),
+                                       chosen_passes(cpu, params))
 
 
-def _operand(op: Any, names: dict[int, str]) -> str:
+def _operand(op: Any, names: dict[int, str], statics: set[str]) -> str:
+    if isinstance(op, Const) and op.static is not None:
+        statics.add(op.static[0])
+        text = static_text(op.static)
+        return f"({text})" if " " in text or text.startswith("-") else text
     if isinstance(op, Const):
         return scalar_text(op.scalar())
     return names[id(op)]
 
 
-def tile_line(node: Node, names: dict[int, str], offsets: tuple[str, str]) -> str:
-    """One node of the score work on 2-D tiles that broadcast as numpy does (rows ``[bq, 1]``, columns
-    ``[1, bk]``): the reference's op, an iota made from the block's row or column offset."""
-    ins = [_operand(op, names) for op in node.ins]
+def tile_line(node: Node, names: dict[int, str], statics: set[str], counted: dict[int, str] | None = None) -> str:
+    """One node of the score work (or of what follows the value product) on 2-D tiles that broadcast as
+    numpy does (rows ``[bq, 1]``, columns ``[1, bk]``): the reference's op, an iota made from the block's
+    first row (``row0``) or column (``col0``), a reduction over the head dimension kept as a column, a mean's
+    count read from the tile it averaged."""
+    ins = [_operand(op, names, statics) for op in node.ins]
     prim = node.prim
+    if counted and id(node) in counted:
+        return f"{ins[0]} / {counted[id(node)]}"
     if prim in SHAPING:
         return ins[0]
+    if prim in ROW_REDUCTIONS:
+        return f"{ROW_REDUCTIONS[prim]}({ins[0]}, axis=-1, keepdims=True)"
     if prim == "iota":
         along = int(node.params["dimension"]) - (len(node.out.shape) - 2)
         shape = "(block_q, 1)" if along == 0 else "(1, block_k)"
-        iota = f"{offsets[along]} + jax.lax.broadcasted_iota(jnp.int32, {shape}, {along})"
+        iota = f"{('row0', 'col0')[along]} + jax.lax.broadcasted_iota(jnp.int32, {shape}, {along})"
         return iota if np.dtype(node.out.dtype) == np.dtype("int32") else f"({iota}).astype({dtype_expr(node.out.dtype)})"
     if prim == "convert_element_type" and isinstance(node.ins[0], Const):
         return f"jnp.asarray({ins[0]}, {dtype_expr(node.params['new_dtype'])})"
@@ -466,6 +527,24 @@ def tile_line(node: Node, names: dict[int, str], offsets: tuple[str, str]) -> st
     if prim in INFIX:
         return f"{ins[0]} {INFIX[prim]} {ins[1]}"
     return f"{CALLS[prim]}({', '.join(ins)})"
+
+
+def _counted(program: Program, nodes: list[Node], names: dict[int, str]) -> dict[int, str]:
+    """For ``sum / n`` where n is the extent the sum reduced over the head dimension (how ``jnp.mean`` and
+    ``jnp.var`` divide): that extent as the reduced tile's last dimension, so one body serves every size."""
+    producers = program.producers()
+    found = {}
+    for node in nodes:
+        if node.prim != "div" or not isinstance(node.ins[1], Const) or node.ins[1].static is not None:
+            continue
+        source = producers.get(node.ins[0]) if isinstance(node.ins[0], Var) else None
+        while source is not None and (source.prim in SHAPING or source.prim == "convert_element_type"):
+            source = producers.get(source.ins[0]) if isinstance(source.ins[0], Var) else None
+        if source is None or source.prim != "reduce_sum" or not isinstance(source.ins[0], Var):
+            continue
+        if float(source.ins[0].shape[-1]) == float(node.ins[1].scalar()):  # type: ignore[arg-type]
+            found[id(node)] = f"{names[id(source.ins[0])]}.shape[-1]"
+    return found
 
 
 def _names(program: Program) -> dict[int, str]:
@@ -524,86 +603,168 @@ def _term_block(term, block_q, block_k):
 '''
 
 
-def render_linear_attention(task: "Task", program: Program, a: LinearAttention, block_q: int, block_k: int,
-                            passes: int) -> str:
+def _sorted_leaves(a: LinearAttention) -> list[Leaf]:
+    """The leaves in the order their values are made (the inputs first)."""
+    assert a.program is not None
+    producers = a.program.producers()
+    return sorted([leaf for leaf in a.leaves if leaf.position is None], key=lambda leaf: a.program.nodes.index(producers[leaf.var]) if leaf.var in producers else -1)
+
+
+def _terms(task: "Task", found: dict[str, LinearAttention]) -> tuple[list[str], list[list[str]]]:
+    """Each leaf's function (its value from the reference's ops; q and k give it the sizes) and the statics it
+    reads. One function where every size writes it alike from the sizes alone; a constant per head the
+    reference computed on the host (an array in its program) becomes a table by head count; else it is
+    refused."""
+    from maxkernel.analysis.statics import header_statics
+
+    sizes = list(found)
+    per_size = {size: _sorted_leaves(a) for size, a in found.items()}
+    texts: list[str] = []
+    statics: list[list[str]] = []
+    for index in range(len(per_size[sizes[0]])):
+        name = f"_term_{index}"
+        written = {}
+        for size, a in found.items():
+            assert a.program is not None
+            program, leaf = a.program, per_size[size][index]
+            carriers = [a.q, a.k]
+            read = [p for p in program.inputs if p.name in program.reads(leaf.var) and p not in carriers]
+            term = Program(carriers + read, program.ancestors(leaf.var), [leaf.var])
+            written[size] = emit_function(term, name, f"{_names(program)[id(leaf.var)]}: a score term the kernel "
+                                          "reads per block; q and k give it the sizes.", statics=True)
+        leaf = per_size[sizes[0]][index]
+        program = found[sizes[0]].program
+        assert program is not None
+        fixed = any(isinstance(op, Const) and op.size > 1 for n in program.ancestors(leaf.var) for op in n.ins)
+        if len(set(written.values())) == 1 and not fixed:
+            texts.append(written[sizes[0]])
+        elif not leaf.reads_inputs and leaf.aligned[0] == leaf.aligned[2] == leaf.aligned[3] == 1:
+            texts.append(_head_table(name, {size: per_size[size][index].var for size in sizes}, found))
+        else:
+            raise EmitError("a score term written differently at each size")
+        statics.append(header_statics(texts[-1], name))
+    return texts, statics
+
+
+def _head_table(name: str, leaves: dict[str, Var], found: dict[str, LinearAttention]) -> str:
+    """A constant per head, as the reference computes it for each head count rendered, refusing another."""
+    rows = {}
+    for size, var in leaves.items():
+        program = found[size].program
+        assert program is not None
+        value = np.asarray(evaluate_nodes(program.ancestors(var), {})[var]).reshape(-1)
+        rows[int(value.size)] = ", ".join(repr(float(x)) for x in value)
+    table = "\n".join(f"    {heads}: ({values},)," for heads, values in sorted(rows.items()))
+    dtype = dtype_expr(next(iter(leaves.values())).dtype)
+    return "\n".join([
+        f"{name.upper()} = {{  # one value per head, by head count: the reference's constants",
+        table,
+        "}",
+        "",
+        "",
+        f"def {name}(q, k):",
+        f'    """A constant per head for the head counts the candidate was rendered for."""',
+        "    heads = q.shape[1]",
+        f"    if heads not in {name.upper()}:",
+        f"        raise ValueError(f'no score term for {{heads}} heads (known: {{sorted({name.upper()})}})')",
+        f"    return jnp.asarray({name.upper()}[heads], {dtype}).reshape(heads, 1, 1)",
+    ])
+
+
+def _kernel_source(task: "Task", a: LinearAttention, terms_statics: list[list[str]]) -> str:
+    """The kernel body and its wrapper for one size's analysis (every size must write them alike)."""
+    program = a.program
+    assert program is not None and a.product is not None
     names = _names(program)
     q, k, v = a.names
     static = list(static_args(task, "cpu"))
-    keywords = f", *, {', '.join(static)}" if static else ""
-    args = arg_names(task)
     producers = program.producers()
-    leaves = sorted(a.leaves, key=lambda leaf: program.nodes.index(producers[leaf.var]) if leaf.var in producers else -1)
-    carriers = [a.q, a.k]
-    terms: list[str] = []
-    for index, leaf in enumerate(leaves):
-        read = [p for p in program.inputs if p.name in program.reads(leaf.var) and p not in carriers]
-        term = Program(carriers + read, program.ancestors(leaf.var), [leaf.var])
-        terms.append(emit_function(term, f"_term_{index}", f"{names[id(leaf.var)]}: a score term the kernel reads "
-                                   "per block; q and k give it the sizes."))
+    positions = [leaf for leaf in a.leaves if leaf.position is not None]
+    leaves = _sorted_leaves(a)
+    used: set[str] = set()
     normalized = a.divisor is not None
-    # --- the kernel body
-    body = [f"def _linear_attention_kernel(q_blocks_ref, kv_blocks_ref, flags_ref, q_ref, k_ref, v_ref, "
-            f"{''.join(f'term_{i}_ref, ' for i in range(len(leaves)))}o_ref, acc_ref"
-            f"{', sum_ref' if normalized else ''}, *, block_q, block_k):",
-            "    t = pl.program_id(2)",
-            "    flags = flags_ref[t]",
-            "",
-            "    @pl.when((flags & FIRST) != 0)",
-            "    def _init():",
-            "        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)"]
+    scale = ""
+    if a.q_factor != 1.0:
+        scale = (" * q_ref.shape[-1] ** -0.5" if np.isclose(a.q_factor, a.q.shape[3] ** -0.5, rtol=1e-6)
+                 else f" * {a.q_factor!r}")
+    lines = ["    t = pl.program_id(2)",
+             "    flags = flags_ref[t]",
+             "",
+             "    @pl.when((flags & FIRST) != 0)",
+             "    def _init():",
+             "        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)"]
     if normalized:
-        body.append("        sum_ref[...] = jnp.zeros(sum_ref.shape, jnp.float32)")
-    body += ["",
-             "    row0 = q_blocks_ref[t] * block_q  # the block's first query and first key",
-             "    col0 = kv_blocks_ref[t] * block_k",
-             f"    {names[id(a.scores)]} = _scores(q_ref[...], k_ref[...])" + (f" * {a.q_factor!r}" if a.q_factor != 1.0 else "")]
+        lines.append("        sum_ref[...] = jnp.zeros(sum_ref.shape, jnp.float32)")
+    lines += ["",
+              "    row0 = q_blocks_ref[t] * block_q  # the block's first query and first key",
+              "    col0 = kv_blocks_ref[t] * block_k",
+              f"    {names[id(a.scores)]} = _scores(q_ref[...], k_ref[...]){scale}"]
     loads = {id(leaf.var): index for index, leaf in enumerate(leaves)}
+    for leaf in positions:
+        iota = (f"row0 + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)" if leaf.position == 0 else
+                f"col0 + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)")
+        if np.dtype(leaf.var.dtype) != np.dtype("int32"):
+            iota = f"({iota}).astype({dtype_expr(leaf.var.dtype)})"
+        lines.append(f"    {names[id(leaf.var)]} = {iota}  # positions")
     for index, leaf in enumerate(leaves):
         if leaf.var not in producers:
-            body.append(f"    {names[id(leaf.var)]} = {_leaf_load(leaf, index)}")
+            lines.append(f"    {names[id(leaf.var)]} = {_leaf_load(leaf, index)}")
     for node in program.nodes:
         if node in a.tile_nodes:
-            body.append(f"    {names[id(node.out)]} = {tile_line(node, names, ('row0', 'col0'))}")
+            lines.append(f"    {names[id(node.out)]} = {tile_line(node, names, used)}")
         for out in node.outs:
             if id(out) in loads:
-                body.append(f"    {names[id(out)]} = {_leaf_load(leaves[loads[id(out)]], loads[id(out)])}")
+                lines.append(f"    {names[id(out)]} = {_leaf_load(leaves[loads[id(out)]], loads[id(out)])}")
     mixed = names[id(a.mixed)]
     if np.dtype(a.mixed.dtype) != np.dtype(a.mixed_dtype):
         mixed = f"{mixed}.astype({dtype_expr(a.mixed_dtype)})"
-    body.append(f"    acc_ref[...] += _mix({mixed}, v_ref[...])")
+    lines.append(f"    acc_ref[...] += _mix({mixed}, v_ref[...])")
     if normalized:
-        body.append(f"    sum_ref[...] += jnp.sum({names[id(a.summed)]}, axis=1, keepdims=True)")
-    body += ["",
-             "    @pl.when((flags & LAST) != 0)",
-             "    def _finish():  # once per row block"]
+        lines.append(f"    sum_ref[...] += jnp.sum({names[id(a.summed)]}, axis=1, keepdims=True)")
+    lines += ["",
+              "    @pl.when((flags & LAST) != 0)",
+              "    def _finish():  # once per row block"]
     result = "acc_ref[...]"
     if normalized:
-        body.append(f"        {names[id(a.row_sum)]} = sum_ref[...]")
+        lines.append(f"        {names[id(a.row_sum)]} = sum_ref[...]")
         for node in a.row_nodes:
-            body.append(f"        {names[id(node.out)]} = {tile_line(node, names, ('row0', 'col0'))}")
+            lines.append(f"        {names[id(node.out)]} = {tile_line(node, names, used)}")
         result = f"acc_ref[...] {'/' if a.divides else '*'} {names[id(a.divisor)]}"
-    body.append(f"        o_ref[...] = ({result}).astype(o_ref.dtype)")
+    lines.append(f"        {names[id(a.product)]} = ({result}).astype({dtype_expr(a.product.dtype)})")
+    if a.tail:
+        lines.append("        # What the reference does with each row of the product, as it does it:")
+    counted = _counted(program, a.tail, names)
+    for node in a.tail:
+        lines.append(f"        {names[id(node.out)]} = {tile_line(node, names, used, counted)}")
+    lines.append(f"        o_ref[...] = {names[id(program.outputs[0])]}.astype(o_ref.dtype)")  # type: ignore[arg-type]
+    body_statics = sorted(used)
+    header = (f"def _linear_attention_kernel(q_blocks_ref, kv_blocks_ref, flags_ref, q_ref, k_ref, v_ref, "
+              f"{''.join(f'term_{i}_ref, ' for i in range(len(leaves)))}o_ref, acc_ref"
+              f"{', sum_ref' if normalized else ''}, *, block_q, block_k{''.join(', ' + n for n in body_statics)}):")
     # --- the wrapper
-    wrapper = [f"def kernel({', '.join(args)}{keywords}):",
+    keywords = f", *, {', '.join(static)}" if static else ""
+    wrapper = [f"def kernel({', '.join(arg_names(task))}{keywords}):",
                f"    batch, heads, seq, head_dim = {q}.shape",
                f"    rows = 32 // {q}.dtype.itemsize  # a sublane tile of this dtype",
                "    block_q, block_k = _fit_rows(BLOCK_Q, seq, rows), _fit_rows(BLOCK_K, seq, 128)",
                "    q_blocks, kv_blocks, flags = _schedule(seq, block_q, block_k, CAUSAL)",
                "    index = lambda b, h, t, qb, kb, f: (b, h, qb[t], 0)",
                "    kv_index = lambda b, h, t, qb, kb, f: (b, h, kb[t], 0)",
-               f"    in_specs = [pl.BlockSpec((None, None, block_q, head_dim), index),",
-               f"                pl.BlockSpec((None, None, block_k, head_dim), kv_index),",
+               "    in_specs = [pl.BlockSpec((None, None, block_q, head_dim), index),",
+               "                pl.BlockSpec((None, None, block_k, head_dim), kv_index),",
                f"                pl.BlockSpec((None, None, block_k, {v}.shape[3]), kv_index)]",
                "    terms = []"]
     for index, leaf in enumerate(leaves):
-        read = [p for p in program.inputs if p.name in program.reads(leaf.var) and p not in carriers]
-        call = f"_term_{index}({', '.join(p.name for p in carriers + read)})"
+        read = [p for p in program.inputs if p.name in program.reads(leaf.var) and p not in (a.q, a.k)]
+        passed = "".join(f", {n}={n}" for n in terms_statics[index])
+        call = f"_term_{index}({', '.join(p.name for p in [a.q, a.k] + read)}{passed})"
         wrapper += [f"    term, spec = _term_block(jnp.asarray({call}), block_q, block_k)  # {names[id(leaf.var)]}",
                     "    terms.append(term)",
                     "    in_specs.append(spec)"]
     scratch = [f"pltpu.VMEM((block_q, {v}.shape[3]), jnp.float32)"]
     if normalized:
         scratch.append("pltpu.VMEM((block_q, 1), jnp.float32)")
+    passed = "".join(f", {n}={n}" for n in body_statics)
     wrapper += ["    grid_spec = pltpu.PrefetchScalarGridSpec(",
                 "        num_scalar_prefetch=3,",
                 "        grid=(batch, heads, flags.shape[0]),",
@@ -612,18 +773,30 @@ def render_linear_attention(task: "Task", program: Program, a: LinearAttention, 
                 f"        scratch_shapes=[{', '.join(scratch)}],",
                 "    )",
                 "    return pl.pallas_call(",
-                "        functools.partial(_linear_attention_kernel, block_q=block_q, block_k=block_k),",
+                f"        functools.partial(_linear_attention_kernel, block_q=block_q, block_k=block_k{passed}),",
                 "        grid_spec=grid_spec,",
                 f"        out_shape=jax.ShapeDtypeStruct({q}.shape[:3] + ({v}.shape[3],), {dtype_expr(a.out_dtype)}),",
                 '        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),',
                 f"    )(q_blocks, kv_blocks, flags, {q}, {k}, {v}, *terms)",
                 ""]
+    return "\n".join([header, *lines, "", "", *wrapper])
+
+
+def render_linear_attention(task: "Task", found: dict[str, LinearAttention], block_q: int, block_k: int,
+                            passes: int) -> str:
+    terms, terms_statics = _terms(task, found)
+    kernels = {_kernel_source(task, a, terms_statics) for a in found.values()}
+    if len(kernels) != 1:
+        raise EmitError("the score work is not written the same at every size")
+    a = next(iter(found.values()))
+    normalized = a.divisor is not None
     doc = (f'"""{task.id}: {TPU_LINEAR_ATTENTION.description}.\n\n'
            f"Grid (batch, head, step): the steps are the (query block, key block) pairs "
            f"{'on or below the diagonal' if a.causal else 'of every block'}, row by row, prefetched as scalars.\n"
            "Each step scores its block, runs the reference's score terms on the tile (their per-position rows and\n"
            "columns computed by XLA, the iotas from the block's offsets) and accumulates the tile times the values\n"
-           f"in f32{'; the row sum the normalizer reads accumulates beside it and divides once' if normalized else ''}.\n"
+           f"in f32{'; the row sum the normalizer reads accumulates beside it and divides once' if normalized else ''}"
+           f"{'; what the reference does with each output row runs after the last key block' if a.tail else ''}.\n"
            f"{passes} bf16 MXU pass{'es' if passes > 1 else ''} per product. Generated by MaxKernel's rules brain.\n"
            '"""\n')
     return "\n".join([
@@ -645,10 +818,7 @@ def render_linear_attention(task: "Task", program: Program, a: LinearAttention, 
         "",
         _mxu_source(str(W_NK_DIMENSIONS), passes, "_scores"),
         _mxu_source(str(W_KN_DIMENSIONS), passes, "_mix", split=False),
-        "\n".join(body),
-        "",
-        "",
-        "\n".join(wrapper),
+        kernels.pop(),
     ])
 
 

@@ -1,4 +1,5 @@
-"""The TPU sequence-mixing templates: retention (15p), latent attention (3p) and the chunked SSD scan (16p).
+"""The TPU sequence-mixing templates on the suite's forms: retention (15p, served by the linear-attention
+sketch), latent attention (3p) and the chunked SSD scan (16p).
 
 Each is run in TPU interpret mode at a small size against the task's own reference, and its default blocks
 at ``full`` lower for tpu-v6e."""
@@ -21,7 +22,7 @@ from maxkernel.rewrites.emit import EmitError
 from maxkernel.rules.strategy import templates_for
 from maxkernel.targets import validate_tpu
 from maxkernel.templates.tpu_mla import TPU_MLA
-from maxkernel.templates.tpu_retention import TPU_RETENTION
+from maxkernel.templates.tpu_linear_attention import TPU_LINEAR_ATTENTION as TPU_RETENTION
 from maxkernel.templates.tpu_ssd import TPU_SSD
 
 RETENTION, MLA, SSD = "15p_RetNet_Retention", "3p_MLA_Attention", "16p_Mamba2_SSD"
@@ -61,14 +62,23 @@ def test_the_planner_offers_them_on_tpu_targets() -> None:
 def test_retention_matches_the_reference_in_tpu_interpret_mode() -> None:
     task = load_task(RETENTION)
     # Key blocks half the query blocks: rows of two and four key blocks, the diagonal cut through twice.
-    module = _module(TPU_RETENTION.render(task, {"block_q": 128, "block_k": 64, "passes": 3}, ("cpu",)))
+    module = _module(TPU_RETENTION.render(task, {"block_q": 256, "block_k": 128, "passes": 3}, ("cpu",)))
+    assert module.CAUSAL  # the decay is zero above the diagonal whatever the inputs: those blocks are skipped
     rng = np.random.default_rng(0)
-    q, k, v = (jnp.asarray(rng.standard_normal((1, 8, 256, 64)).astype(np.float32)) for _ in range(3))
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 8, 512, 64)).astype(np.float32)) for _ in range(3))
     got = _interpret(module, [q, k, v], {"eps": 1e-5})
     expected = np.asarray(task.reference(q, k, v, eps=1e-5))
     np.testing.assert_allclose(got, expected, rtol=5e-4, atol=5e-4)
-    with pytest.raises(ValueError, match="no log decays for 4 heads"):
-        module.kernel(q[:, :4], k[:, :4], v[:, :4], eps=1e-5)  # decays it was not rendered for are refused
+    with pytest.raises(ValueError, match="no score term for 4 heads"):
+        module.kernel(q[:, :4], k[:, :4], v[:, :4], eps=1e-5)  # per-head constants it was not rendered for
+
+
+def test_retention_reads_its_epsilon_and_scale_as_the_caller_passes_them() -> None:
+    """The group norm's epsilon stays an argument of the kernel and the score scale is read from the head
+    size, so one candidate serves every size it was rendered for."""
+    text = TPU_RETENTION.render(load_task(RETENTION), {"block_q": 512, "block_k": 512, "passes": 6}, ("cpu", "full"))
+    assert "def kernel(q, k, v, *, eps):" in text and "var + eps" in text and " 1e-05" not in text
+    assert "q_ref.shape[-1] ** -0.5" in text
 
 
 def test_retention_passes_follow_the_gemm_rule() -> None:
@@ -220,12 +230,12 @@ def test_ssd_in_bfloat16_is_computed_in_float32(tmp_path) -> None:  # type: igno
 
 
 def test_retention_blocks_a_length_that_is_no_power_of_two_by_its_divisors() -> None:
-    """384 tokens with blocks of 256 and 128: 192-row query blocks (the largest divisor that is a multiple of
-    a sublane tile), not 128, and the result still the reference's."""
+    """384 tokens with blocks of 256: 192-row query blocks (the largest divisor that is a multiple of a
+    sublane tile), key blocks of 128 (a multiple of a lane tile), and the result still the reference's."""
     task = load_task(RETENTION)
-    module = _module(TPU_RETENTION.render(task, {"block_q": 256, "block_k": 128, "passes": 3}, ("cpu",)))
+    module = _module(TPU_RETENTION.render(task, {"block_q": 256, "block_k": 256, "passes": 3}, ("cpu",)))
     assert module._fit_rows(256, 384, 8) == 192 and module._fit_rows(512, 896, 8) == 448
-    assert module._fit_rows(512, 512, 8) == 512 and module._fit_rows(256, 4096, 16) == 256
+    assert module._fit_rows(256, 384, 128) == 128 and module._fit_rows(256, 4096, 16) == 256
     rng = np.random.default_rng(1)
     q, k, v = (jnp.asarray(rng.standard_normal((1, 8, 384, 64)).astype(np.float32)) for _ in range(3))
     got = _interpret(module, [q, k, v], {"eps": 1e-5})
