@@ -100,17 +100,40 @@ class LinearAttention:
     precision: str = "DEFAULT"
     names: tuple[str, str, str] = ("q", "k", "v")
     program: Program | None = None  # what was matched (the renderer names its values)
+    layout: Any = None  # the moves from the reference's arguments to [batch, heads, seq, head_dim], if any
 
 
 def _is_tile(var: Var, sq: int, sk: int) -> bool:
     return len(var.shape) >= 2 and tuple(var.shape[-2:]) == (sq, sk)
 
 
-def _through_converts(program: Program, var: Var) -> Var:
+def _through_moves(program: Program, var: Var, moved: bool) -> Var:
+    """``var`` traced back through casts (and, for a moved program, transposes) to what they read."""
     producers = program.producers()
-    while var in producers and producers[var].prim == "convert_element_type":
+    passes = ("convert_element_type", "transpose") if moved else ("convert_element_type",)
+    while var in producers and producers[var].prim in passes:
         var = producers[var].ins[0]  # type: ignore[assignment]
     return var
+
+
+def _moved_tail(program: Program, product: Var, at: int) -> list[Node] | str:
+    """For a moved program: the casts and transposes that take the value product (``[b, h, i, p]``, or
+    ``[b, h, p, i]`` with the scores on its right) to the output in ``[b, h, i, p]``; nothing else follows."""
+    labels = list("bhip") if at == 0 else list("bhpi")
+    users = program.users()
+    tail, var = [], product
+    while var is not program.outputs[0]:
+        readers = users.get(var, [])
+        if len(readers) != 1 or readers[0].prim not in ("transpose", "convert_element_type"):
+            return "something other than casts and transposes after the value product (with the arguments moved)"
+        node = readers[0]
+        if node.prim == "transpose":
+            labels = [labels[a] for a in node.params["permutation"]]
+        tail.append(node)
+        var = node.out
+    if labels != list("bhip"):
+        return "the output is not the value product's rows"
+    return []  # the kernel writes the product's rows in the output's dtype
 
 
 def _aligned(var: Var, score: tuple[int, ...]) -> tuple[int, int, int, int] | None:
@@ -174,15 +197,21 @@ def _descendants(program: Program, var: Var) -> set[int]:
     return found
 
 
-def match(program: Program) -> LinearAttention | str:
-    """The linear attention ``program`` computes, or why it is not one."""
+def match(program: Program, moved: bool = False) -> LinearAttention | str:
+    """The linear attention ``program`` computes, or why it is not one. ``moved``: the program's q, k and v
+    were moved to ``[batch, heads, seq, head_dim]`` (``attention_layout``, which read the products' axes),
+    so transposes lie between them and the products, and between the value product and the output."""
     from maxkernel.rewrites.blocked_attention import _scalar_factor
 
     dots = [n for n in program.nodes if n.prim == "dot_general"]
     if len(dots) != 2:
         return "not two matmuls (scores, then scores times values)"
     first, second = dots
-    reads = [program.reads(op) if isinstance(op, Var) else set() for op in (*first.ins, second.ins[1])]
+    side = [isinstance(op, Var) and id(op) in _descendants(program, first.out) for op in second.ins]
+    if side != [True, False] and not (moved and side == [False, True]):
+        return "the value product does not take the scores on its left"
+    at = side.index(True)
+    reads = [program.reads(op) if isinstance(op, Var) else set() for op in (*first.ins, second.ins[1 - at])]
     if any(len(r) != 1 for r in reads):
         return "the products do not read one input per operand (q and k, then v)"
     by_name = {v.name: v for v in program.inputs}
@@ -192,22 +221,27 @@ def match(program: Program) -> LinearAttention | str:
     batch, heads, sq, d = q.shape
     if k.shape != (batch, heads, sq, d) or v.shape[:3] != (batch, heads, sq):
         return "q, k and v are not [batch, heads, seq, head_dim] of one sequence"
-    if (tuple(first.params["dimension_numbers"]) != SCORE_DIMENSIONS
+    if moved:
+        written = (batch, heads, sq, v.shape[3]) if at == 0 else (batch, heads, v.shape[3], sq)
+        if tuple(first.out.shape) != (batch, heads, sq, sq) or tuple(second.out.shape) != written:
+            return "the products are not q k^T and scores times v per batch and head"
+    elif (tuple(first.params["dimension_numbers"]) != SCORE_DIMENSIONS
             or tuple(second.params["dimension_numbers"]) != VALUE_DIMENSIONS):
         return "the products are not q k^T and scores times v per batch and head"
-    if _through_converts(program, second.ins[1]) is not v:  # type: ignore[arg-type]
+    if _through_moves(program, second.ins[1 - at], moved) is not v:  # type: ignore[arg-type]
         return "the value product reads more than v"
     try:
-        q_factor = _scalar_factor(program, first.ins[0], q) * _scalar_factor(program, first.ins[1], k)  # type: ignore[arg-type]
+        q_factor = (_scalar_factor(program, first.ins[0], q, moved)  # type: ignore[arg-type]
+                    * _scalar_factor(program, first.ins[1], k, moved))  # type: ignore[arg-type]
     except EmitError as exc:
         return str(exc)
-    tail = _tail(program, second.out)
+    tail = _moved_tail(program, second.out, at) if moved else _tail(program, second.out)
     if isinstance(tail, str):
         return tail
     score = first.out
     if sq < 8 or sq % 8:
         return "a sequence too short for score tiles"
-    mixed = second.ins[0]
+    mixed = second.ins[at]
     assert isinstance(mixed, Var)
     found = LinearAttention(q, k, v, q_factor, score, [], [], mixed, mixed.dtype, out_dtype=program.outputs[0].dtype,
                             in_dtype=np.dtype(q.dtype), names=(q.name, k.name, v.name), product=second.out, tail=tail)
@@ -322,7 +356,7 @@ def _normalizer(program: Program, found: LinearAttention, normalizers: list[Var]
                 return "the divisor reads more than the row sum and constants"
     row_nodes = [n for n in program.nodes if id(n) in literal or n in row_nodes]
     # The divisor applies to the rows once, right before the casts to the value product.
-    apply = producers.get(_through_converts(program, found.mixed))
+    apply = producers.get(_through_moves(program, found.mixed, False))
     if apply is None or apply.prim not in ("div", "mul") or divisor not in apply.ins:
         return "the divisor is not applied to the scores right before the value product"
     if apply.prim == "div" and apply.ins[1] is not divisor:
@@ -338,7 +372,8 @@ def _normalizer(program: Program, found: LinearAttention, normalizers: list[Var]
 def hidden_keys(program: Program, a: LinearAttention) -> np.ndarray | str:
     """[q, k]: True where the tile multiplying v (and the one summed) is zero for every input, by an abstract
     evaluation at this program's size: values of no input are computed, the rest known only where a zero
-    factor, a select of a constant or exp of a huge negative value makes them zero."""
+    factor, a select of a constant or exp of a huge negative value makes them zero. A string says why the
+    terms could not be evaluated here (too large): then every block pair runs."""
     zero: dict[int, np.ndarray] = {}
     tiny: dict[int, np.ndarray] = {}
     value: dict[int, np.ndarray] = {}
@@ -415,15 +450,11 @@ def _fit(array: Any, shape: tuple[int, ...]) -> Any:
 def analyse(task: "Task", size: str) -> LinearAttention | str:
     key = (str(task.path), task.source_digest, size)
     if key not in _ANALYSED:
-        program = trace_program(task, size).dce()
-        found = match(program)
-        if not isinstance(found, str):
-            found.program = program
+        found = _matched(task, size)
         if not isinstance(found, str) and size == "cpu":
-            hidden = hidden_keys(program, found)
-            if isinstance(hidden, str):
-                found = hidden
-            else:
+            assert found.program is not None
+            hidden = hidden_keys(found.program, found)
+            if isinstance(hidden, np.ndarray):  # too large to evaluate here: every block pair runs
                 tril = np.tril(np.ones(hidden.shape, bool))
                 if hidden.all(axis=1).any():
                     found = "a query row that sees no key"
@@ -431,6 +462,26 @@ def analyse(task: "Task", size: str) -> LinearAttention | str:
                     found.causal = bool(hidden[~tril].all()) and not hidden[tril].all()
         _ANALYSED[key] = found
     return _ANALYSED[key]
+
+
+def _matched(task: "Task", size: str) -> LinearAttention | str:
+    """The match of the reference as written, else of the reference moved to ``[batch, heads, seq,
+    head_dim]`` (``attention_layout``: token-major arguments, another order) with the moves recorded."""
+    from maxkernel.templates.attention_layout import canonical_program, find_layout
+
+    program = trace_program(task, size).dce()
+    found = match(program)
+    if isinstance(found, str):
+        layout = find_layout(program)
+        if isinstance(layout, str) or layout.identity or any(layout.inserted(slot) is not None for slot in range(3)):
+            return found
+        program = canonical_program(task, size, layout).dce()
+        moved = match(program, moved=True)
+        if isinstance(moved, str):
+            return f"{moved} (with the arguments read as [batch, heads, seq, head_dim])"
+        found, found.layout = moved, layout
+    found.program = program
+    return found
 
 
 _ANALYSED: dict[tuple[str, str, str], LinearAttention | str] = {}
@@ -736,14 +787,17 @@ def _kernel_source(task: "Task", a: LinearAttention, terms_statics: list[list[st
     counted = _counted(program, a.tail, names)
     for node in a.tail:
         lines.append(f"        {names[id(node.out)]} = {tile_line(node, names, used, counted)}")
-    lines.append(f"        o_ref[...] = {names[id(program.outputs[0])]}.astype(o_ref.dtype)")  # type: ignore[arg-type]
+    written = program.outputs[0] if a.tail else a.product
+    lines.append(f"        o_ref[...] = {names[id(written)]}.astype(o_ref.dtype)")
     body_statics = sorted(used)
     header = (f"def _linear_attention_kernel(q_blocks_ref, kv_blocks_ref, flags_ref, q_ref, k_ref, v_ref, "
               f"{''.join(f'term_{i}_ref, ' for i in range(len(leaves)))}o_ref, acc_ref"
               f"{', sum_ref' if normalized else ''}, *, block_q, block_k{''.join(', ' + n for n in body_statics)}):")
     # --- the wrapper
     keywords = f", *, {', '.join(static)}" if static else ""
-    wrapper = [f"def kernel({', '.join(arg_names(task))}{keywords}):",
+    entry = "kernel" if a.layout is None else "_linear_attention"
+    params = arg_names(task) if a.layout is None else [p.name for p in program.inputs]
+    wrapper = [f"def {entry}({', '.join(params)}{keywords}):",
                f"    batch, heads, seq, head_dim = {q}.shape",
                f"    rows = 32 // {q}.dtype.itemsize  # a sublane tile of this dtype",
                "    block_q, block_k = _fit_rows(BLOCK_Q, seq, rows), _fit_rows(BLOCK_K, seq, 128)",
@@ -779,6 +833,10 @@ def _kernel_source(task: "Task", a: LinearAttention, terms_statics: list[list[st
                 '        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),',
                 f"    )(q_blocks, kv_blocks, flags, {q}, {k}, {v}, *terms)",
                 ""]
+    if a.layout is not None:
+        from maxkernel.templates.attention_layout import wrapper_source
+
+        wrapper += ["", wrapper_source(arg_names(task), a.layout, tuple(static), entry)]
     return "\n".join([header, *lines, "", "", *wrapper])
 
 

@@ -1,6 +1,6 @@
 """The TPU linear-attention sketch on computations written for these tests: a gated (data-dependent) decay
 with a row-sum normalizer, written keys-first with its arguments in another order; a per-head decay read
-from an input, without a normalizer; a decay that hides nothing. Each runs in TPU interpret mode against its
+from an input, without a normalizer; a decay that hides nothing; the gated form token-major. Each runs in TPU interpret mode against its
 own reference; the near misses (a softmax, a sum over the queries, a nonlinearity after the normalizer) are
 refused with their reasons."""
 
@@ -81,6 +81,32 @@ def reference(gates, values, keys, queries):
     return jnp.einsum("bhij,bhjk->bhik", att, values, precision=HIGHEST)
 '''
 
+# The gated form kept token-major ([batch, seq, heads, dim], as many model codebases keep it), the gates
+# moved to heads-first for the decay, the output token-major again.
+TOKEN_MAJOR = '''\
+import jax
+import jax.numpy as jnp
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def get_inputs(key, *, batch, heads, seq, dim):
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    x = jax.random.normal(k1, (batch, seq, heads, dim), jnp.float32)
+    b = jax.random.normal(k2, (batch, seq, heads, dim), jnp.float32)
+    c = jax.random.normal(k3, (batch, seq, heads, dim), jnp.float32)
+    gates = jax.random.normal(k4, (batch, seq, heads), jnp.float32) - 3.0
+    return (x, b, c, gates), {}
+
+
+def reference(x, b, c, gates):
+    cs = jnp.cumsum(jax.nn.log_sigmoid(gates), axis=1).transpose(0, 2, 1)
+    t = jnp.arange(cs.shape[-1])
+    weights = jnp.where(t[:, None] >= t[None, :], jnp.exp(cs[..., :, None] - cs[..., None, :]), 0.0)
+    att = jnp.einsum("bihn,bjhn->bhij", c, b, precision=HIGHEST) * weights
+    return jnp.einsum("bhij,bjhp->bihp", att, x, precision=HIGHEST)
+'''
+
 NEAR_MISSES = {
     "softmax": (INPUTS + '''
 def reference(gates, values, keys, queries):
@@ -120,7 +146,7 @@ def _run(task, params: dict) -> tuple[str, np.ndarray, np.ndarray]:  # type: ign
 
 
 @pytest.mark.parametrize(("name", "source", "causal"), [("gated", GATED, True), ("decayed", DECAYED, True),
-                                                        ("symmetric", SYMMETRIC, False)])
+                                                        ("symmetric", SYMMETRIC, False), ("token_major", TOKEN_MAJOR, True)])
 def test_linear_attention_matches_its_reference_in_tpu_interpret_mode(tmp_path, name, source, causal) -> None:  # type: ignore[no-untyped-def]
     task = _task(tmp_path, name, source)
     assert TPU_LINEAR_ATTENTION.applies(task, analyze_task(task)) is None
@@ -154,3 +180,12 @@ def test_default_blocks_lower_for_tpu_v6e(tmp_path) -> None:  # type: ignore[no-
     assert space.space["block_q"] and space.defaults["passes"] in (3, 6), space
     result = validate_tpu(TPU_LINEAR_ATTENTION.render(task, space.defaults, ("cpu", "full")), task, "v6e")
     assert result.ok, result.reason
+
+
+def test_a_token_major_form_is_moved_around_the_kernel(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Arguments kept [batch, seq, heads, dim] (the values first): the kernel runs on them moved to
+    [batch, heads, seq, dim] and its output is moved back; the wrapper keeps the reference's signature."""
+    task = _task(tmp_path, "token_major", TOKEN_MAJOR)
+    text = TPU_LINEAR_ATTENTION.render(task, {"block_q": 128, "block_k": 128, "passes": 6}, ("cpu",))
+    assert "def kernel(x, b, c, gates):" in text and "def _linear_attention(c, b, x, gates):" in text
+    assert "c_bhsd = jnp.transpose(c, (0, 2, 1, 3))" in text
