@@ -101,6 +101,7 @@ class LinearAttention:
     names: tuple[str, str, str] = ("q", "k", "v")
     program: Program | None = None  # what was matched (the renderer names its values)
     layout: Any = None  # the moves from the reference's arguments to [batch, heads, seq, head_dim], if any
+    folds: dict[int, int] = field(default_factory=dict)  # select node -> the case it takes below the diagonal
 
 
 def _is_tile(var: Var, sq: int, sk: int) -> bool:
@@ -373,7 +374,9 @@ def hidden_keys(program: Program, a: LinearAttention) -> np.ndarray | str:
     """[q, k]: True where the tile multiplying v (and the one summed) is zero for every input, by an abstract
     evaluation at this program's size: values of no input are computed, the rest known only where a zero
     factor, a select of a constant or exp of a huge negative value makes them zero. A string says why the
-    terms could not be evaluated here (too large): then every block pair runs."""
+    terms could not be evaluated here (too large): then every block pair runs. Also records in ``a.folds`` the
+    selects whose predicate (of positions alone) takes one case on and below the diagonal everywhere: a block
+    wholly below it computes that case alone."""
     zero: dict[int, np.ndarray] = {}
     tiny: dict[int, np.ndarray] = {}
     value: dict[int, np.ndarray] = {}
@@ -424,6 +427,14 @@ def hidden_keys(program: Program, a: LinearAttention) -> np.ndarray | str:
                     kind[id(node.out)] = np.broadcast_to(kind[id(node.out)], np.broadcast_shapes(np.shape(kind[id(node.out)]), shape))
     except TooLargeToEvaluate as exc:
         return f"score terms not evaluated: {exc}"
+
+    lower = np.tril(np.ones(a.scores.shape[-2:], bool))
+    for node in a.tile_nodes:  # selects whose static predicate is uniform on and below the diagonal
+        pred = node.ins[0] if node.prim == "select_n" else None
+        if isinstance(pred, Var) and id(pred) in value:
+            seen = np.broadcast_to(value[id(pred)], a.scores.shape).reshape((-1,) + a.scores.shape[-2:])[:, lower]
+            if seen.all() or not seen.any():
+                a.folds[id(node)] = 2 if seen.all() else 1
 
     def hidden(var: Var) -> np.ndarray:
         if id(var) in value:
@@ -532,6 +543,10 @@ class TpuLinearAttentionTemplate:
             if isinstance(a, str):
                 raise EmitError(a)
             a.causal = cpu.causal
+            if a is not cpu:  # the same program traced at another size: the same selects, in order
+                selects = [n for n in a.tile_nodes if n.prim == "select_n"]
+                chosen = {i: cpu.folds.get(id(n)) for i, n in enumerate(n for n in cpu.tile_nodes if n.prim == "select_n")}
+                a.folds = {id(n): chosen[i] for i, n in enumerate(selects) if chosen.get(i) is not None}
             found[size] = a
         return render_linear_attention(task, found, int(params["block_q"]), int(params.get("block_k", params["block_q"])),
                                        chosen_passes(cpu, params))
@@ -729,7 +744,6 @@ def _kernel_source(task: "Task", a: LinearAttention, terms_statics: list[list[st
     names = _names(program)
     q, k, v = a.names
     static = list(static_args(task, "cpu"))
-    producers = program.producers()
     positions = [leaf for leaf in a.leaves if leaf.position is not None]
     leaves = _sorted_leaves(a)
     used: set[str] = set()
@@ -750,28 +764,18 @@ def _kernel_source(task: "Task", a: LinearAttention, terms_statics: list[list[st
               "    row0 = q_blocks_ref[t] * block_q  # the block's first query and first key",
               "    col0 = kv_blocks_ref[t] * block_k",
               f"    {names[id(a.scores)]} = _scores(q_ref[...], k_ref[...]){scale}"]
-    loads = {id(leaf.var): index for index, leaf in enumerate(leaves)}
-    for leaf in positions:
-        iota = (f"row0 + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)" if leaf.position == 0 else
-                f"col0 + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)")
-        if np.dtype(leaf.var.dtype) != np.dtype("int32"):
-            iota = f"({iota}).astype({dtype_expr(leaf.var.dtype)})"
-        lines.append(f"    {names[id(leaf.var)]} = {iota}  # positions")
-    for index, leaf in enumerate(leaves):
-        if leaf.var not in producers:
-            lines.append(f"    {names[id(leaf.var)]} = {_leaf_load(leaf, index)}")
-    for node in program.nodes:
-        if node in a.tile_nodes:
-            lines.append(f"    {names[id(node.out)]} = {tile_line(node, names, used)}")
-        for out in node.outs:
-            if id(out) in loads:
-                lines.append(f"    {names[id(out)]} = {_leaf_load(leaves[loads[id(out)]], loads[id(out)])}")
-    mixed = names[id(a.mixed)]
-    if np.dtype(a.mixed.dtype) != np.dtype(a.mixed_dtype):
-        mixed = f"{mixed}.astype({dtype_expr(a.mixed_dtype)})"
-    lines.append(f"    acc_ref[...] += _mix({mixed}, v_ref[...])")
-    if normalized:
-        lines.append(f"    sum_ref[...] += jnp.sum({names[id(a.summed)]}, axis=1, keepdims=True)")
+    if a.folds:
+        lines += ["    below = row0 >= col0 + block_k - 1  # the block lies wholly below the diagonal",
+                  "",
+                  "    @pl.when(jnp.logical_not(below))",
+                  "    def _crossed():  # the diagonal crosses the block: every term as the reference writes it"]
+        lines += _step_lines(a, names, used, positions, leaves, False, "        ")
+        lines += ["",
+                  "    @pl.when(below)",
+                  "    def _below():  # the selects of positions alone take one case everywhere here"]
+        lines += _step_lines(a, names, used, positions, leaves, True, "        ")
+    else:
+        lines += _step_lines(a, names, used, positions, leaves, False, "    ")
     lines += ["",
               "    @pl.when((flags & LAST) != 0)",
               "    def _finish():  # once per row block"]
@@ -838,6 +842,47 @@ def _kernel_source(task: "Task", a: LinearAttention, terms_statics: list[list[st
 
         wrapper += ["", wrapper_source(arg_names(task), a.layout, tuple(static), entry)]
     return "\n".join([header, *lines, "", "", *wrapper])
+
+
+def _step_lines(a: LinearAttention, names: dict[int, str], used: set[str], positions: list[Leaf], leaves: list[Leaf],
+                folded: bool, indent: str) -> list[str]:
+    """One step's score terms and accumulations; with ``folded``, each folded select is its case and only
+    what the tiles still need is computed."""
+    assert a.program is not None
+    producers = a.program.producers()
+    needed = {id(a.mixed)} | ({id(a.summed)} if a.summed is not None else set())
+    for node in reversed(a.tile_nodes):
+        if id(node.out) in needed:
+            ins = [node.ins[a.folds[id(node)]]] if folded and id(node) in a.folds else node.ins
+            needed.update(id(op) for op in ins if isinstance(op, Var))
+    lines = []
+    for leaf in positions:
+        if id(leaf.var) in needed:
+            iota = (f"row0 + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)" if leaf.position == 0 else
+                    f"col0 + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)")
+            if np.dtype(leaf.var.dtype) != np.dtype("int32"):
+                iota = f"({iota}).astype({dtype_expr(leaf.var.dtype)})"
+            lines.append(f"{indent}{names[id(leaf.var)]} = {iota}  # positions")
+    loads = {id(leaf.var): index for index, leaf in enumerate(leaves)}
+    for index, leaf in enumerate(leaves):
+        if leaf.var not in producers and id(leaf.var) in needed:
+            lines.append(f"{indent}{names[id(leaf.var)]} = {_leaf_load(leaf, index)}")
+    for node in a.program.nodes:
+        if node in a.tile_nodes and id(node.out) in needed:
+            if folded and id(node) in a.folds:
+                lines.append(f"{indent}{names[id(node.out)]} = {_operand(node.ins[a.folds[id(node)]], names, used)}")
+            else:
+                lines.append(f"{indent}{names[id(node.out)]} = {tile_line(node, names, used)}")
+        for out in node.outs:
+            if id(out) in loads and id(out) in needed:
+                lines.append(f"{indent}{names[id(out)]} = {_leaf_load(leaves[loads[id(out)]], loads[id(out)])}")
+    mixed = names[id(a.mixed)]
+    if np.dtype(a.mixed.dtype) != np.dtype(a.mixed_dtype):
+        mixed = f"{mixed}.astype({dtype_expr(a.mixed_dtype)})"
+    lines.append(f"{indent}acc_ref[...] += _mix({mixed}, v_ref[...])")
+    if a.summed is not None:
+        lines.append(f"{indent}sum_ref[...] += jnp.sum({names[id(a.summed)]}, axis=1, keepdims=True)")
+    return lines
 
 
 def render_linear_attention(task: "Task", found: dict[str, LinearAttention], block_q: int, block_k: int,

@@ -189,3 +189,14 @@ def test_a_token_major_form_is_moved_around_the_kernel(tmp_path) -> None:  # typ
     text = TPU_LINEAR_ATTENTION.render(task, {"block_q": 128, "block_k": 128, "passes": 6}, ("cpu",))
     assert "def kernel(x, b, c, gates):" in text and "def _linear_attention(c, b, x, gates):" in text
     assert "c_bhsd = jnp.transpose(c, (0, 2, 1, 3))" in text
+
+
+def test_blocks_below_the_diagonal_take_the_selects_case(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The gated form masks with a select of positions: on and below the diagonal it keeps the decay, so a
+    block wholly below computes the decay alone; both branches run at 256 positions in blocks of 128 (the
+    block (1, 0) lies below) and the result is the reference's."""
+    task = _task(tmp_path, "gated", GATED)
+    text, got, expected = _run(task, {"block_q": 128, "block_k": 128, "passes": 6})
+    below = text[text.index("def _below():"):text.index("@pl.when((flags & LAST)")]
+    assert "jnp.where" not in below and "jnp.where" in text[text.index("def _crossed():"):text.index("def _below():")]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
