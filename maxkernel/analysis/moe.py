@@ -1,8 +1,9 @@
 """Which argument of a mixture-of-experts reference plays which part: read once, used by every kernel of it.
 
 Two forms are read:
-- a task of x, router and the three stacked expert weights, with the router matmul inside and the number
-  of experts each token keeps as its one integer static argument (``10p_Sparse_MoE``);
+- a task of x, router and the three stacked expert weights, in any order and under any names, with the
+  router matmul inside (``10p_Sparse_MoE``); the number of experts each token keeps is the program's top-k,
+  held by an integer static argument where one holds it;
 - the expert region of a model layer (``maxkernel extract``): the normed tokens [T, H], the stacked gate
   and up [E, H, I] and down [E, I, H], the routing inputs the region's router reads (the router's f32
   logits, or what the layer computed of its router before the cut: a softmax's parts, a selection bias)
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from maxkernel.analysis.program import Program, arg_names, input_shapes, static_args, trace_program
+from maxkernel.analysis.program import Program, Var, arg_names, input_shapes, static_args, trace_program
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -124,27 +125,72 @@ def region_roles(task: "Task", size: str) -> MoePlan | str:
                    tuple(names[i] for i in routing))
 
 
+def _partners(program: Program, name: str) -> list[set[str]]:
+    """For every matmul one operand of which reads argument ``name`` alone (through slices, casts and
+    reshapes): the arguments its other operand reads."""
+    found = []
+    for node in program.nodes:
+        if node.prim != "dot_general":
+            continue
+        reads = [program.reads(op) if isinstance(op, Var) else set() for op in node.ins]
+        found += [reads[1 - i] for i, r in enumerate(reads) if r == {name}]
+    return found
+
+
+def _feeds_sigmoid(program: Program, name: str) -> bool:
+    """Whether a matmul reading argument ``name`` alone feeds a sigmoid through layout ops (the gate of
+    silu(gate) * up)."""
+    users = program.users()
+    frontier = [n.outs[0] for n in program.nodes if n.prim == "dot_general"
+                and any(isinstance(op, Var) and program.reads(op) == {name} for op in n.ins)]
+    while frontier:
+        for node in users.get(frontier.pop(), []):
+            if node.prim == "logistic":
+                return True
+            if node.prim in ("transpose", "reshape", "convert_element_type"):
+                frontier.extend(node.outs)
+    return False
+
+
 def task_roles(task: "Task", size: str) -> MoePlan | str:
-    """The task form by shape: x [..., H] and the router [H, E] in bf16, then three stacked expert
-    weights [E, H, I], [E, H, I], [E, I, H] (gate, up, down, in that order), and one integer static."""
-    shapes = input_shapes(task, size)
-    names = arg_names(task)
-    if len(shapes) != 5 or len(names) != 5 or any(np.dtype(s.dtype) != np.dtype("bfloat16") for s in shapes):
-        return "not five bfloat16 arguments (x, router, gate, up, down)"
-    x, router, gate, up, down = shapes
-    ints = [k for k, v in static_args(task, size).items() if isinstance(v, int) and not isinstance(v, bool)]
-    if len(ints) != 1:
-        return "not one integer static argument (the experts each token keeps)"
-    if len(x.shape) < 2 or len(router.shape) != 2:
-        return "no tokens [..., hidden] and router [hidden, experts]"
-    h, e = router.shape
-    i = gate.shape[-1] if len(gate.shape) == 3 else 0
-    if x.shape[-1] != h or gate.shape != (e, h, i) or up.shape != (e, h, i) or down.shape != (e, i, h):
-        return "no stacked expert weights [experts, hidden, intermediate] and [experts, intermediate, hidden]"
-    top_k = int(static_args(task, size)[ints[0]])
-    if not 1 <= top_k <= e:
-        return "the static argument is not a number of experts"
-    return MoePlan(*names, ints[0], int(np.prod(x.shape[:-1])), int(h), int(i), int(e), top_k, tuple(names))
+    """The task form, by shape and data flow, in any order and under any names: the tokens x [..., H] (what
+    the router and the gate and up weights multiply), the router [H, E], the stacked gate and up
+    [E, H, I] (the gate's product feeds the sigmoid) and down [E, I, H] (it multiplies what the gate and up
+    made); nothing else. The experts each token keeps are the program's top-k; the integer static that
+    holds that number, where one does, stays the kernel's argument."""
+    shapes = dict(zip(arg_names(task), input_shapes(task, size)))
+    names = list(shapes)
+    program = trace_program(task, size)
+    partners = {n: _partners(program, n) for n in names}
+    tokens = [x for x in names if sum(any(p == {x} for p in partners[w]) for w in names if w != x) == 3]
+    if len(tokens) != 1:
+        return "no one tokens argument that three weights multiply (the router, the gate and the up)"
+    x = tokens[0]
+    h = shapes[x].shape[-1]
+    direct = [w for w in names if w != x and any(p == {x} for p in partners[w])]
+    routers = [w for w in direct if len(shapes[w].shape) == 2 and shapes[w].shape[0] == h]
+    square = [w for w in direct if len(shapes[w].shape) == 3 and shapes[w].shape[1] == h]
+    if len(routers) != 1 or len(square) != 2 or shapes[square[0]].shape != shapes[square[1]].shape:
+        return "no router [hidden, experts] and two stacked weights [experts, hidden, intermediate] on the tokens"
+    e, _, inter = shapes[square[0]].shape
+    down = [w for w in names if w not in (x, *direct)]
+    if len(down) != 1:
+        return f"not one down weight beside the tokens, router, gate and up ({', '.join(down) or 'none'})"
+    if shapes[routers[0]].shape != (h, e) or shapes[down[0]].shape != (e, inter, h):
+        return "the router is not [hidden, experts] or the down weight not [experts, intermediate, hidden]"
+    if not any(set(square) <= p for p in partners[down[0]]):
+        return "the down weight does not multiply what the gate and up weights made"
+    gates = [w for w in square if _feeds_sigmoid(program, w)]
+    if len(gates) != 1:
+        return "no one expert weight whose product feeds the sigmoid (silu(gate) * up)"
+    ks = {int(n.params["k"]) for n in program.nodes if n.prim == "top_k"}
+    if len(ks) != 1 or not 1 <= next(iter(ks)) <= e:
+        return "no one top-k over the experts"
+    k = ks.pop()
+    holders = [n for n, v in static_args(task, size).items() if isinstance(v, int) and not isinstance(v, bool) and v == k]
+    up = next(w for w in square if w != gates[0])
+    return MoePlan(x, routers[0], gates[0], up, down[0], holders[0] if len(holders) == 1 else "",
+                   int(np.prod(shapes[x].shape[:-1])), int(h), int(inter), int(e), k, tuple(names))
 
 
 def moe_roles(task: "Task", size: str) -> MoePlan | str:

@@ -94,7 +94,7 @@ def test_moe_layout_puts_every_pair_in_a_block_of_its_expert() -> None:
 
 
 def test_moe_template_compares_the_reference_before_it_applies(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    assert "not five bfloat16 arguments" in str(TPU_MOE.applies(load_task("9p_SwiGLU_MLP"), None))
+    assert "three weights multiply" in str(TPU_MOE.applies(load_task("9p_SwiGLU_MLP"), None))
     task = load_task("10p_Sparse_MoE")
     assert computes_the_reference(task)
     original = task.reference
@@ -163,3 +163,23 @@ def test_a_product_cut_into_unequal_parts_is_not_a_fused_weight(tmp_path) -> Non
     source = task.reference_path.read_text().replace("gu[:, d_ff:]", "gu[:, 128:d_ff + 128]")  # overlapping parts
     task.reference_path.write_text(source)
     assert isinstance(plan(load_task(task.reference_path.parent), ("cpu",)), str)
+
+
+def test_moe_roles_are_read_by_data_flow_whatever_the_order_and_names(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """10p with its arguments renamed and reordered (jaxbench's permute variant): the tokens are what three
+    weights multiply, the router the 2-D one, the gate the one whose product feeds the sigmoid, the down
+    weight the one that multiplies what they made; the static holding the top-k is found by its value."""
+    from jaxbench.variants import derive
+    from maxkernel.analysis.moe import task_roles
+    from maxkernel.analysis.program import arg_names
+
+    original = load_task("10p_Sparse_MoE")
+    task = load_task(derive(original, "permute", tmp_path, seed=3))
+    roles = task_roles(task, "cpu")
+    assert not isinstance(roles, str), roles
+    base = task_roles(original, "cpu")
+    assert not isinstance(base, str)
+    assert roles.names == tuple(arg_names(task)) != tuple(arg_names(original))
+    assert (roles.tokens, roles.hidden, roles.intermediate, roles.experts, roles.k, roles.top_k) == \
+        (base.tokens, base.hidden, base.intermediate, base.experts, base.k, base.top_k)
+    assert TPU_MOE.applies(task, None) is None  # the roles confirmed: the reference computes what they say
