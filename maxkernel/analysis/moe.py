@@ -47,11 +47,11 @@ class MoePlan:
 
 
 def feeds_logistic(program: Program, name: str) -> bool:
-    """Whether the matmul reading argument ``name`` feeds a sigmoid (through layout ops only): the gate of
-    silu(gate) * up."""
-    weight = next(v for v in program.inputs if v.name == name)
+    """Whether a matmul reading argument ``name`` alone (through slices, casts and reshapes) feeds a sigmoid
+    through layout ops: the gate of silu(gate) * up."""
     users = program.users()
-    frontier = [n.outs[0] for n in program.nodes if n.prim == "dot_general" and weight in n.ins]
+    frontier = [n.outs[0] for n in program.nodes if n.prim == "dot_general"
+                and any(isinstance(op, Var) and program.reads(op) == {name} for op in n.ins)]
     while frontier:
         for node in users.get(frontier.pop(), []):
             if node.prim == "logistic":
@@ -137,21 +137,6 @@ def _partners(program: Program, name: str) -> list[set[str]]:
     return found
 
 
-def _feeds_sigmoid(program: Program, name: str) -> bool:
-    """Whether a matmul reading argument ``name`` alone feeds a sigmoid through layout ops (the gate of
-    silu(gate) * up)."""
-    users = program.users()
-    frontier = [n.outs[0] for n in program.nodes if n.prim == "dot_general"
-                and any(isinstance(op, Var) and program.reads(op) == {name} for op in n.ins)]
-    while frontier:
-        for node in users.get(frontier.pop(), []):
-            if node.prim == "logistic":
-                return True
-            if node.prim in ("transpose", "reshape", "convert_element_type"):
-                frontier.extend(node.outs)
-    return False
-
-
 def task_roles(task: "Task", size: str) -> MoePlan | str:
     """The task form, by shape and data flow, in any order and under any names: the tokens x [..., H] (what
     the router and the gate and up weights multiply), the router [H, E], the stacked gate and up
@@ -180,7 +165,7 @@ def task_roles(task: "Task", size: str) -> MoePlan | str:
         return "the router is not [hidden, experts] or the down weight not [experts, intermediate, hidden]"
     if not any(set(square) <= p for p in partners[down[0]]):
         return "the down weight does not multiply what the gate and up weights made"
-    gates = [w for w in square if _feeds_sigmoid(program, w)]
+    gates = [w for w in square if feeds_logistic(program, w)]
     if len(gates) != 1:
         return "no one expert weight whose product feeds the sigmoid (silu(gate) * up)"
     ks = {int(n.params["k"]) for n in program.nodes if n.prim == "top_k"}

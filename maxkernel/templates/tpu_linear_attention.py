@@ -190,6 +190,19 @@ def _constant_scalar(program: Program, var: Var) -> bool:
                for n in ancestors) and (bool(ancestors) or var.size == 1)
 
 
+def _reads_only(program: Program, node: Node, inside: set[int], literal: set[int]) -> bool:
+    """Whether ``node`` reads only vars in ``inside`` (by id) and scalar literals; the nodes that make the
+    literals are added to ``literal``."""
+    for op in node.ins:
+        if isinstance(op, Var) and id(op) not in inside:
+            if not _constant_scalar(program, op):
+                return False
+            literal.update(id(n) for n in program.ancestors(op))
+        elif isinstance(op, Const) and op.size != 1:
+            return False
+    return True
+
+
 def _descendants(program: Program, var: Var) -> set[int]:
     found = {id(var)}
     for node in program.nodes:
@@ -313,13 +326,8 @@ def _tail(program: Program, product: Var) -> list[Node] | str:
             return f"{node.prim} after the value product"
         if len(node.out.shape) < 3 or tuple(node.out.shape[:3]) != tuple(product.shape[:3]):
             return "what follows the value product mixes rows of the output"
-        for op in node.ins:
-            if isinstance(op, Var) and id(op) not in after:
-                if not _constant_scalar(program, op):
-                    return "what follows the value product reads more than it and literals"
-                literal.update(id(n) for n in program.ancestors(op))
-            elif isinstance(op, Const) and op.size != 1:
-                return "what follows the value product reads an array constant"
+        if not _reads_only(program, node, after, literal):
+            return "what follows the value product reads more than it and scalar literals"
     if tuple(program.outputs[0].shape) != tuple(product.shape):
         return "the output is not shaped like the value product"
     return [n for n in program.nodes if id(n) in literal or n in tail]
@@ -348,13 +356,8 @@ def _normalizer(program: Program, found: LinearAttention, normalizers: list[Var]
     for node in row_nodes:
         if node.prim not in TILE_PRIMS or node.prim == "iota":
             return f"{node.prim} between the row sum and the divisor"
-        for op in node.ins:
-            if isinstance(op, Var) and id(op) not in after_sum:
-                if not _constant_scalar(program, op):
-                    return "the divisor reads more than the row sum and constants"
-                literal.update(id(n) for n in program.ancestors(op))
-            elif isinstance(op, Const) and op.size != 1:
-                return "the divisor reads more than the row sum and constants"
+        if not _reads_only(program, node, after_sum, literal):
+            return "the divisor reads more than the row sum and scalar literals"
     row_nodes = [n for n in program.nodes if id(n) in literal or n in row_nodes]
     # The divisor applies to the rows once, right before the casts to the value product.
     apply = producers.get(_through_moves(program, found.mixed, False))
