@@ -413,8 +413,8 @@ def hidden_keys(program: Program, a: LinearAttention) -> np.ndarray | str:
             elif node.prim == "div":
                 zero[id(node.out)] = z(ins[0])
             elif node.prim in ("convert_element_type", "neg", "abs") or node.prim in SHAPING:
-                zero[id(node.out)] = _fit(z(ins[0]), shape)
-                tiny[id(node.out)] = _fit(t(ins[0]), shape) if node.prim != "abs" else np.asarray(False)
+                zero[id(node.out)] = _mask_as(z(ins[0]), shape)
+                tiny[id(node.out)] = _mask_as(t(ins[0]), shape) if node.prim != "abs" else np.asarray(False)
             elif node.prim == "exp":
                 zero[id(node.out)] = t(ins[0])
             elif node.prim == "select_n":
@@ -453,7 +453,7 @@ def hidden_keys(program: Program, a: LinearAttention) -> np.ndarray | str:
     return out
 
 
-def _fit(array: Any, shape: tuple[int, ...]) -> Any:
+def _mask_as(array: Any, shape: tuple[int, ...]) -> Any:
     """A zero mask reshaped along with its value (a reshape that only moves axes of one)."""
     array = np.asarray(array)
     if array.size == int(np.prod(shape)):
@@ -732,7 +732,7 @@ def _head_table(name: str, leaves: dict[str, Var], found: dict[str, LinearAttent
         "",
         "",
         f"def {name}(q, k):",
-        f'    """A constant per head for the head counts the candidate was rendered for."""',
+        '    """A constant per head for the head counts the candidate was rendered for."""',
         "    heads = q.shape[1]",
         f"    if heads not in {name.upper()}:",
         f"        raise ValueError(f'no score term for {{heads}} heads (known: {{sorted({name.upper()})}})')",
@@ -861,8 +861,8 @@ def _step_lines(a: LinearAttention, names: dict[int, str], used: set[str], posit
     lines = []
     for leaf in positions:
         if id(leaf.var) in needed:
-            iota = (f"row0 + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)" if leaf.position == 0 else
-                    f"col0 + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)")
+            iota = ("row0 + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)" if leaf.position == 0 else
+                    "col0 + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)")
             if np.dtype(leaf.var.dtype) != np.dtype("int32"):
                 iota = f"({iota}).astype({dtype_expr(leaf.var.dtype)})"
             lines.append(f"{indent}{names[id(leaf.var)]} = {iota}  # positions")
