@@ -123,14 +123,18 @@ def _fold_norms(spans: list[Span]) -> list[Span]:
 
 def _core_cuts(program: Program, span: Span) -> list[int]:
     """Where an attention core may start: from the score matmul back over layout ops only (a kv-head
-    repeat), each a cut that leaves the core three rank-4 inputs and one output; latest first."""
+    repeat), each a cut that leaves the core rank-4 inputs (three, or the query and key parts of scores
+    written as a sum of products, and the values) and one output; latest first."""
+    from maxkernel.templates.attention_joined import find_joined
+
     scores, values = span.core  # type: ignore[misc]
     cuts: list[int] = []
     for c in range(scores, span.start, -1):
         if c < scores and program.nodes[c].prim not in LAYOUT:
             break
         sub = region_program(program, Span(c, values + 1, "attention"))
-        if len(sub.inputs) == 3 and all(len(v.shape) == 4 for v in sub.inputs) and len(sub.outputs) == 1:
+        if len(sub.outputs) == 1 and all(len(v.shape) == 4 for v in sub.inputs) and \
+                (len(sub.inputs) == 3 or not isinstance(find_joined(sub), str)):
             cuts.append(c)
     return cuts
 
@@ -139,12 +143,12 @@ def kernel_ready(program: Program, span: Span, cuts: list[int]) -> int:
     """The cut to use: the earliest whose core the attention templates accept (a kv-head repeat the
     matcher does not read as grouped heads stays outside then, in the projection region before it), or
     the earliest of all when none is accepted."""
-    from maxkernel.templates.attention import match
+    from maxkernel.templates.attention import match_core
 
     _, values = span.core  # type: ignore[misc]
     for c in reversed(cuts):
         core = attention_order(region_program(program, Span(c, values + 1, "attention")))
-        if not isinstance(match(core, size_checked=False), str):
+        if not isinstance(match_core(core), str):
             return c
     return cuts[-1]
 

@@ -149,13 +149,13 @@ def _match_attention(program: Program, moved: bool = False) -> AttentionPlan | s
     if len(rank4) < 3:
         return "no q, k, v inputs of rank 4"
     q, k, v = rank4[:3]
-    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] or q.shape[1] % k.shape[1]:
+    if k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] or q.shape[1] % k.shape[1]:
         return "q, k, v are not [batch, heads, seq, head_dim] with kv heads dividing q heads"
     dots = [n for n in program.nodes if n.prim == "dot_general"]
     if len(dots) != 2:
         return "not two matmuls (scores, then scores times values)"
-    if len(program.outputs) != 1 or tuple(program.outputs[0].shape) != tuple(q.shape):
-        return "output is not shaped like q"
+    if len(program.outputs) != 1 or tuple(program.outputs[0].shape) != (*q.shape[:3], v.shape[3]):
+        return "output is not shaped like q (with the values' head dimension)"
     score = dots[0].out
     sq, sk = q.shape[2], k.shape[2]
     if tuple(score.shape[-2:]) != (sq, sk) or int(np.prod(score.shape[:-2])) != q.shape[0] * q.shape[1]:
@@ -304,6 +304,8 @@ class BlockedAttentionRewrite:
         found = match_attention(trace_program(task, "cpu").dce())
         if isinstance(found, str):
             return found
+        if found.v.shape[3] != found.q.shape[3]:
+            return "values of another head dimension than the queries"
         dense = found.mask.size
         if found.mask.sum() > 0.9 * dense:
             return "the mask hides less than a tenth of the scores"

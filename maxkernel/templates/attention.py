@@ -36,6 +36,8 @@ from maxkernel.analysis.precision import kernel_passes
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, scalar_text
 from maxkernel.rewrites.numeric import TooLargeToEvaluate
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
+from maxkernel.templates.attention_joined import NOT_JOINED, Joined, find_joined, joined_program
+from maxkernel.templates.attention_joined import wrapper_source as joined_wrapper
 from maxkernel.templates.attention_layout import Layout, canonical_program, find_layout, wrapper_source
 from maxkernel.templates.attention_tail import split_after_attention
 from maxkernel.templates.bias import TILES_SOURCE, bias_tile_count, is_relative_bias
@@ -70,6 +72,8 @@ class AttentionShape:
     layout: Layout | None = None  # the reference's own argument order and axes, where they differ
     dense: tuple[int, ...] = ()  # a bias read whole: the score axes its axes are (e.g. heads, query, key)
     tail: Program | None = None  # elementwise ops from the attention's result to the output, run in XLA
+    v_dim: int = 0  # the values' head dimension (0: head_dim)
+    joined: Joined | None = None  # scores written as a sum of products of query and key parts
 
     @property
     def group(self) -> int:
@@ -147,7 +151,7 @@ def match(program: Program, static: dict[str, Any] | None = None, size_checked: 
     return AttentionShape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], scale,
                           np.dtype(q.dtype), np.dtype(result.dtype), plan.mask, dict(static or {}), bias,
                           bias_structure, int(extra[0].shape[-1]) if bias is not None and dense_axes is None else 0,
-                          soft_cap, dense=dense_axes or (), tail=tail)
+                          soft_cap, dense=dense_axes or (), tail=tail, v_dim=int(plan.v.shape[3]))
 
 
 def dense_bias_axes(program: Program, term: Any, table: Var) -> tuple[int, ...] | None:
@@ -241,7 +245,7 @@ def _analysed(task: "Task", size: str) -> AttentionShape | str:
         return found
     layout = find_layout(program)
     if isinstance(layout, str):
-        return found
+        return _joined(program, static_args(task, size), size == "cpu", found)
     # in order and layout already, the keys may still be repeated over the heads: matched as moved
     target = program if layout.identity else canonical_program(task, size, layout).dce()
     moved = match(target, static_args(task, size), size_checked=size == "cpu", moved=True)
@@ -249,6 +253,28 @@ def _analysed(task: "Task", size: str) -> AttentionShape | str:
         return f"{moved} (with the arguments read as [batch, heads, seq, head_dim])"
     moved.layout = None if layout.identity else layout
     return moved
+
+
+def match_core(program: Program) -> AttentionShape | str:
+    """The attention an extracted core computes (its q, k, v in order, or its scores' parts), values unchecked."""
+    found = match(program, size_checked=False)
+    return found if not isinstance(found, str) else _joined(program, {}, False, found)
+
+
+def _joined(program: Program, static: dict[str, Any], size_checked: bool, why: str) -> AttentionShape | str:
+    """The match of scores written as a sum of products (``attention_joined``), else ``why`` the reference
+    as written is not matched."""
+    joined = find_joined(program)
+    if isinstance(joined, str):
+        return why if joined == NOT_JOINED else f"{why}; nor a sum of score products: {joined}"
+    rewritten = joined_program(program, joined)
+    if isinstance(rewritten, str):
+        return f"{rewritten} (scores as a sum of products)"
+    found = match(rewritten, static, size_checked=size_checked)
+    if isinstance(found, str):
+        return f"{found} (with the score's parts joined)"
+    found.joined = joined
+    return found
 
 
 @dataclass
@@ -266,6 +292,7 @@ class FlashPlan:
     dense: tuple[int, ...] = ()  # see AttentionShape.dense
     passes: int = 6  # bfloat16 MXU passes of a float32 product: 1 where the task's tolerance admits it
     tail: str | None = None  # the source of ``_tail``: what follows the attention, run in XLA on its result
+    joined: Joined | None = None  # see AttentionShape.joined
 
 
 def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
@@ -289,23 +316,24 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
         return "a soft cap that changes with size"
     if found[0].bias is not None and ("cpu" not in sizes or len({s.bias_structure for s in found}) != 1):
         return "a bias whose values were not checked at the cpu size, or that is computed differently by size"
-    if len({s.layout for s in found}) != 1 or len({s.dense for s in found}) != 1:
+    if len({s.layout for s in found}) != 1 or len({s.dense for s in found}) != 1 or len({s.joined for s in found}) != 1:
         return "arguments whose roles or axes change with size"
     tails = {None if s.tail is None else emit_function(s.tail, "_tail", TAIL_DOC, size_names=False) for s in found}
     if len(tails) != 1:
         return "an elementwise tail after the attention that changes with size"
     return FlashPlan(mask, scale_text, found[0].in_dtype, found[0].out_dtype, tuple(found[0].static), found[0].bias,
                      found[0].soft_cap, found[0].layout, found[0].dense,
-                     kernel_passes(task) if np.dtype(found[0].in_dtype) == np.float32 else 6, tails.pop())
+                     kernel_passes(task) if np.dtype(found[0].in_dtype) == np.float32 else 6, tails.pop(),
+                     found[0].joined)
 
 
 def vmem_bytes(a: AttentionShape, block_q: int, block_k: int) -> int:
     """VMEM one grid step plans for: double-buffered q, k, v and output blocks, the f32 accumulator and
     row statistics (lane-padded), and one head's f32 scores and probabilities."""
     item, out = a.in_dtype.itemsize, a.out_dtype.itemsize
-    q_rows = a.group * block_q
-    blocks = 2 * (q_rows * a.head_dim * (item + out) + 2 * block_k * a.head_dim * item)
-    scratch = q_rows * a.head_dim * 4 + 2 * q_rows * 128 * 4
+    q_rows, v_dim = a.group * block_q, a.v_dim or a.head_dim
+    blocks = 2 * (q_rows * (a.head_dim * item + v_dim * out) + block_k * (a.head_dim + v_dim) * item)
+    scratch = q_rows * v_dim * 4 + 2 * q_rows * 128 * 4
     tiles = 0
     if a.dense:  # the bias block of each step, double-buffered, as float32 at most
         tiles = 2 * (a.group if 1 in a.dense else 1) * block_q * block_k * 4
@@ -354,13 +382,20 @@ class FlashAttentionTemplate:
             raise EmitError(found)
         block_q = int(params["block_q"])
         block_k = int(params.get("block_k", block_q))
+        entry = "_attention" if found.tail else "_flash_attention"
+        if found.joined is not None:
+            names = arg_names(task)
+            joined = [*found.joined.names, names[found.joined.values],
+                      *(n for i, n in enumerate(names) if i not in found.joined.parts and i != found.joined.values)]
+            return (_with_tail(found, render_flash(task, found, block_q, block_k, names=joined, entry=entry), joined,
+                               "_flash_attention") + "\n\n" + joined_wrapper(names, found.joined, found.static,
+                                                                            "_flash_attention"))
         if found.layout is None:
             return _with_tail(found, render_flash(task, found, block_q, block_k, entry="_attention" if found.tail else "kernel"),
                               arg_names(task), "kernel")
         names = arg_names(task)
         moved = [names[i] + ("_bhsd" if slot < 3 and found.layout.moves(slot) else "")
                  for slot, i in enumerate(found.layout.order)]
-        entry = "_attention" if found.tail else "_flash_attention"
         return (_with_tail(found, render_flash(task, found, block_q, block_k, names=moved, entry=entry), moved,
                            "_flash_attention") + "\n\n" + wrapper_source(names, found.layout, found.static, "_flash_attention"))
 

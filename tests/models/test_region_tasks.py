@@ -162,3 +162,21 @@ def test_gemma2_attention_core_reaches_flash_with_its_soft_cap_and_sliding_windo
     assert len(q_blocks) == 7  # each query block sees itself and the block before: 3 of causal's 10 skipped
     report = declared_size_evaluator.evaluate(region, source)
     assert report.passed and report.label == "pallas-kernel", report.reason
+
+
+@pytest.mark.slow
+def test_deepseek_latent_attention_core_reaches_flash_with_its_parts_joined(tmp_path, declared_size_evaluator):
+    """DeepSeek's scores are the sum of the plain and the RoPE parts' products, the RoPE key one per token
+    shared by every head: the core is cut with the five parts and the values as its arguments, and the flash
+    template computes it from the parts joined along the head dimension; the evaluator passes it."""
+    extraction = extract_task("deepseek_v3_layer", tmp_path, timing=False)
+    core = next(r for r in extraction.regions if r.kind == "attention")
+    assert len(core.inputs) == 5
+    region = load_task(core.path)
+    assert FLASH_ATTENTION.applies(region, analyze_task(region)) is None
+    found = plan(region, ("cpu", "full"))
+    assert not isinstance(found, str) and found.joined is not None and found.mask is CAUSAL, found
+    source = FLASH_ATTENTION.render(region, {"block_q": 128, "block_k": 128}, ("cpu",))
+    assert "_joined([" in source
+    report = declared_size_evaluator.evaluate(region, source)
+    assert report.passed and report.label == "pallas-kernel", report.reason
