@@ -180,3 +180,23 @@ def test_deepseek_latent_attention_core_reaches_flash_with_its_parts_joined(tmp_
     assert "_joined([" in source
     report = declared_size_evaluator.evaluate(region, source)
     assert report.passed and report.label == "pallas-kernel", report.reason
+
+
+@pytest.mark.slow
+def test_mamba2_scan_region_reaches_the_chunked_scan_with_its_code_around_it(tmp_path, declared_size_evaluator):
+    """Mamba-2's scan region (the causal convolution, the split of the packed projection, softplus and the
+    decay, then a step-by-step scan): ``tpu_ssd`` keeps the region's code before and after the scan and runs
+    the chunked kernel in its place; the evaluator passes it."""
+    extraction = extract_task(SMALLEST, tmp_path, timing=False)
+    stepped = next(r for r in extraction.regions if r.kind == "scan")
+    region = load_task(stepped.path)
+    from maxkernel.templates.tpu_ssd import TPU_SSD
+
+    assert TPU_SSD.applies(region, analyze_task(region)) is None
+    # the region's slices are literals at each size: each size's code is picked by the arguments' shapes
+    source = TPU_SSD.render(region, {"chunk": 64, "block_h": 8, "passes": 1}, ("cpu", "full"))
+    assert "def _stages(shapes):" in source and "_ssd(x, dt, log_decay, b, c, 0.0)" in source
+    findings, _ = scan(source)
+    assert findings == [], [str(f) for f in findings]
+    report = declared_size_evaluator.evaluate(region, source)
+    assert report.passed and report.label == "pallas-kernel", report.reason
