@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from maxkernel.analysis.program import Const, Node, Program, Var, run_program, trace_program
+from maxkernel.templates.around import Around, cut_around
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -39,13 +40,9 @@ class ScanReading:
 
 @dataclass
 class ScanCut:
-    """A reference cut around its scan: what runs before it (to the kernel's operands, time-major, and the
-    values the rest reads), and what runs after it (from the kernel's output, time-major)."""
+    """A reference cut around its scan (``around``): the operands time-major, as the scan steps them."""
 
-    before: Program  # the task's inputs -> (x, dt, log decay, B, C, *kept)
-    after: Program  # (y, *kept, *inputs it reads) -> the task's outputs
-    after_inputs: tuple[int, ...]  # the task's inputs ``after`` reads, by index
-    kept: int
+    around: Around
     log_given: bool  # the log decay is the exponent the reference takes ``exp`` of (else a log is taken)
     shape: tuple[int, int, int, int, int, int]  # batch, seq, heads, head_dim, groups, state_dim
     precision: str
@@ -200,28 +197,12 @@ def cut(task: "Task", size: str) -> ScanCut | str:
     extra: list[Node] = []
     if logged is not None:
         decay, extra = logged
-    y = node.outs[1]
-    rest = program.nodes[at + 1:]
-    made_before = {id(o) for n in program.nodes[:at] for o in n.outs}
-    inputs = {id(v): i for i, v in enumerate(program.inputs)}
-    kept: list[Var] = []
-    after_inputs: list[int] = []
-    for op in [op for n in rest for op in n.ins] + list(program.outputs):
-        if not isinstance(op, Var) or op is y:
-            continue
-        if id(op) in made_before and all(op is not k for k in kept):
-            kept.append(op)
-        elif id(op) in inputs and inputs[id(op)] not in after_inputs:
-            after_inputs.append(inputs[id(op)])
-    frontier = [x, dt, decay, b, c, *kept]
-    before = Program(list(program.inputs), [*program.nodes[:at], *extra], frontier, None, program._counter,
-                     dict(program.dim_names)).dce()
-    before.out_tree = jax.tree_util.tree_structure(tuple(range(len(frontier))))
-    after = Program([y, *kept, *(program.inputs[i] for i in after_inputs)], list(rest), list(program.outputs),
-                    program.out_tree)
+    around = cut_around(program, at, at + 1, [x, dt, decay, b, c], [node.outs[1]], extra)  # type: ignore[list-item]
+    if isinstance(around, str):
+        return around
     seq, batch, heads, head_dim = x.shape  # type: ignore[union-attr]
     groups = int(b.shape[2]) if len(b.shape) == 4 else 1  # type: ignore[union-attr]
     dots = [e for e in node.params["jaxpr"].jaxpr.eqns if e.primitive.name == "dot_general"]
     precision = "HIGHEST" if any("HIGHEST" in str(e.params.get("precision")) for e in dots) else "DEFAULT"
-    return ScanCut(before, after, tuple(after_inputs), len(kept), logged is not None,
+    return ScanCut(around, logged is not None,
                    (int(batch), int(seq), int(heads), int(head_dim), groups, int(b.shape[-1])), precision)  # type: ignore[union-attr]

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from maxkernel.analysis.program import arg_names, static_args, trace_program
+from maxkernel.templates.around import around_source
 from maxkernel.templates.ssd_scan import ScanCut, cut
 from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, analysed_at, tpu_target
 from maxkernel.templates.tpu_gemm import HEADER, W_KN_DIMENSIONS, W_NK_DIMENSIONS, _mxu_source, _passes, chosen_passes
@@ -352,56 +353,18 @@ def render_scan_ssd(task: "Task", found: dict[str, SsdShape], chunk: int, block_
     cuts = {size: s.cut for size, s in found.items() if s.cut is not None}
     first = next(iter(cuts.values()))
     names = arg_names(task)
-    before, before_fns = _stage({size: c.before for size, c in cuts.items()}, "_before",
-                                "The reference's own code up to its scan: the scan's operands (time-major) and what "
-                                "the rest reads.")
-    after, after_fns = _stage({size: c.after for size, c in cuts.items()}, "_after",
-                              "The reference's own code after its scan, from the scan's output (time-major).")
-    log = "log_decay" if first.log_given else "jnp.log(decay)"
-    lines = [
+    decay = "log_decay" if first.log_given else "decay"
+    call = [f"x, dt, {decay}, b, c, *kept = _before({', '.join(names)})",
+            "if b.ndim == 3:  # one group of B and C for every head",
+            "    b, c = b[:, :, None], c[:, :, None]",
+            f"x, dt, log_decay, b, c = (jnp.swapaxes(t, 0, 1) for t in (x, dt, {'log_decay' if first.log_given else 'jnp.log(decay)'}, b, c))  # batch-major",
+            "result = jnp.swapaxes(_ssd(x, dt, log_decay, b, c, 0.0), 0, 1)  # time-major, as the scan's"]
+    return "\n".join([
         _doc(task, passes, "The reference's code before and after its step-by-step scan runs in XLA around it.\n"),
         ssd_source(chunk, block_h, passes),
-        before,
-        "",
-        "",
-        after,
-        "",
-        "",
-    ]
-    shared = len(set(before_fns.values())) == 1 and len(set(after_fns.values())) == 1
-    if not shared:
-        served = [tuple(tuple(v.shape) for v in cuts[size].before.inputs) for size in cuts]
-        lines += ["def _stages(shapes):", '    """Each size\'s code before and after the scan, by the arguments\' shapes."""']
-        for size, shapes in zip(cuts, served):
-            lines += [f"    if shapes == {shapes}:", f"        return {before_fns[size]}, {after_fns[size]}"]
-        lines += [f"    raise ValueError(f'serves argument shapes {served} only, not {{shapes}}')", "", ""]
-    rest = ", ".join(["*kept", *(names[i] for i in first.after_inputs)])
-    lines += [
-        f"def kernel({', '.join(names)}):",
-        '    """Before the scan (XLA), the chunked scan (Pallas), after it (XLA)."""',
-        *([] if shared else
-          [f"    _before, _after = _stages(tuple(a.shape for a in ({', '.join(names)},)))"]),
-        f"    x, dt, {'log_decay' if first.log_given else 'decay'}, b, c, *kept = _before({', '.join(names)})",
-        "    if b.ndim == 3:  # one group of B and C for every head",
-        "        b, c = b[:, :, None], c[:, :, None]",
-        f"    x, dt, log_decay, b, c = (jnp.swapaxes(t, 0, 1) for t in (x, dt, {log}, b, c))  # batch-major",
-        f"    return _after(jnp.swapaxes(_ssd(x, dt, log_decay, b, c, 0.0), 0, 1), {rest})",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _stage(programs: dict[str, Any], name: str, doc: str) -> tuple[str, dict[str, str]]:
-    """One function for every size where one serves them all, else one per size."""
-    from maxkernel.rewrites.emit import emit_function
-    from maxkernel.rewrites.sized import emit_every_size
-
-    shared = emit_every_size(list(programs.values()), name, doc) if len(programs) > 1 else \
-        emit_function(next(iter(programs.values())), name, doc)
-    if shared is not None:
-        return shared, {size: name for size in programs}
-    texts = [emit_function(program, f"{name}_{size}", doc) for size, program in programs.items()]
-    return "\n\n\n".join(texts), {size: f"{name}_{size}" for size in programs}
+        around_source({size: c.around for size, c in cuts.items()}, names, call, "the scan",
+                      bool(static_args(task, "cpu"))),
+    ])
 
 
 TPU_SSD = TpuSsdTemplate()
