@@ -129,7 +129,7 @@ def _core_cuts(program: Program, span: Span) -> list[int]:
 
     scores, values = span.core  # type: ignore[misc]
     cuts: list[int] = []
-    for c in range(scores, span.start, -1):
+    for c in range(scores, span.start - 1, -1):
         if c < scores and program.nodes[c].prim not in LAYOUT:
             break
         sub = region_program(program, Span(c, values + 1, "attention"))

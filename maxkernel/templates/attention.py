@@ -36,6 +36,7 @@ from maxkernel.analysis.precision import kernel_passes
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, scalar_text
 from maxkernel.rewrites.numeric import TooLargeToEvaluate
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
+from maxkernel.templates.around import Around, around_source
 from maxkernel.templates.attention_joined import NOT_JOINED, Joined, find_joined, joined_program
 from maxkernel.templates.attention_joined import wrapper_source as joined_wrapper
 from maxkernel.templates.attention_layout import Layout, canonical_program, find_layout, wrapper_source
@@ -74,6 +75,8 @@ class AttentionShape:
     tail: Program | None = None  # elementwise ops from the attention's result to the output, run in XLA
     v_dim: int = 0  # the values' head dimension (0: head_dim)
     joined: Joined | None = None  # scores written as a sum of products of query and key parts
+    around: Around | None = None  # the attention inside a larger computation: the code around its core
+    core: Program | None = None  # then the core's own program (its operands as arguments)
 
     @property
     def group(self) -> int:
@@ -245,7 +248,8 @@ def _analysed(task: "Task", size: str) -> AttentionShape | str:
         return found
     layout = find_layout(program)
     if isinstance(layout, str):
-        return _joined(program, static_args(task, size), size == "cpu", found)
+        joined = _joined(program, static_args(task, size), size == "cpu", found)
+        return joined if not isinstance(joined, str) else _cut(program, size == "cpu", joined)
     # in order and layout already, the keys may still be repeated over the heads: matched as moved
     target = program if layout.identity else canonical_program(task, size, layout).dce()
     moved = match(target, static_args(task, size), size_checked=size == "cpu", moved=True)
@@ -259,6 +263,24 @@ def match_core(program: Program) -> AttentionShape | str:
     """The attention an extracted core computes (its q, k, v in order, or its scores' parts), values unchecked."""
     found = match(program, size_checked=False)
     return found if not isinstance(found, str) else _joined(program, {}, False, found)
+
+
+def _cut(program: Program, size_checked: bool, why: str) -> AttentionShape | str:
+    """The attention core inside a larger computation (``attention_cut``), the code around it kept, else
+    ``why`` the reference as written is not matched."""
+    from maxkernel.templates.attention_cut import cut_attention
+
+    cut = cut_attention(program)
+    if isinstance(cut, str):
+        return f"{why}; nor one attention core to cut: {cut}"
+    core, around = cut
+    found = match(core, {}, size_checked=size_checked)
+    if isinstance(found, str):
+        found = _joined(core, {}, size_checked, found)
+    if isinstance(found, str):
+        return f"{why}; its attention core: {found}"
+    found.around, found.core = around, core
+    return found
 
 
 def _joined(program: Program, static: dict[str, Any], size_checked: bool, why: str) -> AttentionShape | str:
@@ -293,6 +315,7 @@ class FlashPlan:
     passes: int = 6  # bfloat16 MXU passes of a float32 product: 1 where the task's tolerance admits it
     tail: str | None = None  # the source of ``_tail``: what follows the attention, run in XLA on its result
     joined: Joined | None = None  # see AttentionShape.joined
+    cut: bool = False  # the attention is the core of a larger computation (AttentionShape.around)
 
 
 def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
@@ -316,7 +339,8 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
         return "a soft cap that changes with size"
     if found[0].bias is not None and ("cpu" not in sizes or len({s.bias_structure for s in found}) != 1):
         return "a bias whose values were not checked at the cpu size, or that is computed differently by size"
-    if len({s.layout for s in found}) != 1 or len({s.dense for s in found}) != 1 or len({s.joined for s in found}) != 1:
+    if len({s.layout for s in found}) != 1 or len({s.dense for s in found}) != 1 or len({s.joined for s in found}) != 1 \
+            or len({s.around is None for s in found}) != 1:
         return "arguments whose roles or axes change with size"
     tails = {None if s.tail is None else emit_function(s.tail, "_tail", TAIL_DOC, size_names=False) for s in found}
     if len(tails) != 1:
@@ -324,7 +348,7 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> FlashPlan | str:
     return FlashPlan(mask, scale_text, found[0].in_dtype, found[0].out_dtype, tuple(found[0].static), found[0].bias,
                      found[0].soft_cap, found[0].layout, found[0].dense,
                      kernel_passes(task) if np.dtype(found[0].in_dtype) == np.float32 else 6, tails.pop(),
-                     found[0].joined)
+                     found[0].joined, found[0].around is not None)
 
 
 def vmem_bytes(a: AttentionShape, block_q: int, block_k: int) -> int:
@@ -383,6 +407,8 @@ class FlashAttentionTemplate:
         block_q = int(params["block_q"])
         block_k = int(params.get("block_k", block_q))
         entry = "_attention" if found.tail else "_flash_attention"
+        if found.cut:
+            return _render_cut(task, found, block_q, block_k, sizes, entry)
         if found.joined is not None:
             names = arg_names(task)
             joined = [*found.joined.names, names[found.joined.values],
@@ -398,6 +424,27 @@ class FlashAttentionTemplate:
                  for slot, i in enumerate(found.layout.order)]
         return (_with_tail(found, render_flash(task, found, block_q, block_k, names=moved, entry=entry), moved,
                            "_flash_attention") + "\n\n" + wrapper_source(names, found.layout, found.static, "_flash_attention"))
+
+
+def _render_cut(task: "Task", p: FlashPlan, block_q: int, block_k: int, sizes: tuple[str, ...], entry: str) -> str:
+    """The flash kernel on the attention core (``_core``), the reference's own code before and after it."""
+    shapes = [analyse(task, size) for size in sizes]
+    arounds = {size: s.around for size, s in zip(sizes, shapes) if not isinstance(s, str) and s.around is not None}
+    core = next(s.core for s in shapes if not isinstance(s, str) and s.core is not None)
+    if p.joined is not None:
+        names = [f"{'q' if i in {o.arg for o in p.joined.queries} else 'k' if i in {o.arg for o in p.joined.keys} else 'v'}{i}"
+                 for i in range(len(core.inputs))]
+        names[p.joined.values] = "v"
+        joined = [*p.joined.names, "v", *(n for i, n in enumerate(names) if i not in p.joined.parts and i != p.joined.values)]
+        source = (_with_tail(p, render_flash(task, p, block_q, block_k, names=joined, entry=entry), joined, "_flash_attention")
+                  + "\n\n" + joined_wrapper(names, p.joined, (), "_flash_attention", name="_core"))
+    else:
+        names = ["q", "k", "v", *(f"side{i}" for i in range(3, len(core.inputs)))]
+        source = _with_tail(p, render_flash(task, p, block_q, block_k, names=names, entry="_attention" if p.tail else "_core"),
+                            names, "_core")
+    call = [f"{', '.join(names)}, *kept = _before({', '.join(arg_names(task))})", f"result = _core({', '.join(names)})"]
+    return source + "\n\n" + around_source(arounds, arg_names(task), call, "the attention core",
+                                            bool(static_args(task, "cpu")))
 
 
 TAIL_DOC = "What the reference computes from the attention's result, run by XLA on the kernel's output."

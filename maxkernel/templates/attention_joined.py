@@ -260,14 +260,14 @@ JOINED_SOURCE = '''def _joined(parts):
 '''
 
 
-def wrapper_source(names: list[str], joined: Joined, static: tuple[str, ...], entry: str) -> str:
-    """``kernel``: the reference's arguments, its query and key parts joined for ``entry``."""
+def wrapper_source(names: list[str], joined: Joined, static: tuple[str, ...], entry: str, name: str = "kernel") -> str:
+    """``name``: the reference's arguments, its query and key parts joined for ``entry``."""
     keywords = "".join(f", {s}" for s in static)
     passed = "".join(f", {s}={s}" for s in static)
     q, k = joined.names
     rest = [n for i, n in enumerate(names) if i not in joined.parts and i != joined.values]
     lines = [JOINED_SOURCE, "",
-             f"def kernel({', '.join(names)}{', *' + keywords if static else ''}):",
+             f"def {name}({', '.join(names)}{', *' + keywords if static else ''}):",
              '    """The score\'s parts joined: one product of q and k is the sum of the reference\'s products."""',
              f"    {q} = _joined([{', '.join(o.source(names[o.arg]) for o in joined.queries)}])",
              f"    {k} = _joined([{', '.join(o.source(names[o.arg]) for o in joined.keys)}])",
