@@ -23,8 +23,9 @@ from maxkernel.analysis.program import Node, Program, Var
 
 PASSES = ("convert_element_type", "copy")
 NOT_JOINED = "not a score written as a sum of products"
-# A part's score axes: batch, heads, query, key (the scores' own order); "d" is the contracted head dim.
-QUERY, KEY, DIM = 2, 3, "d"
+# A part's score axes: batch, heads, query, key (the scores' own order); "d" is the contracted head dim,
+# "e" the values' head dim.
+QUERY, KEY, DIM, VALUE = 2, 3, "d", "e"
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Operand:
 
     def source(self, name: str) -> str:
         """The argument as ``[batch, heads, seq, dim]``, an axis it lacks as one (broadcast by ``_joined``)."""
-        want = (0, 1, QUERY if QUERY in self.roles else KEY, DIM)
+        want = (0, 1, QUERY if QUERY in self.roles else KEY, VALUE if VALUE in self.roles else DIM)
         roles = list(self.roles)
         missing = [w for w in want if w not in roles]
         units = [i for i, r in enumerate(roles) if r is None]
@@ -65,6 +66,8 @@ class Joined:
     keys: tuple[Operand, ...]
     values: int
     names: tuple[str, str]  # the joined queries' and keys' names in the emitted kernel
+    value_roles: tuple[int | str | None, ...] = (0, 1, KEY, VALUE)  # the values argument's axes
+    out_perm: tuple[int, ...] = (0, 1, 2, 3)  # the result's axes, as axes of the kernel's [b, h, q, e] result
 
     @property
     def parts(self) -> frozenset[int]:
@@ -119,8 +122,9 @@ def _traced(program: Program, operand: Any, roles: list[int | str]) -> Operand |
         if node.prim in PASSES:
             if not _exact_cast(src, var):
                 return "a part rounded on its way to its product"
-        elif node.prim == "reduce_sum" and all(int(src.shape[a]) == 1 for a in node.params["axes"]):
-            gone = sorted(int(a) for a in node.params["axes"])
+        elif node.prim in ("reduce_sum", "squeeze") and \
+                all(int(src.shape[a]) == 1 for a in node.params.get("axes", node.params.get("dimensions", ()))):
+            gone = sorted(int(a) for a in node.params.get("axes", node.params.get("dimensions", ())))
             kept = iter(axes)
             axes = [None if a in gone else next(kept) for a in range(len(src.shape))]
         elif node.prim == "transpose":
@@ -206,13 +210,36 @@ def find_joined(program: Program) -> Joined | str:
         return "queries without a batch or heads axis"
     if not {0, 1, KEY, DIM} <= {r for k in keys for r in k.roles}:
         return "every key part shared by all heads (or batches)"
-    reads = program.reads(values.ins[1] if values.ins[0] is scores else values.ins[0])  # type: ignore[arg-type]
-    index = next((i for i, v in enumerate(program.inputs) if {v.name} == reads), None)
-    if index is None:
-        return "the values are not one argument"
+    read = _values(program, values, scores)
+    if isinstance(read, str):
+        return read
+    operand, out_perm = read
     taken = {v.name for v in program.inputs}
     names = tuple(n if n not in taken else f"{n}_joined" for n in ("q", "k"))
-    return Joined(tuple(queries), tuple(keys), index, names)  # type: ignore[arg-type]
+    return Joined(tuple(queries), tuple(keys), operand.arg, names, operand.roles, out_perm)  # type: ignore[arg-type]
+
+
+def _values(program: Program, dot: Node, probs: Var) -> tuple[Operand, tuple[int, ...]] | str:
+    """The values' argument and its axes, and the values product's output axes as axes of the kernel's
+    ``[batch, heads, query, value dim]`` result: the probabilities are laid out as the scores."""
+    at = 0 if dot.ins[0] is probs else 1
+    (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
+    pc, vc, pb, vb = (lc, rc, lb, rb) if at == 0 else (rc, lc, rb, lb)
+    if tuple(pc) != (3,) or sorted(int(a) for a in pb) != [0, 1]:
+        return "a values product that does not sum the probabilities over the keys"
+    v = dot.ins[1 - at]
+    roles: list[int | str] = [VALUE] * len(v.shape)  # type: ignore[union-attr]
+    for a, b in zip(pb, vb):
+        roles[int(b)] = int(a)
+    roles[int(vc[0])] = KEY
+    if roles.count(VALUE) != 1:
+        return "values with more than one free axis"
+    traced = _traced(program, v, roles)
+    if isinstance(traced, str):
+        return f"{traced} (the values)"
+    written = [int(a) for a in pb] + ([QUERY, VALUE] if at == 0 else [VALUE, QUERY])  # batch, then free axes
+    canonical = [0, 1, QUERY, VALUE]
+    return traced, tuple(canonical.index(r) for r in written)
 
 
 def joined_program(program: Program, joined: Joined) -> Program | str:
@@ -244,12 +271,48 @@ def joined_program(program: Program, joined: Joined) -> Program | str:
     nodes = [product if n is summed else n for n in program.nodes]
     parts = joined.parts
     rest = [v for i, v in enumerate(program.inputs) if i not in parts and i != joined.values]
-    out = Program([q, k, program.inputs[joined.values], *rest], nodes, list(program.outputs), program.out_tree,
+    values = program.inputs[joined.values]
+    outputs = list(program.outputs)
+    if joined.value_roles != (0, 1, KEY, VALUE) or joined.out_perm != (0, 1, 2, 3):
+        moved = _canonical_values(program, joined, nodes, dots[-1], summed)
+        if isinstance(moved, str):
+            return moved
+        values, nodes, outputs = moved
+    out = Program([q, k, values, *rest], nodes, outputs, program.out_tree,
                   program._counter, dict(program.dim_names), list(program.notes)).dce()
     gone = {id(program.inputs[i]) for i in parts}
     if any(isinstance(op, Var) and id(op) in gone for n in out.nodes for op in n.ins):
         return "a query or key part read beyond its score product"
     return out
+
+
+def _canonical_values(program: Program, joined: Joined, nodes: list[Node], dot: Node,
+                      summed: Node) -> tuple[Var, list[Node], list[Any]] | str:
+    """The values product rewritten on values moved to ``[batch, heads, keys, dim]``, its result left in
+    the kernel's ``[batch, heads, query, dim]`` (moved back by the wrapper, ``out_perm``); the program's
+    output must then be that result, or one cast of it."""
+    source = program.inputs[joined.values]
+    roles = [r for r in joined.value_roles if r is not None]
+    if len(roles) != 4:
+        return "values without batch and heads axes"
+    shape = [int(source.shape[joined.value_roles.index(r)]) for r in (0, 1, KEY, VALUE)]
+    values = Var(source.name, tuple(shape), np.dtype(source.dtype))
+    probs = next(op for op in dot.ins if isinstance(op, Var) and summed in program.ancestors(op))
+    batch, heads, seq_q = (int(d) for d in probs.shape[:3])  # type: ignore[union-attr]
+    result = Var(f"{dot.out.name}_bhqd", (batch, heads, seq_q, shape[3]), np.dtype(dot.out.dtype))
+    params = dict(dot.params)
+    params["dimension_numbers"] = (((3,), (2,)), ((0, 1), (0, 1)))
+    rebuilt = Node(dot.primitive, [probs, values], [result], params, dot.source)
+    users = program.users().get(dot.out, [])
+    outputs: list[Any] = list(program.outputs)
+    if outputs == [dot.out]:
+        return values, [rebuilt if n is dot else n for n in nodes], [result]
+    if len(users) == 1 and users[0].prim == "convert_element_type" and outputs == [users[0].out]:
+        cast = users[0]
+        done = Var(f"{cast.out.name}_bhqd", result.shape, np.dtype(cast.out.dtype))
+        recast = Node(cast.primitive, [result], [done], dict(cast.params), cast.source)
+        return values, [rebuilt if n is dot else recast if n is cast else n for n in nodes], [done]
+    return "the attention's result read in another layout than the kernel writes"
 
 
 JOINED_SOURCE = '''def _joined(parts):
@@ -266,10 +329,18 @@ def wrapper_source(names: list[str], joined: Joined, static: tuple[str, ...], en
     passed = "".join(f", {s}={s}" for s in static)
     q, k = joined.names
     rest = [n for i, n in enumerate(names) if i not in joined.parts and i != joined.values]
+    v = names[joined.values]
+    moved = Operand(joined.values, joined.value_roles).source(v)
     lines = [JOINED_SOURCE, "",
              f"def {name}({', '.join(names)}{', *' + keywords if static else ''}):",
              '    """The score\'s parts joined: one product of q and k is the sum of the reference\'s products."""',
              f"    {q} = _joined([{', '.join(o.source(names[o.arg]) for o in joined.queries)}])",
-             f"    {k} = _joined([{', '.join(o.source(names[o.arg]) for o in joined.keys)}])",
-             f"    return {entry}({', '.join([q, k, names[joined.values], *rest])}{passed})"]
+             f"    {k} = _joined([{', '.join(o.source(names[o.arg]) for o in joined.keys)}])"]
+    if moved != v:
+        lines.append(f"    {v}_bhsd = {moved}")
+        v = f"{v}_bhsd"
+    result = f"{entry}({', '.join([q, k, v, *rest])}{passed})"
+    if joined.out_perm != (0, 1, 2, 3):
+        result = f"jnp.transpose({result}, {joined.out_perm})  # back to the reference's layout"
+    lines.append(f"    return {result}")
     return "\n".join(lines) + "\n"
