@@ -17,7 +17,9 @@ For a reference that computes, per batch element and head ``h`` (reading group `
   row per head (the column beside ``dt`` and ``D``).
 The template is matched by what the reference computes: its inputs' roles by shape, in any order, then its
 output on a small draw against the recurrence itself, step by step, in float64 (which also settles roles
-that shapes leave open: A or D, B or C).
+that shapes leave open: A or D, B or C). The same recurrence stepped in a ``lax.scan`` inside a larger
+computation (a model's plain code, with a convolution and a softplus before it) is read by ``ssd_scan``:
+the kernel takes the scan's place, the reference's own code around it runs in XLA.
 """
 
 from __future__ import annotations
