@@ -259,10 +259,11 @@ def _analysed(task: "Task", size: str) -> AttentionShape | str:
     return moved
 
 
-def match_core(program: Program) -> AttentionShape | str:
-    """The attention an extracted core computes (its q, k, v in order, or its scores' parts), values unchecked."""
-    found = match(program, size_checked=False)
-    return found if not isinstance(found, str) else _joined(program, {}, False, found)
+def match_core(program: Program, size_checked: bool = False) -> AttentionShape | str:
+    """The attention a cut-out core computes (its q, k, v in order, or its scores' parts); a bias's values
+    checked only when ``size_checked``."""
+    found = match(program, {}, size_checked=size_checked)
+    return found if not isinstance(found, str) else _joined(program, {}, size_checked, found)
 
 
 def _cut(program: Program, size_checked: bool, why: str) -> AttentionShape | str:
@@ -274,9 +275,7 @@ def _cut(program: Program, size_checked: bool, why: str) -> AttentionShape | str
     if isinstance(cut, str):
         return f"{why}; nor one attention core to cut: {cut}"
     core, around = cut
-    found = match(core, {}, size_checked=size_checked)
-    if isinstance(found, str):
-        found = _joined(core, {}, size_checked, found)
+    found = match_core(core, size_checked)
     if isinstance(found, str):
         return f"{why}; its attention core: {found}"
     found.around, found.core = around, core
