@@ -32,6 +32,17 @@ phases run again.
 
 On a ``tpu-*`` target the judge is the cost model: every reading is deterministic, so the ratio counts
 evaluations, not the machine's load (on ``cpu`` one reading of a kernel can move by half its value).
+
+``--variants`` measures memory that answers. The ``--measure`` tasks are the originals: each runs once with
+an empty memory (``--budget`` evaluations), and their sessions together are the memory. Then each original's
+metamorphic variants (``jaxbench.variants``, ``--variant-seed``) run twice with ``--variant-budget``
+evaluations: **warm**, in a copy of the originals' memory, and **cold**, in an empty one. A variant is
+*answered* when its run measures the original's confirmed speedup less ``--tolerance`` within the first two
+evaluations besides the baseline (target: 90% of the variants whose original beat the reference, warm).
+Variants that change the work (``dtype``, ``extra_op``, and the batch moves that change a shape's extents
+only on paper) are reported in their own rows: their original's speedup is the bar, not a promise.
+
+    python benchmarks/memory_reuse.py --variants --target tpu-v6e --measure 12p_RMSNorm,48k_Matmul_BatchNorm_BiasAdd_Divide_Swish --budget 20 --variant-budget 4 --confirm 1
 """
 
 from __future__ import annotations
@@ -196,7 +207,7 @@ def fill(target_dir: Path, sources: list[Path]) -> None:
 
 
 COLD_RUNS = "cold-runs.jsonl"  # each finished cold run, one line each: what --resume reads back
-RUN_ARGS = ("budget", "time_s", "confirm", "target")  # what a resumed run must share with the cold runs it reuses
+RUN_ARGS = ("budget", "time_s", "confirm", "target", "variants", "variant_budget", "variant_seed")  # what a resumed run must share with the cold runs it reuses
 
 
 def cold_phase(tasks: list[str], root: Path, evaluator: Any, args: argparse.Namespace) -> dict[str, Run]:
@@ -371,7 +382,9 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=30, help="evaluations per session")
     parser.add_argument("--time-s", type=float, default=900.0, help="time limit of one session")
     parser.add_argument("--confirm", type=int, default=3, help="measurements of each run's best kernel")
-    parser.add_argument("--tolerance", type=float, default=0.05, help="how close to the cold best counts as reached")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="how close to the cold best counts as reached (default 0.05; with --variants, how close "
+                             "to the original's speedup: default 0.10)")
     parser.add_argument("--min-cold-evals", type=int, default=1,
                         help="measure warm only the tasks whose cold run first reached its confirmed best at this "
                              "evaluation or later (and did not return the reference); the others only fill memory")
@@ -381,6 +394,11 @@ def main() -> int:
     parser.add_argument("--target", default="cpu",
                         help="cpu (measured: a reading moves with the machine's load) or a TPU such as tpu-v6e "
                              "(the cost model: deterministic, so one confirmation reading is the figure)")
+    parser.add_argument("--variants", action="store_true",
+                        help="memory that answers: the --measure tasks are originals, their variants run warm and cold")
+    parser.add_argument("--variant-budget", type=int, default=20, help="with --variants: evaluations per variant session")
+    parser.add_argument("--variant-seed", type=int, default=397496316,
+                        help="with --variants: the seed that draws each original's two variant kinds")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--keep", type=Path, default=None, help="keep every run's data dir under this folder")
     parser.add_argument("--resume", type=Path, default=None,
@@ -394,6 +412,8 @@ def main() -> int:
     from maxkernel.tuning.learned import ENV_SWITCH
 
     configure("warning")
+    if args.tolerance is None:
+        args.tolerance = 0.10 if args.variants else 0.05
     for key, value in {"MAXKERNEL_EVAL_TIMING_ROUNDS": "3", "MAXKERNEL_EVAL_CORRECTNESS_SEEDS": "1"}.items():
         os.environ.setdefault(key, value)
     if args.compare and args.no_cost_model:
@@ -426,6 +446,8 @@ def main() -> int:
     try:
         evaluator = judge.evaluator
         warm_up(evaluator, measured[0], args.target)
+        if args.variants:
+            return run_variants(measured, root, evaluator, args)
         print(f"cold: {len(measured) + len(extra)} tasks, each with an empty memory", flush=True)
         cold = cold_phase(measured + extra, root, evaluator, args)
         measured, dropped = select_late(cold, measured, args)
@@ -467,6 +489,135 @@ def main() -> int:
     print(f"{time.monotonic() - started:.0f} s in all")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+ANSWERED_WITHIN = 2  # evaluations besides the baseline in which a variant counts as answered from memory
+VARIANT_RUNS = "variant-runs.jsonl"  # each finished variant run (warm or cold), one line each: what --resume reads back
+
+
+class VariantRun(BaseModel):
+    """One run of a variant, with the original it was derived from."""
+
+    variant: str
+    kind: str
+    original: str
+    memory: str  # "warm" (the originals' sessions in memory) or "cold" (an empty memory)
+    run: Run
+
+
+def variant_phase(originals: dict[str, Run], root: Path, evaluator: Any, args: argparse.Namespace) -> list[VariantRun]:
+    """Each original's variants, warm (a copy of every original's session) and cold (an empty memory); a run
+    already in ``root/variant-runs.jsonl`` is read back."""
+    from jaxbench.task import load_task
+    from jaxbench.variants import derive_for_benchmark
+
+    path = root / VARIANT_RUNS
+    done = {}
+    if path.exists():
+        done = {(v.variant, v.memory): v for v in
+                (VariantRun.model_validate_json(line) for line in path.read_text().splitlines() if line.strip())}
+    filled = root / "originals-memory"
+    if not (filled / "done").exists():
+        shutil.rmtree(filled, ignore_errors=True)
+        fill(filled, [Path(r.data_dir) for r in originals.values()])
+        (filled / "done").write_text("")
+    bench = args.budget
+    args.budget = args.variant_budget  # run_in reads the session's budget from args
+    runs: list[VariantRun] = []
+    try:
+        for task in originals:
+            for kind, folder in derive_for_benchmark(load_task(task), root / "variants", args.variant_seed):
+                for memory in ("warm", "cold"):
+                    key = (folder.name, memory)
+                    if key in done:
+                        runs.append(done[key])
+                        continue
+                    here = root / f"variant-{memory}-{folder.name}"
+                    shutil.rmtree(here, ignore_errors=True)
+                    if memory == "warm":
+                        shutil.copytree(filled, here)
+                    got = VariantRun(variant=folder.name, kind=kind, original=task, memory=memory,
+                                     run=run_in(here, str(folder), evaluator, args, memory))
+                    with path.open("a") as fh:
+                        fh.write(got.model_dump_json() + "\n")
+                    runs.append(got)
+    finally:
+        args.budget = bench
+    return runs
+
+
+def variant_rows(originals: dict[str, Run], runs: list[VariantRun], tolerance: float) -> list[dict[str, Any]]:
+    """Per variant: the evaluation (besides the baseline) at which each run first measured its original's
+    confirmed speedup less ``tolerance``, whether that is within ``ANSWERED_WITHIN``, and each run's best."""
+    from jaxbench.variants import KEEP
+
+    by: dict[str, dict[str, VariantRun]] = {}
+    for v in runs:
+        by.setdefault(v.variant, {})[v.memory] = v
+    rows = []
+    for name, pair in by.items():
+        if set(pair) != {"warm", "cold"}:
+            continue
+        warm, cold = pair["warm"], pair["cold"]
+        original = originals[warm.original]
+        goal = original.confirmed * (1 - tolerance) if original.confirmed and not original.is_reference else None
+        reach = {m: (r.run.reach(goal) if goal else None) for m, r in pair.items()}
+        rows.append({"variant": name, "kind": warm.kind, "keeps_work": warm.kind in KEEP, "original": warm.original,
+                     "original_best": original.confirmed, "original_strategy": original.best_strategy,
+                     "original_is_reference": original.is_reference,
+                     **{f"{m}_reach": reach[m].n if reach[m] else None for m in ("warm", "cold")},
+                     **{f"{m}_answered": bool(reach[m] and reach[m].n <= ANSWERED_WITHIN) for m in ("warm", "cold")},
+                     **{f"{m}_best": pair[m].run.confirmed for m in ("warm", "cold")},
+                     **{f"{m}_strategy": pair[m].run.best_strategy for m in ("warm", "cold")},
+                     **{f"{m}_evaluations": pair[m].run.evaluations for m in ("warm", "cold")}})
+    return rows
+
+
+def variant_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Answered shares over the variants whose original beat the reference, all and those keeping the work."""
+    counted = [r for r in rows if not r["original_is_reference"] and r["original_best"]]
+    keeping = [r for r in counted if r["keeps_work"]]
+
+    def share(rs: list[dict[str, Any]], memory: str) -> str:
+        return f"{sum(r[f'{memory}_answered'] for r in rs)}/{len(rs)}"
+
+    return {"variants": len(rows), "counted": len(counted), "keeping_work": len(keeping),
+            "warm_answered": share(counted, "warm"), "cold_answered": share(counted, "cold"),
+            "warm_answered_keeping_work": share(keeping, "warm"), "cold_answered_keeping_work": share(keeping, "cold")}
+
+
+def print_variant_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"memory that answers · originals {args.budget} evaluations, variants {args.variant_budget} · "
+                        f"answered: the original's speedup less {args.tolerance:.0%} within {ANSWERED_WITHIN} evaluations")
+    for col in ("variant", "original best", "warm reach", "cold reach", "warm best", "cold best"):
+        table.add_column(col)
+    for r in rows:
+        mark = {True: " ✓", False: ""}
+        table.add_row(r["variant"], f"{r['original_best']}x {r['original_strategy']}"
+                      + (" (reference)" if r["original_is_reference"] else ""),
+                      f"{r['warm_reach'] or '-'}{mark[r['warm_answered']]}", f"{r['cold_reach'] or '-'}{mark[r['cold_answered']]}",
+                      f"{r['warm_best']}x {r['warm_strategy']}", f"{r['cold_best']}x {r['cold_strategy']}")
+    Console(width=200).print(table)
+
+
+def run_variants(measured: list[str], root: Path, evaluator: Any, args: argparse.Namespace) -> int:
+    """The ``--variants`` mode: originals cold, then their variants warm and cold; the table and the shares."""
+    print(f"originals: {len(measured)} tasks, each with an empty memory, {args.budget} evaluations", flush=True)
+    originals = cold_phase(measured, root, evaluator, args)
+    runs = variant_phase(originals, root, evaluator, args)
+    rows = variant_rows(originals, runs, args.tolerance)
+    print_variant_table(rows, args)
+    summary = variant_summary(rows)
+    print(f"answered within {ANSWERED_WITHIN} evaluations besides the baseline, of {summary['counted']} variants whose "
+          f"original beat the reference: warm {summary['warm_answered']}, cold {summary['cold_answered']} "
+          f"(target: warm 90%); keeping the work: warm {summary['warm_answered_keeping_work']}, "
+          f"cold {summary['cold_answered_keeping_work']}")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, **summary, **cold_report(originals, measured, args)}, indent=2))
     return 0
 
 

@@ -19,6 +19,7 @@ from maxkernel.rewrites.sized import integer_statics
 from maxkernel.extract.subprogram import prefix_program, region_program
 from maxkernel.extract.tasks import float_first, region_source, write_region_task
 from maxkernel.logging import get_logger
+from maxkernel.targets.check_size import check_ladder
 
 log = get_logger(__name__)
 
@@ -196,42 +197,6 @@ def _region_at(program: Program, span: Span) -> Program:
     q, k, v)."""
     sub = float_first(region_program(program, span))
     return attention_order(sub) if span.kind == "attention" else sub
-
-
-def check_ladder(task: Task, widths: bool = True) -> dict[str, dict[str, Any]]:
-    """The sizes between ``full`` and ``cpu`` that a TPU check size is looked for at, along the walks of
-    :func:`maxkernel.targets.check_size.derive_check_size`, which takes the size parameters in order, each
-    down its rungs while the candidate's trace stays a twin of the priced one: ``full`` with its first
-    parameter that can shrink halved rung by rung to its floor, then each later parameter's rungs from
-    there, both with the parameters between them at their floors (every one shrank) and at ``full`` (a
-    kernel whose blocks follow them stopped them). A region whose reference is too heavy to check at every
-    rung of ``seq`` alone, the dense experts of a MoE, is then checked with a width shrunk as well. Without
-    ``widths`` only the first parameter's rungs. Region tasks carry programs for these too, so a region
-    kernel, and the layer spliced from them, can be checked below ``full``."""
-    from maxkernel.targets.check_size import _floor, _ladder
-
-    full, cpu = task.size("full"), task.size("cpu")
-    rungs = {name: _ladder(value, *_floor(task, name, cpu)) for name, value in full.items()}
-    shrinking = [name for name in full if rungs[name]]
-    ladder: dict[str, dict[str, Any]] = {}
-
-    def add(base: dict[str, Any], name: str) -> None:
-        prefix = "".join(f"{n}_{base[n]}_" for n in full if base[n] != full[n])
-        for rung in rungs[name]:
-            ladder[f"{prefix}{name}_{rung}"] = {**base, name: rung}
-
-    if not shrinking:
-        return {}
-    first = shrinking[0]
-    add(dict(full), first)
-    if not widths:
-        return ladder
-    floored = {**full, first: rungs[first][-1]}
-    for name in shrinking[1:]:
-        add({**full, first: rungs[first][-1]}, name)  # the parameters between kept at full
-        add(dict(floored), name)  # every earlier one at its floor
-        floored[name] = rungs[name][-1]
-    return ladder
 
 
 def probe_sizes(task: Task) -> dict[str, dict[str, Any]]:

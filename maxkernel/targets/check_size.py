@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from functools import partial
 from types import ModuleType
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
+import structlog
 from jax._src import core
 from pydantic import BaseModel, Field
 
@@ -35,6 +37,9 @@ from maxkernel.targets.device import tpu_device
 from maxkernel.targets.jaxpr_walk import find_pallas_calls, sub_jaxprs
 from maxkernel.targets.specs import TpuSpec
 from maxkernel.targets.twins import Configuration, configuration_difference, static_steps, twin_difference
+
+log = structlog.get_logger("maxkernel.targets.check_size")
+T = TypeVar("T")
 
 # Inputs, outputs and temporaries of the reference at the check size: the judge holds them in its process.
 CHECK_MEMORY_BYTES = 3 << 30
@@ -133,6 +138,57 @@ def _floor(task: Task, name: str, cpu: dict[str, Any]) -> tuple[Any, int]:
     if free is None:
         return cpu.get(name), 1
     return max(free.min, free.multiple_of), free.multiple_of
+
+
+def check_ladder(task: Task, widths: bool = True) -> dict[str, dict[str, Any]]:
+    """The sizes between ``full`` and ``cpu`` that a TPU check size is looked for at, along the walks of
+    :func:`derive_check_size`, which takes the size parameters in order, each
+    down its rungs while the candidate's trace stays a twin of the priced one: ``full`` with its first
+    parameter that can shrink halved rung by rung to its floor, then each later parameter's rungs from
+    there, both with the parameters between them at their floors (every one shrank) and at ``full`` (a
+    kernel whose blocks follow them stopped them). A region whose reference is too heavy to check at every
+    rung of ``seq`` alone, the dense experts of a MoE, is then checked with a width shrunk as well. Without
+    ``widths`` only the first parameter's rungs. Region tasks carry programs for these too, so a region
+    kernel, and the layer spliced from them, can be checked below ``full``."""
+    full, cpu = task.size("full"), task.size("cpu")
+    rungs = {name: _ladder(value, *_floor(task, name, cpu)) for name, value in full.items()}
+    shrinking = [name for name in full if rungs[name]]
+    ladder: dict[str, dict[str, Any]] = {}
+
+    def add(base: dict[str, Any], name: str) -> None:
+        prefix = "".join(f"{n}_{base[n]}_" for n in full if base[n] != full[n])
+        for rung in rungs[name]:
+            ladder[f"{prefix}{name}_{rung}"] = {**base, name: rung}
+
+    if not shrinking:
+        return {}
+    first = shrinking[0]
+    add(dict(full), first)
+    if not widths:
+        return ladder
+    floored = {**full, first: rungs[first][-1]}
+    for name in shrinking[1:]:
+        add({**full, first: rungs[first][-1]}, name)  # the parameters between kept at full
+        add(dict(floored), name)  # every earlier one at its floor
+        floored[name] = rungs[name][-1]
+    return ladder
+
+
+def at_ladder(task: Task, at: Callable[[Task, str], T | None], widths: bool = False) -> dict[str, T]:
+    """``at`` (the task at a size, the size's name) at each size of the check ladder (:func:`check_ladder`)
+    where it gives something: what an emitter that writes code per size writes beside ``cpu`` and ``full``, so
+    that the check size found below ``full`` runs code written for it. A rung the reference does not trace at
+    adds nothing."""
+    found: dict[str, T] = {}
+    for name, values in check_ladder(task, widths).items():
+        try:
+            got = at(task.with_size(name, values), name)
+        except Exception as exc:  # the reference's own code failing at a rung (any error of its own there)
+            log.debug("ladder_rung_skipped", task=task.id, size=name, error=str(exc)[:200])
+            continue
+        if got is not None:
+            found[name] = got
+    return found
 
 
 def _halve_pairs(chosen: dict[str, Any], full: dict[str, Any], task: Task, cpu: dict[str, Any],

@@ -56,7 +56,7 @@ from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emitta
 from maxkernel.templates.base import FIT_SOURCE, TemplateSpace, tpu_target
 from maxkernel.templates.conv_phases import PHASES_SOURCE, Phases, kernel_shape, phases_of
 from maxkernel.templates.conv_stats import StatsSplit, split
-from maxkernel.templates.tpu_gemm import HEADER, HIGHEST, W_KN_DIMENSIONS, _epilogue_name, _epilogue_source, _extent, _mxu_source, _passes, _size_statics, _vmem_cap, chosen_passes
+from maxkernel.templates.tpu_gemm import HEADER, HIGHEST, W_KN_DIMENSIONS, _epilogue_name, _epilogue_source, _extent, _mxu_source, _passes, _size_statics, _vmem_cap, chosen_passes, ladder_epilogues
 
 if TYPE_CHECKING:
     from jaxbench.task import Task
@@ -301,7 +301,15 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
     found[-1].prefix = prefixes.pop() if found[-1].stats is not None else ""
     generic = {_generic(key, text) for key, text in texts.items()}
     one = generic.pop() if len(generic) == 1 else None
-    found[-1].epilogues = {(): one} if one is not None and one == _probe_text(task, found[0]) else texts
+    if one is not None and one == _probe_text(task, found[0]):
+        found[-1].epilogues = {(): one}
+        return found[-1]
+
+    def text_at(task_at: "Task", size: str) -> tuple[tuple[int, ...], str] | None:
+        p = match(trace_program(task_at, size).dce())
+        return None if isinstance(p, str) else _epilogue_text(task_at, size, p)
+
+    found[-1].epilogues = ladder_epilogues(task, texts, text_at)
     return found[-1]
 
 

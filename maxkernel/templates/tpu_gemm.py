@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -383,8 +384,36 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> GemmPlan | str:
         return "a matmul laid out differently at different sizes"
     generic = {text.replace(_epilogue_name(key), "_epilogue").replace(f", for {_extent(key)}.", ".")
                for key, text in texts.items()}
-    found[-1].epilogues = {(): generic.pop()} if len(generic) == 1 else texts
-    return found[-1]
+    if len(generic) == 1:
+        found[-1].epilogues = {(): generic.pop()}
+        return found[-1]
+    last = found[-1]
+
+    def text_at(task_at: "Task", size: str) -> tuple[tuple[int, ...], str] | None:
+        p = match(trace_program(task_at, size).dce())
+        if isinstance(p, str) or emittable(p.tail) is not None:
+            return None
+        p.placement, p.rows_keyed = last.placement, last.rows_keyed
+        key = _extents(p, static_args(task_at, size))
+        return key, emit_function(p.tail, _epilogue_name(key), f"The reference after its matmul, for {_extent(key)}.",
+                                  statics=True)
+
+    last.epilogues = ladder_epilogues(task, texts, text_at)
+    return last
+
+
+def ladder_epilogues(task: "Task", texts: dict[tuple[int, ...], str],
+                     text_at: Callable[["Task", str], tuple[tuple[int, ...], str] | None]) -> dict[tuple[int, ...], str]:
+    """Epilogues written per extents, with those of the check ladder's sizes added. A static that follows a
+    size (a batch count that reshapes the product) keys the epilogue by it; without the ladder's functions
+    no check size below ``full`` would run the code priced at ``full``. A size whose trace does not match, or
+    that writes another text for extents already written, adds nothing."""
+    from maxkernel.targets.check_size import at_ladder
+
+    every = dict(texts)
+    for key, text in at_ladder(task, text_at).values():
+        every.setdefault(key, text)
+    return every
 
 
 def _rows_keyed(task: "Task", size: str) -> bool:

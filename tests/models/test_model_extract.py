@@ -12,7 +12,7 @@ import pytest
 from jaxbench.task import list_models, load_task
 from jaxbench.task_check import check_task
 from maxkernel.extract import extract_task
-from maxkernel.extract.layer import check_ladder
+from maxkernel.targets.check_size import at_ladder, check_ladder
 from maxkernel.extract.regions import Span, merge_routed
 from maxkernel.extract.rejoin import rejoin, run_regions
 from maxkernel.templates.tpu_moe import plan as moe_plan
@@ -67,6 +67,22 @@ def test_the_check_ladder_shrinks_a_width_with_the_others_at_full():
     assert ladder["seq_256_hidden_256_intermediate_1792"] == {**full, "seq": 256, "hidden": 256, "intermediate": 1792}
     assert [n for n in ladder if n.startswith("seq_") and "_" not in n[4:]] == [
         "seq_4096", "seq_2048", "seq_1024", "seq_512", "seq_256"]
+
+
+def test_code_written_per_size_is_asked_for_at_each_rung_of_the_ladder_that_traces():
+    task = load_task("mixtral_8x7b_moe")
+    asked = []
+
+    def at(task_at, size):
+        asked.append(size)
+        if task_at.size(size)["seq"] == 1024:
+            raise ValueError("the reference's own code fails here")
+        return None if task_at.size(size)["seq"] == 512 else task_at.size(size)["seq"]
+
+    # The first parameter's rungs only, each as a task holding that size; a rung that fails or gives
+    # nothing adds nothing.
+    assert at_ladder(task, at) == {"seq_4096": 4096, "seq_2048": 2048, "seq_256": 256}
+    assert asked == ["seq_4096", "seq_2048", "seq_1024", "seq_512", "seq_256"]
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 
 from jaxbench.task import load_task
 from maxkernel.analysis import analyze_task
-from maxkernel.rules.strategy import propose_strategies
+from maxkernel.rules.strategy import propose_strategies, render
 from maxkernel.targets import validate_tpu
 from maxkernel.templates.tpu_conv import TPU_CONV, conv_vmem_bytes, plan, step_shape
 
@@ -198,6 +198,35 @@ def test_an_epilogue_that_reads_a_square_image_is_written_per_extent() -> None:
     exec(compile(source, "candidate.py", "exec"), module.__dict__)
     with pytest.raises(ValueError, match="written for extents"):
         module._epilogue_for((full.o, 32, 64, 62, 1, 2))
+
+
+@pytest.mark.slow
+def test_an_epilogue_keyed_by_a_batch_count_is_written_for_the_check_ladder_too(tmp_path) -> None:
+    """28k with its batch merged into the channels: the reference reshapes by a ``batch_count`` static that
+    follows the batch, so the epilogue is keyed by it. Written for cpu and full only, no check size below
+    full would run the code priced there."""
+    from jaxbench.variants import derive
+    from maxkernel.targets.check_size import CHECK_FLOPS, derive_check_size
+    from maxkernel.targets.loader import load_candidate
+    from maxkernel.targets.specs import load_tpu_spec
+
+    task = load_task(derive(load_task("28k_ConvTranspose3d_LayerNorm_GELU_Scaling"), "batch_removed", tmp_path))
+    strategy = next(s for s in propose_strategies(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")
+                    if s.name == "template:tpu_conv")
+    source = render(task, strategy)
+    module = load_candidate(source)
+    counts = {key[-3] for key in _epilogue_keys(module)}  # (output extents..., batch_count, padding, stride)
+    assert {1, 2, 16, 32} <= counts  # cpu's 2, full's 32 and the ladder's rungs of the batch
+    check = derive_check_size(module, task, load_tpu_spec("v6e"), interpreted=True)
+    assert check.refusal is None, check.refusal
+    assert check.values["batch"] < task.size("full")["batch"]
+    assert check.reference_flops is not None and check.reference_flops <= CHECK_FLOPS
+
+
+def _epilogue_keys(module: types.ModuleType) -> list[tuple[int, ...]]:
+    """The extents each ``_epilogue_<extents>`` function of a rendered kernel is written for."""
+    return [tuple(int(d) for d in name.removeprefix("_epilogue_").split("x"))
+            for name in vars(module) if name.startswith("_epilogue_") and name != "_epilogue_for"]
 
 
 @pytest.mark.slow
