@@ -518,10 +518,11 @@ def variant_phase(originals: dict[str, Run], root: Path, evaluator: Any, args: a
         done = {(v.variant, v.memory): v for v in
                 (VariantRun.model_validate_json(line) for line in path.read_text().splitlines() if line.strip())}
     filled = root / "originals-memory"
-    if not (filled / "done").exists():
+    holds = filled / "originals.json"  # which originals' sessions it holds: a resume with more refills it
+    if not holds.exists() or json.loads(holds.read_text()) != sorted(originals):
         shutil.rmtree(filled, ignore_errors=True)
         fill(filled, [Path(r.data_dir) for r in originals.values()])
-        (filled / "done").write_text("")
+        holds.write_text(json.dumps(sorted(originals)))
     bench = args.budget
     args.budget = args.variant_budget  # run_in reads the session's budget from args
     runs: list[VariantRun] = []

@@ -12,6 +12,8 @@ reference are counted alike:
 - other elementwise work, casts included: one VPU op per output element; ops on scalars run on the scalar
   unit and are not counted.
 - data movement inside VMEM (broadcast, reshape, transpose, slicing, ref loads and stores): free.
+- common subexpressions: a pure equation that repeats an earlier one of the same body on the same values
+  is counted once, as a compiler computes it once (:class:`CommonWork`).
 - control flow: each body and branch is charged for the times it runs, from the records of
   ``maxkernel.targets.control`` (branch counts, loop trips). A ``cond`` without a record is charged as its
   heavier branch; a ``scan`` without one runs its length; a ``while`` without one is refused
@@ -119,11 +121,14 @@ def charges(jaxpr: core.Jaxpr, records: Mapping[Path, Any], times: Any = 1.0, pa
     says otherwise); nested pallas_call equations are skipped (they are modelled apart)."""
     out: list[Charge] = []
     level = OpCounts()
+    common = CommonWork()
     for position, eqn in enumerate(jaxpr.eqns):
         here = (*path, position)
         name = eqn.primitive.name
         subs = [sub for _, sub in sub_jaxprs(eqn)]
         if name == "pallas_call":
+            continue
+        if name not in ("cond", "while", "scan") and common.seen(eqn):
             continue
         if not subs:
             count_eqn(eqn, level)
@@ -149,6 +154,40 @@ def charges(jaxpr: core.Jaxpr, records: Mapping[Path, Any], times: Any = 1.0, pa
                 out.extend(charges(sub, records, times, (*here, k)))
     out.append((level, times))
     return out
+
+
+class CommonWork:
+    """Common subexpressions of one body: an equation (or a call) that repeats a pure one on the same values (a
+    mask built again for each head of an unrolled loop) is the value the compiler already has, and costs
+    nothing again. Equations with effects (ref reads and writes, DMAs) are never taken for one another, nor
+    are branches and loops."""
+
+    def __init__(self) -> None:
+        self._alias: dict[core.Var, core.Var] = {}
+        self._outputs: dict[tuple[Any, ...], list[core.Var]] = {}
+
+    def seen(self, eqn: core.JaxprEqn) -> bool:
+        """Whether ``eqn`` repeats an earlier one (its outputs are then read as that one's)."""
+        if eqn.effects or not eqn.outvars:
+            return False
+        try:
+            key = (eqn.primitive.name, tuple(sorted((k, repr(v)) for k, v in eqn.params.items())),
+                   tuple(self._operand(v) for v in eqn.invars))
+            hash(key)
+        except TypeError:  # an operand or parameter that cannot be compared: counted as written
+            return False
+        earlier = self._outputs.get(key)
+        if earlier is None:
+            self._outputs[key] = list(eqn.outvars)
+            return False
+        for out, before in zip(eqn.outvars, earlier):
+            self._alias[out] = before
+        return True
+
+    def _operand(self, v: Any) -> Any:
+        if isinstance(v, core.Literal):
+            return ("literal", repr(v.val), str(v.aval))
+        return self._alias.get(v, v)
 
 
 def _heft(option: list[Charge]) -> float:

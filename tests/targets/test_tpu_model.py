@@ -481,3 +481,29 @@ def test_an_aliased_program_input_pays_for_its_copy(rmsnorm_task: Task) -> None:
     honest, writes_input = (model_candidate(s, rmsnorm_task, "v5e") for s in (plain, aliased))
     assert writes_input.bytes == pytest.approx(honest.bytes + 2 * 4096 * 1024 * 4)
     assert any("aliased program inputs" in note for note in writes_input.notes)
+
+
+def test_work_a_body_repeats_on_the_same_values_is_counted_once() -> None:
+    """A mask built again for each head of an unrolled loop is one value to a compiler: counted once. Work on
+    other values, and reads of a ref (which may change between them), are counted each time."""
+    from maxkernel.targets.ops import count_ops
+
+    def mask(n: jax.Array) -> jax.Array:
+        rows = jax.lax.broadcasted_iota(jnp.int32, (256, 512), 0) // 4 + n
+        return rows < jax.lax.broadcasted_iota(jnp.int32, (256, 512), 1)
+
+    def once(n, x):  # type: ignore[no-untyped-def]
+        return jnp.where(mask(n), x, 0.0)
+
+    def per_head(n, x):  # type: ignore[no-untyped-def]
+        return [jnp.where(mask(n), x[h], 0.0) for h in range(4)]
+
+    n, x = jnp.int32(3), jnp.ones((4, 256, 512), jnp.float32)
+    one = count_ops(jax.make_jaxpr(once)(n, x[0]).jaxpr).vpu
+    four = count_ops(jax.make_jaxpr(per_head)(n, x).jaxpr).vpu
+    select = count_ops(jax.make_jaxpr(lambda m, x: jnp.where(m, x, 0.0))(mask(n), x[0]).jaxpr).vpu
+    assert 0 < select < one
+    assert four == one + 3 * select  # the mask once, a select per head
+    shifted = count_ops(jax.make_jaxpr(lambda n, x: [jnp.where(mask(n + h), x[h], 0.0) for h in range(4)])(n, x).jaxpr)
+    # Another offset per head: the rows' division is still shared, the rest of each mask is counted per head.
+    assert four < shifted.vpu < 4 * one
