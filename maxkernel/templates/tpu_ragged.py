@@ -68,8 +68,10 @@ class RaggedShape:
         return dict(self.names)[role]
 
 
-def _roles(task: "Task", size: str) -> RaggedShape | str:
-    """The roles of the arguments, read from their shapes and dtypes, or why they do not fit."""
+def _roles(task: "Task", size: str, choice: tuple[bool, int] = (False, 0)) -> RaggedShape | str:
+    """The roles of the arguments, read from their shapes and dtypes, or why they do not fit. What shapes
+    cannot tell is ``choice``: whether the second pages argument holds the keys (``True``), and which float
+    static is the scale; :func:`analyse` settles both on values."""
     import jax.numpy as jnp
 
     from maxkernel.analysis.program import input_shapes
@@ -82,9 +84,11 @@ def _roles(task: "Task", size: str) -> RaggedShape | str:
     pages = [(n, s) for n, s in floats if len(s.shape) == 4]
     table = [(n, s) for n, s in ints if len(s.shape) == 2]
     vectors = [(n, s) for n, s in ints if len(s.shape) == 1]
-    if len(names) != 6 or len(q) != 1 or len(pages) != 2 or len(table) != 1 or len(vectors) != 2:
+    if len(q) != 1 or len(pages) != 2 or len(table) != 1 or len(vectors) != 2:
         return "not q, k and v pages, a page table, kv lengths and query boundaries"
-    (qn, qs), (kn, ks), (vn, vs), (tn, ts) = q[0], pages[0], pages[1], table[0]
+    keys_second, scale_at = choice
+    (qn, qs), (tn, ts) = q[0], table[0]
+    (kn, ks), (vn, vs) = pages[::-1] if keys_second else pages
     seqs = ts.shape[0]
     lengths = [n for n, s in vectors if s.shape == (seqs,)]
     bounds = [n for n, s in vectors if s.shape == (seqs + 1,)]
@@ -95,14 +99,19 @@ def _roles(task: "Task", size: str) -> RaggedShape | str:
     if d != head_dim or q_heads % kv_heads:
         return "a head dimension or head counts the pages do not share with q"
     static = static_args(task, size)
-    scales = [k for k, v in static.items() if isinstance(v, float)]
+    scales = float_statics(static)
     bounds_q = [k for k, v in static.items() if isinstance(v, int) and not isinstance(v, bool)]
-    if len(scales) != 1 or len(bounds_q) != 1:
-        return "no single float scale and single integer query-length bound among the static arguments"
+    if scale_at >= len(scales) or len(bounds_q) != 1:
+        return "no float scale and single integer query-length bound among the static arguments"
     roles = (("q", qn), ("k_pages", kn), ("v_pages", vn), ("page_table", tn), ("kv_lens", lengths[0]),
-             ("cu_q_lens", bounds[0]), ("scale", scales[0]), ("max_q_len", bounds_q[0]))
+             ("cu_q_lens", bounds[0]), ("scale", scales[scale_at]), ("max_q_len", bounds_q[0]))
     return RaggedShape(tokens, q_heads, kv_heads, head_dim, page_size, ts.shape[1], seqs,
                        int(static[bounds_q[0]]), roles)
+
+
+def float_statics(static: dict[str, Any]) -> list[str]:
+    """The static arguments that may be the scale: the float ones, in the order the reference takes them."""
+    return [k for k, v in static.items() if isinstance(v, float)]
 
 
 def _attention64(a: RaggedShape, args: dict[str, Any], scale: float) -> np.ndarray:
@@ -125,22 +134,27 @@ def _attention64(a: RaggedShape, args: dict[str, Any], scale: float) -> np.ndarr
 
 
 def analyse(task: "Task", size: str) -> RaggedShape | str:
-    """The ragged paged attention this task computes at ``size`` (confirmed on a ``cpu`` draw), or why not."""
+    """The ragged paged attention this task computes at ``size``, or why not. Which pages hold the keys and
+    which float static is the scale are what a ``cpu`` draw confirms: the reference against ragged paged
+    attention in float64 under each reading, the first that agrees kept at every size."""
+    import itertools
+
     import jax
 
-    a = _roles(task, size)
-    if isinstance(a, str):
-        return a
     cpu = _roles(task, "cpu")
     if isinstance(cpu, str):
         return cpu
     args, static = task.get_inputs(jax.random.key(0), "cpu")
     named = dict(zip(arg_names(task), args))
-    expected = _attention64(cpu, named, float(static[cpu.name("scale")]))
     got = np.asarray(task.reference(*args, **static), np.float64)
-    if got.shape != expected.shape or not np.allclose(got, expected, atol=2e-2, rtol=2e-2):
-        return "the reference does not compute ragged paged attention on a cpu-size draw"
-    return a
+    for choice in itertools.product((False, True), range(len(float_statics(static)))):
+        reading = _roles(task, "cpu", choice)
+        if isinstance(reading, str):
+            continue
+        expected = _attention64(reading, named, float(static[reading.name("scale")]))
+        if got.shape == expected.shape and np.allclose(got, expected, atol=2e-2, rtol=2e-2):
+            return reading if size == "cpu" else _roles(task, size, choice)
+    return "the reference does not compute ragged paged attention on a cpu-size draw"
 
 
 def vmem_bytes(a: RaggedShape, pages_per_block: int, item: int = 2) -> int:
@@ -164,7 +178,7 @@ class RaggedPagedTemplate:
     def space(self, task: "Task", analysis: "TaskAnalysis", target: str) -> TemplateSpace:
         if not tpu_target(target):
             return TemplateSpace(defaults={}, space={"pages_per_block": []})  # manual DMAs: a TPU kernel
-        a = _roles(task, "full")
+        a = analyse(task, "full")
         assert not isinstance(a, str)
         cap = _vmem_cap(target)
         options = [p for p in TPU_PAGES_PER_BLOCK if a.pages_per_seq % p == 0 and (p * a.page_size) % 128 == 0

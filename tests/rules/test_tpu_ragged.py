@@ -73,3 +73,41 @@ def test_query_and_kv_heads_are_halved_together_for_a_cheaper_check(monkeypatch)
     assert together.refusal is None and together.interpreted_ops * 4 <= alone.interpreted_ops
     assert {k: v for k, v in together.values.items() if "heads" not in k} == \
         {k: v for k, v in alone.values.items() if "heads" not in k}
+
+
+SWAPPED = '''
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location("_ragged", pathlib.Path({path!r}))
+_ragged = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_ragged)
+
+
+def get_inputs(key, **size):
+    (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens), static = _ragged.get_inputs(key, **size)
+    return (page_indices, v_pages, cu_q_lens, q, kv_lens, k_pages), {{"eps": 1e-6, **static}}
+
+
+def reference(table, values, starts, queries, lengths, keys, *, eps, sm_scale, max_q_len):
+    """The same attention, the values' pages before the keys' and a float static before the scale."""
+    return _ragged.reference(queries, keys, values, lengths, table, starts, sm_scale=sm_scale, max_q_len=max_q_len)
+'''
+
+
+def test_which_pages_hold_the_keys_and_which_float_is_the_scale_are_read_from_values(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Shapes cannot tell the keys' pages from the values', nor the scale from another float static: each
+    reading is tried on a cpu-size draw against the attention in float64, and the one that agrees is kept."""
+    import yaml
+
+    original = load_task(TASK)
+    folder = tmp_path / "ragged_swapped"
+    folder.mkdir()
+    (folder / "reference.py").write_text(SWAPPED.format(path=str(original.reference_path)))
+    spec = yaml.safe_load((original.path / "task.yaml").read_text())
+    (folder / "task.yaml").write_text(yaml.safe_dump({**spec, "id": folder.name}))
+    found = analyse(load_task(folder), "full")
+    assert not isinstance(found, str), found
+    assert [found.name(r) for r in ("q", "k_pages", "v_pages", "page_table", "kv_lens", "cu_q_lens", "scale")] == [
+        "queries", "keys", "values", "table", "lengths", "starts", "sm_scale"]
+    assert found.seqs == 32 and found.group == 4
