@@ -115,7 +115,8 @@ def test_a_run_reaches_the_cold_best_where_it_measures_the_cold_winner(bench: Mo
 
 def test_a_resumed_run_reads_its_cold_runs_back_and_refuses_other_settings(
         bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    args = argparse.Namespace(budget=6, time_s=900.0, confirm=3, target="cpu", keep=tmp_path, resume=None)
+    args = argparse.Namespace(budget=6, time_s=900.0, confirm=3, target="cpu", keep=tmp_path, resume=None,
+                              variants=False, variant_budget=20, variant_seed=1)
     root = bench.resume_root(args)
     assert root.parent == tmp_path and (root / "run-args.json").exists()
     ran: list[str] = []
@@ -148,3 +149,29 @@ def test_with_min_cold_evals_one_every_task_is_measured_warm(bench: ModuleType) 
     cold = {"early": run(bench, "early", [2.0], 2.0), "reference": run(bench, "reference", [0.9], 0.95, is_reference=True)}
     args = argparse.Namespace(tolerance=0.05, budget=6, min_cold_evals=1)
     assert bench.select_late(cold, list(cold), args) == (["early", "reference"], [])
+
+
+def test_a_variant_is_answered_when_it_measures_its_originals_speedup_within_two_evaluations(bench: ModuleType) -> None:
+    """The bar is the original's confirmed speedup less 10%, reached within two evaluations besides the
+    baseline; a variant whose original returned the reference is not counted."""
+    originals = {"a": run(bench, "a", [1.2, 2.0], 2.0), "r": run(bench, "r", [0.9], 0.9, is_reference=True)}
+
+    def variant(name: str, kind: str, original: str, memory: str, readings: list[float | None]) -> object:
+        return bench.VariantRun(variant=name, kind=kind, original=original, memory=memory,
+                                run=run(bench, name, readings, max((r or 0.0) for r in readings)))
+
+    runs = [variant("a__permute", "permute", "a", "warm", [1.85]),           # 1.85 >= 2.0 * 0.9: at 1
+            variant("a__permute", "permute", "a", "cold", [1.2, 1.3, 1.9]),  # reached at 3: too late
+            variant("a__dtype", "dtype", "a", "warm", [None, 1.5]),          # never reaches 1.8
+            variant("a__dtype", "dtype", "a", "cold", [1.5]),
+            variant("r__permute", "permute", "r", "warm", [1.0]),
+            variant("r__permute", "permute", "r", "cold", [1.0]),
+            variant("a__statics", "statics", "a", "warm", [1.9])]              # no cold run yet: left out
+    rows = {r["variant"]: r for r in bench.variant_rows(originals, runs, 0.10)}
+    assert set(rows) == {"a__permute", "a__dtype", "r__permute"}
+    assert (rows["a__permute"]["warm_reach"], rows["a__permute"]["cold_reach"]) == (1, 3)
+    assert rows["a__permute"]["warm_answered"] and not rows["a__permute"]["cold_answered"]
+    assert rows["a__dtype"]["warm_reach"] is None and not rows["a__dtype"]["keeps_work"]
+    summary = bench.variant_summary(list(rows.values()))
+    assert summary["counted"] == 2 and summary["warm_answered"] == "1/2" and summary["cold_answered"] == "0/2"
+    assert summary["warm_answered_keeping_work"] == "1/1"
