@@ -523,28 +523,24 @@ def variant_phase(originals: dict[str, Run], root: Path, evaluator: Any, args: a
         shutil.rmtree(filled, ignore_errors=True)
         fill(filled, [Path(r.data_dir) for r in originals.values()])
         holds.write_text(json.dumps(sorted(originals)))
-    bench = args.budget
-    args.budget = args.variant_budget  # run_in reads the session's budget from args
+    session = argparse.Namespace(**{**vars(args), "budget": args.variant_budget})  # a variant's own budget
     runs: list[VariantRun] = []
-    try:
-        for task in originals:
-            for kind, folder in derive_for_benchmark(load_task(task), root / "variants", args.variant_seed):
-                for memory in ("warm", "cold"):
-                    key = (folder.name, memory)
-                    if key in done:
-                        runs.append(done[key])
-                        continue
-                    here = root / f"variant-{memory}-{folder.name}"
-                    shutil.rmtree(here, ignore_errors=True)
-                    if memory == "warm":
-                        shutil.copytree(filled, here)
-                    got = VariantRun(variant=folder.name, kind=kind, original=task, memory=memory,
-                                     run=run_in(here, str(folder), evaluator, args, memory))
-                    with path.open("a") as fh:
-                        fh.write(got.model_dump_json() + "\n")
-                    runs.append(got)
-    finally:
-        args.budget = bench
+    for task in originals:
+        for kind, folder in derive_for_benchmark(load_task(task), root / "variants", args.variant_seed):
+            for memory in ("warm", "cold"):
+                key = (folder.name, memory)
+                if key in done:
+                    runs.append(done[key])
+                    continue
+                here = root / f"variant-{memory}-{folder.name}"
+                shutil.rmtree(here, ignore_errors=True)
+                if memory == "warm":
+                    shutil.copytree(filled, here)
+                got = VariantRun(variant=folder.name, kind=kind, original=task, memory=memory,
+                                 run=run_in(here, str(folder), evaluator, session, memory))
+                with path.open("a") as fh:
+                    fh.write(got.model_dump_json() + "\n")
+                runs.append(got)
     return runs
 
 
