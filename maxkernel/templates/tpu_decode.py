@@ -6,13 +6,18 @@ a kv-head axis, one integer [batch] of lengths), and every assignment of the cac
 cache layout ([batch, cache_len, kv_heads, head_dim] or [batch, kv_heads, cache_len, head_dim]) and the scale
 (1/sqrt(head_dim) or none) is tried against the reference's output at ``cpu`` size: the one that computes
 ``softmax(q k^T * scale, keys < length) v``, query head h reading kv head h // (q_heads / kv_heads), is the one
-rendered.
+rendered. A sliding window (only the last ``window`` valid positions attended, ``length - window <= key``) is
+an integer static found the same way: each integer static is changed and the reference run again, and the one
+whose new value moves the window as the window would is the window. A static that changes the result in any
+other way refuses the match: a window that happens not to bind at ``cpu`` size must not pass for none.
 
 What an expert writes, and why:
 - the grid is (sequence, split, kv block): each step reads ``BLOCK_K`` cache positions of every kv head once
   (the cache is read in its stored layout, a [cache_len, kv_heads * head_dim] slab per sequence needs no
   transpose), the lengths come by scalar prefetch, blocks at or past a sequence's length are neither computed
-  nor fetched (their block index repeats the last valid one, so the pipeline skips the copy);
+  nor fetched (their block index repeats the last valid one, so the pipeline skips the copy); with a window,
+  the grid spans only the blocks a window can touch, counted from the block where the sequence's window
+  starts;
 - every query head of the sequence is one query block; the scores of kv head h are kept for the rows of its
   group, so the MXU work stays a few query rows per key and the step stays bound by reading the cache;
 - online softmax in f32 (running max, sum and accumulator in VMEM), masked scores a large finite value;
@@ -60,6 +65,7 @@ class DecodeShape:
     head_dim: int
     dtype: str
     out_dtype: str
+    window: str | None = None  # the integer static that is a sliding window's width (None: no window)
 
 
 def _candidates(shapes: list[Any]) -> list[DecodeShape]:
@@ -85,8 +91,10 @@ def _candidates(shapes: list[Any]) -> list[DecodeShape]:
     return found
 
 
-def decode_attention(q: Any, k: Any, v: Any, lengths: Any, layout: str, scaled: bool) -> np.ndarray:
-    """What the matched reference computes, in float64 (the probe's answer)."""
+def decode_attention(q: Any, k: Any, v: Any, lengths: Any, layout: str, scaled: bool,
+                     window: int | None = None) -> np.ndarray:
+    """What the matched reference computes, in float64 (the probe's answer); ``window``: only keys at or after
+    ``length - window`` are attended."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     if layout == "htd":
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
@@ -94,6 +102,8 @@ def decode_attention(q: Any, k: Any, v: Any, lengths: Any, layout: str, scaled: 
     t, hkv = k.shape[1], k.shape[2]
     s = np.einsum("bkgd,btkd->bkgt", q.reshape(b, hkv, hq // hkv, d), k) * (1.0 / math.sqrt(d) if scaled else 1.0)
     valid = np.arange(t)[None, :] < np.asarray(lengths)[:, None]
+    if window is not None:
+        valid &= np.arange(t)[None, :] >= np.asarray(lengths)[:, None] - window
     s = np.where(valid[:, None, None, :], s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
@@ -118,15 +128,36 @@ def analyse(task: "Task", size: str = "cpu") -> DecodeShape | str:
     if len(outs) != 1 or tuple(outs[0].shape) != tuple(shapes[options[0].q].shape):
         return "the output is not one [batch, q_heads, head_dim] array"
     args, static = task.get_inputs(jax.random.key(0), "cpu")
-    expected = np.asarray(jax.jit(lambda *a: task.reference(*a, **static))(*args))
+
+    def run(statics: dict[str, Any]) -> np.ndarray | None:
+        try:
+            return np.asarray(jax.jit(lambda *a: task.reference(*a, **statics))(*args), np.float32)
+        except Exception:  # a static the reference's shapes depend on: not a window, nothing to learn from it
+            return None
+
+    expected = run(static)
+    assert expected is not None
     tol = task.spec.tolerance
-    cpu_options = _candidates(list(args))
-    for option, at_cpu in zip(options, cpu_options):
-        got = decode_attention(args[at_cpu.q], args[at_cpu.k], args[at_cpu.v], args[at_cpu.lengths],
-                               at_cpu.layout, at_cpu.scaled)
-        if compare_outputs(got.astype(np.float32), expected.astype(np.float32), tol.atol, tol.rtol).ok:
-            return DecodeShape(**{**option.__dict__, "out_dtype": str(outs[0].dtype)})
+    ints = [n for n, v in static.items() if isinstance(v, (int, np.integer)) and not isinstance(v, bool)]
+    for option, at_cpu in zip(options, _candidates(list(args))):
+        def agrees(window: str | None, statics: dict[str, Any], want: np.ndarray) -> bool:
+            got = decode_attention(args[at_cpu.q], args[at_cpu.k], args[at_cpu.v], args[at_cpu.lengths],
+                                   at_cpu.layout, at_cpu.scaled, None if window is None else int(statics[window]))
+            return compare_outputs(got.astype(np.float32), want, tol.atol, tol.rtol).ok
+
+        for window in (None, *ints):
+            if agrees(window, static, expected) and all(
+                    _holds(run, agrees, window, static, name, at_cpu.cache_len) for name in ints):
+                return DecodeShape(**{**option.__dict__, "out_dtype": str(outs[0].dtype), "window": window})
     return "no reading of the inputs as decode attention matches the reference's output"
+
+
+def _holds(run: Any, agrees: Any, window: str | None, static: dict[str, Any], name: str, cache_len: int) -> bool:
+    """Whether the reading still matches the reference with the integer static ``name`` changed to a value
+    that binds (a third of the cache): as the window when it is the window, unchanged output otherwise."""
+    changed = {**static, name: max(1, cache_len // 3) if static[name] != max(1, cache_len // 3) else cache_len // 3 + 1}
+    want = run(changed)
+    return want is None or agrees(window, changed, want)
 
 
 def vmem_bytes(a: DecodeShape, block_k: int) -> int:
@@ -192,6 +223,18 @@ def render_decode(task: "Task", a: DecodeShape, block_k: int, splits: int) -> st
         slab = f"    k_slab, v_slab = {k}, {v}\n"
         cache_spec = "pl.BlockSpec((1, kv_heads, block_k, head_dim), lambda b, s, j, lens: (b, 0, _valid_block(b, s, j, lens), 0))"
         head_slice = "{ref}[0, h]"
+    if a.window is None:
+        window_param, window_arg, window_line = "", "", ""
+        start_k, start_map = "0", "0"
+        valid = "position < length"
+        span = "blocks"
+    else:
+        window_param, window_arg = ", window", ", window=window"
+        window_line = f'    window = static["{a.window}"]  # only the last `window` valid positions are attended\n'
+        start_k = "jnp.maximum(length - window, 0) // block_k  # the block where the window starts"
+        start_map = "jnp.maximum(lens[b] - window, 0) // block_k"
+        valid = "(position < length) & (position >= length - window)"
+        span = "min(blocks, -(-window // block_k) + 1)  # the blocks one window can touch"
     return f'''"""{task.id}: {TpuDecodeTemplate.description}.
 
 Generated by MaxKernel's rules brain: {block_k} cache positions a step, {splits} split{'s' if splits > 1 else ''} of the cache per sequence.
@@ -220,10 +263,11 @@ def _fit(block, extent):
 
 
 def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, m_out, l_out, m_ref, l_ref, acc_ref, *,
-                   kv_heads, head_dim, block_k, blocks_per_split, scale):
+                   kv_heads, head_dim, block_k, blocks_per_split, scale{window_param}):
     b, s, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    block = s * blocks_per_split + j
     length = lengths_ref[b]
+    start = {start_k}
+    block = start + s * blocks_per_split + j
 
     @pl.when(j == 0)
     def _init():
@@ -244,7 +288,7 @@ def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, m_out, l_out, m_ref,
             s_h = jax.lax.dot_general(q, k_h, (((1,), (1,)), ((), ())),
                                       preferred_element_type=jnp.float32{precision}) * scale
             scores = jnp.where((row >= h * group) & (row < (h + 1) * group), s_h, scores)
-        scores = jnp.where(position < length, scores, MASK_VALUE)
+        scores = jnp.where({valid}, scores, MASK_VALUE)
         m_prev = m_ref[...]
         m_new = jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))
         p = jnp.exp(scores - m_new)
@@ -270,20 +314,21 @@ def kernel({", ".join(names)}, **static):
     batch, q_heads, head_dim = {q}.shape
     cache_len, kv_heads = {cache_len}, {kv_heads}
     block_k = _fit(BLOCK_K, cache_len)
-    blocks = cache_len // block_k
-    splits = min(SPLITS, blocks)
-    blocks_per_split = -(-blocks // splits)
+{window_line}    blocks = cache_len // block_k
+    span = {span}
+    splits = min(SPLITS, span)
+    blocks_per_split = -(-span // splits)
 
     def _valid_block(b, s, j, lens):
         # Past the length (or the cache), repeat the last block that holds keys: the pipeline skips the copy.
         last = jnp.maximum((lens[b] + block_k - 1) // block_k - 1, 0)
-        return jnp.minimum(jnp.minimum(s * blocks_per_split + j, blocks - 1), last)
+        return jnp.minimum(jnp.minimum({start_map} + s * blocks_per_split + j, blocks - 1), last)
 
 {slab}    rows = pl.BlockSpec((1, 1, q_heads, head_dim), lambda b, s, j, lens: (b, s, 0, 0))
     stats = pl.BlockSpec((1, 1, q_heads, 1), lambda b, s, j, lens: (b, s, 0, 0))
     acc, m, l = pl.pallas_call(
         functools.partial(_decode_kernel, kv_heads=kv_heads, head_dim=head_dim, block_k=block_k,
-                          blocks_per_split=blocks_per_split, scale={scale}),
+                          blocks_per_split=blocks_per_split, scale={scale}{window_arg}),
         out_shape=(jax.ShapeDtypeStruct((batch, splits, q_heads, head_dim), jnp.float32),
                    jax.ShapeDtypeStruct((batch, splits, q_heads, 1), jnp.float32),
                    jax.ShapeDtypeStruct((batch, splits, q_heads, 1), jnp.float32)),

@@ -89,3 +89,81 @@ def test_the_decode_kernel_lowers_checks_and_is_priced_on_tpu_v6e() -> None:
     assert report.status == "ok", report.reason
     assert report.label == "pallas-kernel" and report.basis == "modelled" and report.speedup is not None
     assert any(c.name == "correct_unseen_size" and c.passed for c in report.checks)
+
+
+# A sliding window that does not bind at the cpu size (the cache is no longer than the window there), with the
+# window static among others: it must be found by what changing it does, never taken for no window.
+WINDOWED = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, b, h, kvh, d, t):
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    qry = jax.random.normal(k1, (b, h, d), jnp.float32)
+    kc = jax.random.normal(k2, (b, t, kvh, d), jnp.float32)
+    vc = jax.random.normal(k3, (b, t, kvh, d), jnp.float32)
+    lens = jax.random.randint(k4, (b,), 1, t + 1, dtype=jnp.int32)
+    return (qry, kc, vc, lens), {"groups_hint": 3, "span": 512}
+
+
+def reference(qry, kc, vc, lens, *, groups_hint, span):
+    b, h, d = qry.shape
+    kvh = kc.shape[2]
+    s = jnp.einsum("bngd,btnd->bngt", qry.reshape(b, kvh, h // kvh, d), kc) / jnp.sqrt(d)
+    pos = jnp.arange(kc.shape[1])[None, :]
+    keep = (pos < lens[:, None]) & (pos {cmp} lens[:, None] - span)
+    s = jnp.where(keep[:, None, None, :], s, -jnp.inf)
+    out = jnp.einsum("bngt,btnd->bngd", jax.nn.softmax(s, axis=-1), vc)
+    return out.reshape(b, h, d)
+'''
+WINDOWED_YAML = """\
+id: {id}
+name: DecodeWindowed
+category: attention
+description: sliding-window decode attention.
+dtype: float32
+tolerance: {{atol: 1.0e-3, rtol: 1.0e-3}}
+sizes:
+  cpu: {{b: 4, h: 8, kvh: 2, d: 128, t: 512}}
+  full: {{b: 16, h: 16, kvh: 4, d: 128, t: 4096}}
+free: {{b: {{}}}}
+"""
+
+
+def _windowed(tmp_path: Path, name: str, cmp: str):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "task.yaml").write_text(WINDOWED_YAML.format(id=name))
+    (folder / "reference.py").write_text(WINDOWED.replace("{cmp}", cmp))
+    return load_task(folder)
+
+
+def test_a_window_that_does_not_bind_at_the_probe_size_is_still_found(tmp_path: Path) -> None:
+    template = TpuDecodeTemplate()
+    task = _windowed(tmp_path, "decode_windowed", ">=")
+    a = analyse(task, "full")
+    assert not isinstance(a, str), a
+    assert a.window == "span" and (a.q, a.k, a.v, a.lengths, a.layout) == (0, 1, 2, 3, "thd")
+    source = template.render(task, template.space(task, None, "tpu-v6e").defaults, ("cpu", "full"))  # type: ignore[arg-type]
+    assert 'window = static["span"]' in source and "(position >= length - window)" in source
+    # The same kernel without the window would be wrong at sizes where it binds: the plain reading is refused.
+    plain = analyse(load_task(DECODE), "cpu")
+    assert not isinstance(plain, str) and plain.window is None
+
+    # A near miss: the same ops with a window one position narrower (a strict comparison) is no reading the
+    # template computes, so it is refused rather than rendered as either.
+    near = _windowed(tmp_path, "decode_window_strict", ">")
+    assert isinstance(analyse(near, "cpu"), str)
+
+
+@pytest.mark.slow
+def test_the_windowed_kernel_checks_correct_where_its_window_binds(tmp_path: Path) -> None:
+    from maxkernel.evaluation import evaluate_candidate
+
+    task = _windowed(tmp_path, "decode_windowed", ">=")
+    template = TpuDecodeTemplate()
+    source = template.render(task, template.space(task, None, "tpu-v6e").defaults, ("cpu", "full"))  # type: ignore[arg-type]
+    report = evaluate_candidate(task, source, target="tpu-v6e")
+    assert report.status == "ok", report.reason
+    assert report.label == "pallas-kernel" and report.speedup is not None
