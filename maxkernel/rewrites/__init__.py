@@ -19,6 +19,7 @@ from maxkernel.rewrites.conv_matmul import CONV_AS_MATMUL
 from maxkernel.rewrites.dead_code import DEAD_CODE
 from maxkernel.rewrites.emit import EmitError, emittable
 from maxkernel.rewrites.numeric import IDLE_SUBGRAPHS
+from maxkernel.rewrites.one_hot import ONE_HOT_INDEXING
 from maxkernel.rewrites.pool_fold import POOL_INTO_WEIGHTS
 from maxkernel.rewrites.scalar_fold import SCALAR_CHAINS
 from maxkernel.rewrites.size_one import SIZE_ONE_REDUCTIONS
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 # Order matters: removing idle work first exposes sums that sit right after a matmul.
 REWRITES: tuple[Rewrite, ...] = (DEAD_CODE, VECTORIZE_MAPS, SIZE_ONE_REDUCTIONS, IDLE_SUBGRAPHS, SUM_AFTER_MATMUL, POOL_INTO_WEIGHTS,
                                  SCALAR_CHAINS,
-                                 CONV_AS_MATMUL, WIDEN_MATMULS, CHEAPER_ACTIVATIONS)
+                                 CONV_AS_MATMUL, WIDEN_MATMULS, CHEAPER_ACTIVATIONS, ONE_HOT_INDEXING)
 BY_NAME = {r.name: r for r in REWRITES}
 
 __all__ = ["REWRITES", "RewrittenProgram", "apply_rewrites", "propose_rewrites", "render_rewrite", "EmitError"]
