@@ -159,7 +159,8 @@ class Emitter:
     def header(self, name: str, params: str) -> str:
         """``def name(params):``, with the statics the body read as keyword-only arguments."""
         used = sorted(self.used_statics)
-        return f"def {name}({params}{', *, ' + ', '.join(used) if used else ''}):"
+        keywords = "*, " + ", ".join(used) if used else ""
+        return f"def {name}({', '.join(part for part in (params, keywords) if part)}):"
 
     def line(self, node: Node) -> str:
         emit = _EMITTERS.get(node.prim)

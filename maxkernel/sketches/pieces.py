@@ -84,6 +84,12 @@ def _also(names: list[str]) -> str:
     return "".join(f", {name}" for name in names)
 
 
+def _call(positional: str, keywords: str) -> str:
+    """The arguments of a call: ``positional`` then ``keywords`` (``", a=a"`` as the statics' helpers write
+    them), without a leading comma when there are no positional ones."""
+    return ", ".join(part for part in (positional, keywords.removeprefix(", ")) if part)
+
+
 def _given(names: list[str]) -> str:
     """``, a=static['a']``: the statics passed on from ``kernel``'s ``**static`` (empty without any)."""
     return f", {bind(names)}" if names else ""
@@ -169,7 +175,7 @@ def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], ou
     @pl.when(pl.program_id({k}) == 0)
     def _hoisted():
 {nl.join("        " + loads[i] for i in hoist.prologue_inputs)}
-        for ref, value in zip(({", ".join(f"cache{c}_ref" for c in range(count))},), _prologue({first}{passed_on(s_pro)})):
+        for ref, value in zip(({", ".join(f"cache{c}_ref" for c in range(count))},), _prologue({_call(first, passed_on(s_pro))})):
             ref[...] = value.reshape(ref.shape)
 
 {nl.join("    " + loads[i] for i in hoist.main_inputs)}
@@ -183,7 +189,7 @@ def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], ou
         call_body = "cache=cache" + _given(taken)
         scratch = ("\n        scratch_shapes=[pltpu.VMEM(c.shape if len(c.shape) >= 2 else (1,) + c.shape, c.dtype) "
                    "for c in cache],")
-        eval_shape = (f"jax.eval_shape(lambda {args}: _main(*_prologue({first}{_given(s_pro)}){', ' + rest if rest else ''}"
+        eval_shape = (f"jax.eval_shape(lambda {args}: _main(*_prologue({_call(first, _given(s_pro))}){', ' + rest if rest else ''}"
                       f"{_given(s_main)}), {args})")
     elif p.split is None:
         body = f'''def _fused_kernel({", ".join(refs)}, *, body, shapes):
@@ -214,7 +220,7 @@ def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], ou
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
 {nl.join("    " + loads[i] for i in p.split.partial_inputs)}
-    acc_ref[...] += _partial({first}{passed_on(s_part)}).reshape(acc_ref.shape)
+    acc_ref[...] += _partial({_call(first, passed_on(s_part))}).reshape(acc_ref.shape)
 
     @pl.when(pl.program_id({k}) == pl.num_programs({k}) - 1)
     def _end():

@@ -412,3 +412,43 @@ def test_bfloat16_erfc_and_isfinite_are_written_as_mosaic_lowers_them(tmp_path: 
     assert "erfc" not in source and "jax.lax.erf(" in source
     result = validate_tpu(source, task, "v6e")
     assert result.ok, result.reason
+
+
+# Rotary tables from an iota and a static: what the innermost axis does not change reads no input at all.
+ROTARY = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, batch, seq, heads, dim):
+    k1, k2 = jax.random.split(key)
+    x = jax.random.normal(k1, (batch, seq, heads, dim), jnp.float32)
+    where = jax.random.randint(k2, (batch, seq), 0, 4096, dtype=jnp.int32)
+    return (x, where), {"base": 10000.0}
+
+
+def reference(x, where, *, base):
+    half = x.shape[-1] // 2
+    freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angle = where.astype(jnp.float32)[..., None, None] * freq
+    lo, hi = x[..., :half], x[..., half:]
+    return jnp.concatenate([lo * jnp.cos(angle) - hi * jnp.sin(angle), hi * jnp.cos(angle) + lo * jnp.sin(angle)], -1)
+'''
+ROPE = dict(cpu="{batch: 2, seq: 256, heads: 4, dim: 128}", full="{batch: 4, seq: 4096, heads: 8, dim: 128}",
+            free="batch", dtype="float32", tol="1.0e-4")
+
+
+def test_a_prologue_that_reads_no_input_is_still_written_as_python(tmp_path: Path) -> None:
+    import ast
+    import itertools
+
+    task = _task(tmp_path, "rotary", ROTARY, ROPE)
+    space = FUSED_GRID.space(task, None, "tpu-v6e")  # type: ignore[arg-type]
+    names = list(space.space)
+    hoisted = 0
+    for values in itertools.product(*(space.space[n] for n in names)):
+        params = dict(zip(names, values))
+        source = FUSED_GRID.render(task, params, ("cpu", "full"))
+        ast.parse(source)  # every point of the space is Python
+        hoisted += "def _prologue(*, base):" in source
+    assert hoisted  # the point that hoists a prologue of statics alone was among them
