@@ -327,6 +327,43 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "total": part(rows)}
 
 
+def device_roofline(row: dict[str, Any], which: str, dispatch_ms: float) -> float | None:
+    """``which`` ("ref" or "winner")'s share of the roofline bound on device time: the modelled time less the
+    model's host dispatch term, which every program pays once and no kernel can shorten (the calibration's
+    device times leave it out the same way)."""
+    bound, ref_ms = row.get("bound_ms"), row.get("ref_model_ms")
+    if bound is None or ref_ms is None:
+        return None
+    ms = ref_ms if which == "ref" else ref_ms / max(float(row.get("speedup") or 1.0), 1e-9)
+    return min(1.0, bound / max(ms - dispatch_ms, 1e-9))
+
+
+def fusion_targets(rows: list[dict[str, Any]], dispatch_ms: float) -> list[str]:
+    """The general fusion generator's targets on a run of generated tasks, each as one line: a Pallas winner
+    where the reference is below 70% of its roofline bound (75% needed), winners at 70% or more (60% needed;
+    with the dispatch term and on device time), the geometric mean (1.8x needed), failed sessions (none)."""
+    priced = [r for r in rows if r.get("ref_roofline") is not None]
+    if not priced:
+        return []
+    low = [r for r in priced if r["ref_roofline"] < 0.7]
+    won = sum(r.get("winner") == "pallas" for r in low)
+    high = sum(r["winner_roofline"] >= 0.7 for r in priced)
+    high_device = sum((device_roofline(r, "winner", dispatch_ms) or 0.0) >= 0.7 for r in priced)
+    speed = [max(float(r.get("speedup") or 1.0), 1e-9) for r in rows]
+    geo = math.exp(sum(map(math.log, speed)) / len(speed))
+    n = len(priced)
+
+    def share(k: int, of: int) -> str:
+        return f"{k} of {of} ({100 * k / of:.0f}%)" if of else "none"
+
+    return [f"Pallas faster than the reference where the reference is below 70% of roofline: {share(won, len(low))}"
+            f" (needs 75%)",
+            f"winner at 70% of roofline or more: {share(high, n)}; on device time (less the {dispatch_ms:.4g} ms "
+            f"dispatch term): {share(high_device, n)} (needs 60%)",
+            f"geometric mean {geo:.2f}x over {len(rows)} tasks (needs 1.8x); failed sessions: "
+            f"{sum(failed(r) for r in rows)} (needs 0)"]
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -358,11 +395,17 @@ def print_tables(config: dict[str, Any], rows: list[dict[str, Any]], markdown: b
         fam.add_row(name, str(s["tasks"]), str(s["pallas"]), str(s["jax"]), str(s["reference"]),
                     f"{s['geomean']:.2f}x" if s["geomean"] else "-", _pct(s["ref_roofline"]), _pct(s["winner_roofline"]),
                     str(s["failed"]), str(s["template_errors"]))
+    from maxkernel.targets.specs import load_model_constants
+
+    targets = fusion_targets(rows, load_model_constants().dispatch_overhead_s.value * 1e3)
     if markdown:
         print(markdown_tables(config, rows, summary))
+        print("\n".join(["", *(f"- {line}" for line in targets)]) if targets else "")
     else:
         console.print(per_task)
         console.print(fam)
+        for line in targets:
+            console.print(line)
 
 
 def markdown_tables(config: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:

@@ -73,6 +73,26 @@ def test_summary_counts_winners_failures_and_template_errors() -> None:
     assert summarize(rows + [crashed])["families"]["g"]["failed"] == 1
 
 
+def test_the_fusion_targets_count_roofline_shares_with_and_without_the_dispatch_term() -> None:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.generality import device_roofline, fusion_targets
+
+    # a: bound 0.1 ms, reference 0.5 ms (0.4 on device), a 2x winner at 0.25 ms (0.15 on device)
+    # b: bound 0.9 ms, reference 1.0 ms (0.9 on device): already at its bound, returned
+    rows = [{"task": "a", "winner": "pallas", "speedup": 2.0, "status": "scored", "bound_ms": 0.1,
+             "ref_model_ms": 0.5, "ref_roofline": 0.2, "winner_roofline": 0.4},
+            {"task": "b", "winner": "reference", "speedup": 1.0, "status": "scored", "bound_ms": 0.9,
+             "ref_model_ms": 1.0, "ref_roofline": 0.9, "winner_roofline": 0.9}]
+    assert device_roofline(rows[0], "ref", 0.1) == pytest.approx(0.25)
+    assert device_roofline(rows[0], "winner", 0.1) == pytest.approx(0.1 / 0.15)
+    assert device_roofline(rows[1], "winner", 0.1) == pytest.approx(1.0)
+    lines = fusion_targets(rows, 0.1)
+    assert "1 of 1 (100%)" in lines[0]  # the one reference below 70% got a Pallas winner
+    assert lines[1].startswith("winner at 70% of roofline or more: 1 of 2 (50%)")
+    assert "on device time (less the 0.1 ms dispatch term): 1 of 2 (50%)" in lines[1]  # a's 67% stays below
+    assert "geometric mean 1.41x over 2 tasks" in lines[2] and "failed sessions: 0" in lines[2]
+
+
 def test_variants_beside_their_originals_count_what_the_targets_ask() -> None:
     sys.path.insert(0, str(ROOT))
     from benchmarks.generality import against_originals
