@@ -11,6 +11,13 @@ a diagonal SSM, an exponential moving average) and what comes before and after i
   ``features / 1024`` vector registers instead of one sublane of ``features / 128`` of them.
 XLA runs such a scan as a loop of small fused steps, each reading and writing HBM; here HBM sees each
 input and output once.
+
+A first-order linear recurrence ``h_t = a_t h_(t-1) + b_t`` (from zero) written without a ``scan`` (an
+``associative_scan``, whose program is a tree of strided slices, products and sums) is read by what it
+computes: the value the outputs are elementwise functions of is ``h``; among the values computed
+elementwise from the inputs, the pair ``(a, b)`` and the axis for which the recurrence run in float64
+reproduces ``h`` on the task's inputs at ``cpu`` size are the scan's sequences. Its step is then the
+recurrence itself, whatever the reference wrote for it.
 """
 
 from __future__ import annotations
@@ -169,11 +176,146 @@ def match(program: Program) -> RecurrencePlan | str:
                           [np.dtype(c.dtype) for c in carries])
 
 
+MAX_SEQUENCE_CANDIDATES = 12  # values computed elementwise from the inputs tried as the recurrence's a and b
+MAX_PROBE_ELEMENTS = 1 << 24  # the largest value the probe computes (64 MiB in f32)
+# What a scan written without ``scan`` is made of (an associative scan's strided slices and pads, a cumulative
+# sum or product); a program with none of them, or with work no recurrence does, is not probed.
+SCAN_LIKE = frozenset({"cumsum", "cumprod", "cumlogsumexp", "pad"})
+NOT_A_RECURRENCE = frozenset({"dot_general", "conv_general_dilated", "gather", "scatter", "scatter-add", "sort",
+                              "reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin", "while", "cond"})
+
+
+def _scan_like(program: Program) -> bool:
+    prims = {nd.prim for nd in program.nodes}
+    strided = any(nd.prim == "slice" and nd.params.get("strides") not in (None, ()) and
+                  any(s != 1 for s in nd.params["strides"]) for nd in program.nodes)
+    return (strided or bool(prims & SCAN_LIKE)) and not prims & NOT_A_RECURRENCE
+
+
+def _results_of(program: Program) -> list[Var]:
+    """The values the first output is an elementwise function of, nearest first: walking back from it
+    through elementwise nodes of its shape (which one is the recurrence's ``h`` the probe tells)."""
+    producers = program.producers()
+    out = program.outputs[0] if program.outputs else None
+    if not isinstance(out, Var):
+        return []
+    found, frontier = [out], [out]
+    while frontier:
+        v = frontier.pop(0)
+        node = producers.get(v)
+        if node is None or node.prim not in ELEMENTWISE or node.out.shape != out.shape:
+            continue
+        for op in node.ins:
+            if isinstance(op, Var) and op.shape == out.shape and op not in found:
+                found.append(op)
+                frontier.append(op)
+    return found
+
+
+def _from_inputs(program: Program, shape: tuple[int, ...]) -> list[Var]:
+    """The values of ``shape`` computed from the inputs by elementwise nodes alone (the inputs of that shape
+    first), in program order."""
+    pure: set[Var] = set(program.inputs)
+    found = [v for v in program.inputs if v.shape == shape]
+    for node in program.nodes:
+        if node.prim in ELEMENTWISE and all(op in pure for op in node.ins if isinstance(op, Var)):
+            pure.update(node.outs)
+            found.extend(o for o in node.outs if o.shape == shape)
+    return found
+
+
+def _recurrence64(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
+    a, b = np.moveaxis(a.astype(np.float64), axis, 0), np.moveaxis(b.astype(np.float64), axis, 0)
+    h = np.empty_like(b)
+    carry = np.zeros(b.shape[1:])
+    for t in range(b.shape[0]):
+        carry = a[t] * carry + b[t]
+        h[t] = carry
+    return np.moveaxis(h, 0, axis)
+
+
+def linear_reading(task: "Task") -> tuple[int, int, int, int] | str:
+    """Which values are ``a`` and ``b`` (positions in :func:`_from_inputs` order) and ``h`` (in
+    :func:`_results_of` order), and along which axis the reference's scan-free program runs
+    ``h_t = a_t h_(t-1) + b_t``, probed on its inputs at ``cpu`` size."""
+    import jax.numpy as jnp
+
+    program = trace_program(task, "cpu").dce()
+    if not _scan_like(program):
+        return "no strided slices, pads or cumulative ops that could spell a scan"
+    if any(o.size > MAX_PROBE_ELEMENTS for nd in program.nodes for o in nd.outs):
+        return "too large at cpu size to probe for a recurrence"
+    results = _results_of(program)
+    if not results or len(results[0].shape) < 2:
+        return "no value the outputs are elementwise functions of"
+    shape = results[0].shape
+    options = _from_inputs(program, shape)
+    results = [r for r in results if r not in options and np.issubdtype(np.dtype(r.dtype), np.floating)]
+    if not options or not results or len(options) > MAX_SEQUENCE_CANDIDATES:
+        return "no values computed elementwise from the inputs to read as a recurrence's sequences"
+    args, _ = task.get_inputs(jax.random.key(0), "cpu")
+    env: dict[Any, Any] = dict(zip(program.inputs, [jnp.asarray(a) for a in jax.tree_util.tree_leaves(args)]))
+    for node in program.nodes:
+        out = node.primitive.bind(*[env[op] if isinstance(op, Var) else op.value for op in node.ins], **node.params)
+        env.update(zip(node.outs, out if node.primitive.multiple_results else [out]))
+    values = [np.asarray(env[v], np.float64) for v in options]
+    for k, h in enumerate(_results_of(program)):
+        if h not in results:
+            continue
+        got = np.asarray(env[h], np.float64)
+        scale = float(np.max(np.abs(got))) or 1.0
+        for axis in range(len(shape)):
+            if shape[axis] < 2:
+                continue
+            for i, a in enumerate(values):
+                for j, b in enumerate(values):
+                    if i != j and np.allclose(_recurrence64(a, b, axis), got, rtol=1e-3, atol=1e-4 * scale):
+                        return i, j, k, axis
+    return "no pair of values computed from the inputs runs a linear recurrence to the outputs' value"
+
+
+def match_linear(program: Program, reading: tuple[int, int, int, int]) -> RecurrencePlan | str:
+    """The plan of a scan-free linear recurrence whose sequences ``reading`` names (see :func:`linear_reading`)."""
+    i, j, k, axis = reading
+    results = _results_of(program)
+    options = _from_inputs(program, results[0].shape) if results else []
+    if max(i, j) >= len(options) or k >= len(results):
+        return "the recurrence's sequences are computed differently at another size"
+    a, b, h = options[i], options[j], results[k]
+    domain = tuple(h.shape)
+    if math.prod(domain[axis + 1:]) % LANES:
+        return f"features after the sequence axis ({math.prod(domain[axis + 1:])}) not a multiple of {LANES} lanes"
+    inputs = [v for v in program.inputs if v.shape == domain]
+    prologue = _cut(program, inputs, [a, b], tree=True)
+    epilogue = _cut(program, [h] + inputs, [o for o in program.outputs if isinstance(o, Var)], tree=False)
+    for sub in (prologue, epilogue):
+        reason = _elementwise_on(sub, domain)
+        if reason is not None:
+            return reason
+    carry = np.dtype(h.dtype)
+    one = tuple(d for k, d in enumerate(domain) if k != axis)
+
+    def step(h_prev: Any, a_t: Any, b_t: Any) -> tuple[Any, Any]:
+        h_t = a_t.astype(carry) * h_prev + b_t.astype(carry)
+        return h_t, h_t
+
+    specs = [jax.ShapeDtypeStruct(one, carry), jax.ShapeDtypeStruct(one, a.dtype), jax.ShapeDtypeStruct(one, b.dtype)]
+    stepped = ProgramBuilder().build(jax.make_jaxpr(step)(*specs), ["carry", "step0", "step1"])
+    stepped.out_tree = jax.tree_util.tree_structure((0, 0))
+    return RecurrencePlan(domain, axis, inputs, prologue.dce(), stepped, epilogue.dce(), [0.0], [carry])
+
+
 def plan(task: "Task", sizes: tuple[str, ...]) -> RecurrencePlan | str:
     """The plan at every size, each part written the same at all of them (one body serves every size)."""
     found: list[RecurrencePlan] = []
+    reading: tuple[int, int, int, int] | str | None = None
     for size in sizes:
-        p = match(trace_program(task, size).dce())
+        program = trace_program(task, size).dce()
+        p = match(program)
+        if isinstance(p, str) and not any(nd.prim == "scan" for nd in program.nodes):
+            reading = linear_reading(task) if reading is None else reading
+            p = f"{p}, nor a linear recurrence without one ({reading})" if isinstance(reading, str) \
+                else match_linear(program, reading)
         if isinstance(p, str):
             return p
         for sub in (p.prologue, p.step, p.epilogue):

@@ -37,6 +37,29 @@ def reference(gate, x):
     return jnp.swapaxes(hs, 0, 1) * 2.0
 '''
 
+# The same gated recurrence with no scan at all: an associative scan over the (a, b) pairs, whose program is a
+# tree of strided slices, products and sums along the sequence.
+ASSOCIATIVE = '''\
+import jax
+import jax.numpy as jnp
+
+
+def get_inputs(key, *, batch, length, width):
+    k1, k2 = jax.random.split(key)
+    return (jax.random.normal(k2, (batch, length, width), jnp.float32),
+            jax.random.normal(k1, (batch, length, width), jnp.float32) + 2.0), {}
+
+
+def reference(x, gate):
+    a = jax.nn.sigmoid(gate)
+
+    def combine(left, right):
+        return left[0] * right[0], right[0] * left[1] + right[1]
+
+    _, h = jax.lax.associative_scan(combine, (a, (1.0 - a) * x), axis=1)
+    return h * 2.0
+'''
+
 # The sequence axis first, two carries (a running max and a decayed sum), two outputs per step.
 TWO_CARRIES = '''\
 import jax
@@ -65,7 +88,8 @@ def _task(tmp_path: Path, name: str, source: str):  # type: ignore[no-untyped-de
                                                    {"batch": 8, "length": 4096, "width": 2048}, "batch"), source)
 
 
-@pytest.mark.parametrize("name, source, axis", [("gated", GATED, 1), ("two_carries", TWO_CARRIES, 0)])
+@pytest.mark.parametrize("name, source, axis", [("gated", GATED, 1), ("two_carries", TWO_CARRIES, 0),
+                                                ("associative", ASSOCIATIVE, 1)])
 def test_an_elementwise_scan_runs_in_one_kernel(tmp_path, declared_size_evaluator, name: str, source: str,
                                                 axis: int) -> None:  # type: ignore[no-untyped-def]
     task = _task(tmp_path, name, source)
@@ -90,3 +114,12 @@ def test_what_is_not_an_elementwise_scan_is_refused(tmp_path) -> None:  # type: 
     assert "not elementwise" in str(plan(_task(tmp_path, "mixing", mixing), ("cpu",)))
     narrow = GATED.replace("(batch, length, width)", "(batch, length, width + 3)")
     assert "lanes" in str(plan(_task(tmp_path, "narrow", narrow), ("cpu",)))
+
+
+def test_an_associative_scan_that_is_not_the_linear_recurrence_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # a running maximum (associative, not linear), and the linear recurrence run backwards along the sequence
+    running_max = ASSOCIATIVE.replace("_, h = jax.lax.associative_scan(combine, (a, (1.0 - a) * x), axis=1)",
+                                      "h = jax.lax.associative_scan(jnp.maximum, (1.0 - a) * x, axis=1)")
+    backwards = ASSOCIATIVE.replace("axis=1)", "axis=1, reverse=True)")
+    for name, source in (("running_max", running_max), ("backwards", backwards)):
+        assert "nor a linear recurrence without one" in str(plan(_task(tmp_path, name, source), ("cpu",))), name
