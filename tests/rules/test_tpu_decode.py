@@ -117,26 +117,14 @@ def reference(qry, kc, vc, lens, *, groups_hint, span):
     out = jnp.einsum("bngt,btnd->bngd", jax.nn.softmax(s, axis=-1), vc)
     return out.reshape(b, h, d)
 '''
-WINDOWED_YAML = """\
-id: {id}
-name: DecodeWindowed
-category: attention
-description: sliding-window decode attention.
-dtype: float32
-tolerance: {{atol: 1.0e-3, rtol: 1.0e-3}}
-sizes:
-  cpu: {{b: 4, h: 8, kvh: 2, d: 128, t: 512}}
-  full: {{b: 16, h: 16, kvh: 4, d: 128, t: 4096}}
-free: {{b: {{}}}}
-"""
 
 
-def _windowed(tmp_path: Path, name: str, cmp: str):
-    folder = tmp_path / name
-    folder.mkdir()
-    (folder / "task.yaml").write_text(WINDOWED_YAML.format(id=name))
-    (folder / "reference.py").write_text(WINDOWED.replace("{cmp}", cmp))
-    return load_task(folder)
+def _windowed(tmp_path: Path, name: str, cmp: str):  # type: ignore[no-untyped-def]
+    from support import task_folder, task_yaml
+
+    sizes = task_yaml(name, "attention", 1e-3, {"b": 4, "h": 8, "kvh": 2, "d": 128, "t": 512},
+                      {"b": 16, "h": 16, "kvh": 4, "d": 128, "t": 4096}, "b")
+    return task_folder(tmp_path, name, sizes, WINDOWED.replace("{cmp}", cmp))
 
 
 def test_a_window_that_does_not_bind_at_the_probe_size_is_still_found(tmp_path: Path) -> None:
