@@ -28,8 +28,8 @@ from jax import lax
 
 from maxkernel.analysis.program import Const, Node, Program, Var
 from maxkernel.rewrites.base import Rewrite
-from maxkernel.rewrites.build import inline_traced, _inherit_line
-from maxkernel.rewrites.numeric import TooLargeToEvaluate, evaluate_nodes
+from maxkernel.rewrites.build import _inherit_line, inline_traced
+from maxkernel.rewrites.numeric import evaluate_nodes
 
 MAX_AXIS = 4096  # the longest indexed axis a one-hot pass is written for
 MAX_INDICES = 32  # the most indices per row: each costs one pass over the operand
@@ -70,10 +70,11 @@ def _constant_value(program: Program, value: Any) -> np.ndarray | None:
             return None
         needed.append(node)
         stack.extend(node.ins)
-    order = [n for n in program.nodes if any(n is m for m in needed)]
+    wanted = {id(n) for n in needed}
+    order = [n for n in program.nodes if id(n) in wanted]
     try:
         return evaluate_nodes(order, {})[value]
-    except (TooLargeToEvaluate, Exception):  # noqa: BLE001 - a value it cannot fold is not a row iota
+    except Exception:  # noqa: BLE001 - too large to fold, or a primitive that cannot run here: not a row iota
         return None
 
 
