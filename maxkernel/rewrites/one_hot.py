@@ -28,7 +28,7 @@ from jax import lax
 
 from maxkernel.analysis.program import Const, Node, Program, Var
 from maxkernel.rewrites.base import Rewrite
-from maxkernel.rewrites.build import _inherit_line, inline_traced
+from maxkernel.rewrites.build import splice_traced
 from maxkernel.rewrites.numeric import evaluate_nodes
 
 MAX_AXIS = 4096  # the longest indexed axis a one-hot pass is written for
@@ -141,14 +141,6 @@ def _put(operand: Any, idx: Any, updates: Any, *, mode: str, add: bool) -> Any:
     return out
 
 
-def _splice(program: Program, old: Node, fn: Any, operands: list[Any]) -> None:
-    nodes, (result,) = inline_traced(program, fn, operands)
-    index = program.nodes.index(old)
-    program.nodes[index:index + 1] = nodes
-    _inherit_line(nodes, old, result)
-    program.substitute(old.out, result)
-
-
 def one_hot_indexing(program: Program) -> int:
     count = 0
     for node in list(program.nodes):
@@ -166,7 +158,7 @@ def one_hot_indexing(program: Program) -> int:
                 continue
             fill = node.params.get("fill_value")
             fill = (np.nan if kind == "f" or str(operand.dtype) == "bfloat16" else 0) if fill is None else fill
-            _splice(program, node, lambda o, i: _take(o, i, mode=mode, fill=fill), [operand, node.ins[1]])
+            splice_traced(program, node, lambda o, i: _take(o, i, mode=mode, fill=fill), [operand, node.ins[1]])
             count += 1
             continue
         if node.prim == "scatter" and node.params.get("update_jaxpr") is not None:
@@ -175,7 +167,8 @@ def one_hot_indexing(program: Program) -> int:
         if columns is None or node.ins[2].shape[-1] > MAX_INDICES:
             continue
         add = node.prim != "scatter"
-        _splice(program, node, lambda o, i, u: _put(o, i, u, mode=mode, add=add), [operand, columns, node.ins[2]])
+        splice_traced(program, node, lambda o, i, u: _put(o, i, u, mode=mode, add=add),
+                      [operand, columns, node.ins[2]])
         count += 1
     return count
 
