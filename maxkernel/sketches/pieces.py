@@ -106,34 +106,26 @@ def fused_kernel_source(p: "FusedPlan", names: list[str], lifted: list[bool], ou
         ([f"cache{c}_ref" for c in range(len(hoist.cached))] if hoist is not None else [])
     loads, operands, in_specs, shapes = {}, [], [], []
     for i, (v, n) in enumerate(zip(p.inputs, names)):
-        boolean = np.dtype(v.dtype) == np.bool_
         gridded = {g.in_axes[i]: g.name for g in grid if g.in_axes[i] is not None}
         passed, spec = _array_spec(n, len(v.shape), lifted[i], gridded, index_args)
-        if boolean:
-            passed = f"{passed}.astype(jnp.int32)"
         operands.append(passed)
         in_specs.append(spec)
         shape = ", ".join(f"block_{gridded[a]}" if a in gridded else f"{n}.shape[{a}]" for a in range(len(v.shape)))
         shapes.append(f"({shape}{',' if len(v.shape) == 1 else ''})")
-        load = f"{n} = {n}_ref[...].reshape(shapes[{i}])"
-        if boolean:
-            load += " != 0  # a mask travels as int32: Mosaic loads no booleans"
-        loads[i] = load
+        loads[i] = f"{n} = {n}_ref[...].reshape(shapes[{i}])"
     out_specs, out_shapes, stores, unpack = [], [], [], []
     for j, (o, name) in enumerate(zip(p.outputs, outs)):
         gridded = {g.out_axes[j]: g.name for g in grid if g.out_axes[j] is not None}
         layout, _ = _layout(len(o.shape), out_lifted[j], True)
         lay = ", ".join("1" if a is None else f"outs[{j}].shape[{a}]" for a in layout)
-        boolean = np.dtype(o.dtype) == np.bool_
-        dtype = "jnp.int32" if boolean else f"outs[{j}].dtype"
-        out_shapes.append(f"jax.ShapeDtypeStruct(({lay},), {dtype})")
+        out_shapes.append(f"jax.ShapeDtypeStruct(({lay},), outs[{j}].dtype)")
         block, index = [], []
         for a in layout:
             block.append("1" if a is None else f"block_{gridded[a]}" if a in gridded else f"outs[{j}].shape[{a}]")
             index.append(f"{gridded[a]}_i" if a is not None and a in gridded else "0")
         out_specs.append(f"pl.BlockSpec(({', '.join(block)},), lambda {index_args}: ({', '.join(index)},))")
         stores.append(f"{name}_ref[...] = values[{j}].reshape({name}_ref.shape).astype({name}_ref.dtype)")
-        unpack.append(f"results[{j}].reshape(outs[{j}].shape)" + (" != 0" if boolean else ""))
+        unpack.append(f"results[{j}].reshape(outs[{j}].shape)")
     extents = []
     for g in grid:
         if g.reduction:

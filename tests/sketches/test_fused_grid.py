@@ -286,8 +286,23 @@ def test_a_boolean_mask_read_whole_per_batch_travels_lifted(tmp_path: Path) -> N
     task = _task(tmp_path, "ms", MASKED, SOFTMAX)
     assert [(g[0], g[2]) for g in _grid(task)] == [("batch", (0, 0)), ("rows", (None, 1))]
     source = FUSED_GRID.render(task, {"block_batch": 1, "block_rows": 64}, ("cpu", "full"))
-    assert "keep.reshape(keep.shape[:-1] + (1, keep.shape[-1])).astype(jnp.int32)" in source
-    assert "!= 0  # a mask travels as int32" in source
+    assert ")(keep.reshape(keep.shape[:-1] + (1, keep.shape[-1])), logits)" in source
+
+
+def test_a_boolean_mask_travels_as_it_is_stored_with_no_xla_conversion_around_the_kernel(tmp_path: Path) -> None:
+    """Mosaic loads booleans a byte each: a conversion to a wider integer before the kernel would be an XLA
+    pass writing the mask again at four times its size, and the kernel would read that."""
+    from maxkernel.targets import validate_tpu
+    from maxkernel.targets.model import model_candidate
+
+    task = _task(tmp_path, "ms", MASKED, SOFTMAX)
+    source = FUSED_GRID.render(task, FUSED_GRID.space(task, None, "tpu-v6e").defaults, ("cpu", "full"))  # type: ignore[arg-type]
+    assert ".astype(jnp.int" not in source and "!= 0" not in source
+    result = validate_tpu(source, task, "v6e")
+    assert result.ok, result.reason
+    estimate = model_candidate(source, task, "v6e")
+    assert [k.name for k in estimate.kernels] == ["_fused_kernel"]
+    assert not any("XLA code around the kernels" in note for note in estimate.notes)
 
 
 def test_a_per_row_pick_by_label_becomes_a_one_hot_sum_and_a_row_pick_does_not(tmp_path: Path) -> None:
