@@ -79,18 +79,23 @@ def test_the_fusion_targets_count_roofline_shares_with_and_without_the_dispatch_
 
     # a: bound 0.1 ms, reference 0.5 ms (0.4 on device), a 2x winner at 0.25 ms (0.15 on device)
     # b: bound 0.9 ms, reference 1.0 ms (0.9 on device): already at its bound, returned
+    # c: bound 0.3 ms, reference 0.5 ms (0.4 on device): below 70% with dispatch, 75% on device, returned
     rows = [{"task": "a", "winner": "pallas", "speedup": 2.0, "status": "scored", "bound_ms": 0.1,
              "ref_model_ms": 0.5, "ref_roofline": 0.2, "winner_roofline": 0.4},
             {"task": "b", "winner": "reference", "speedup": 1.0, "status": "scored", "bound_ms": 0.9,
-             "ref_model_ms": 1.0, "ref_roofline": 0.9, "winner_roofline": 0.9}]
+             "ref_model_ms": 1.0, "ref_roofline": 0.9, "winner_roofline": 0.9},
+            {"task": "c", "winner": "reference", "speedup": 1.0, "status": "scored", "bound_ms": 0.3,
+             "ref_model_ms": 0.5, "ref_roofline": 0.6, "winner_roofline": 0.6}]
     assert device_roofline(rows[0], "ref", 0.1) == pytest.approx(0.25)
     assert device_roofline(rows[0], "winner", 0.1) == pytest.approx(0.1 / 0.15)
     assert device_roofline(rows[1], "winner", 0.1) == pytest.approx(1.0)
     lines = fusion_targets(rows, 0.1)
-    assert "1 of 1 (100%)" in lines[0]  # the one reference below 70% got a Pallas winner
-    assert lines[1].startswith("winner at 70% of roofline or more: 1 of 2 (50%)")
-    assert "on device time (less the 0.1 ms dispatch term): 1 of 2 (50%)" in lines[1]  # a's 67% stays below
-    assert "geometric mean 1.41x over 2 tasks" in lines[2] and "failed sessions: 0" in lines[2]
+    assert lines[0].startswith("Pallas faster than the reference where the reference is below 70% of roofline: "
+                               "1 of 2 (50%)")  # a won; c, at 60% with dispatch, was returned
+    assert "where it is below 70% on device time: 1 of 1 (100%)" in lines[0]  # c is at 75% there
+    assert lines[1].startswith("winner at 70% of roofline or more: 1 of 3 (33%)")
+    assert "on device time (less the 0.1 ms dispatch term): 2 of 3 (67%)" in lines[1]  # a's 67% stays below
+    assert "geometric mean 1.26x over 3 tasks" in lines[2] and "failed sessions: 0" in lines[2]
 
 
 def test_variants_beside_their_originals_count_what_the_targets_ask() -> None:
