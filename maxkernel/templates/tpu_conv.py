@@ -50,11 +50,13 @@ import numpy as np
 from maxkernel.analysis.graph import ELEMENTWISE, REDUCE
 from maxkernel.analysis.program import Node, Program, Var, arg_names, input_shapes, static_args, trace_program
 from maxkernel.analysis.statics import bind, used_statics
-from maxkernel.rewrites.activations import _one_minus_erf
+from maxkernel.rewrites.activations import _one_minus_erf, _one_minus_erf_in_f32
 from maxkernel.rewrites.build import splice_traced
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emittable
 from maxkernel.templates.base import FIT_SOURCE, TemplateSpace, tpu_target
 from maxkernel.templates.conv_phases import PHASES_SOURCE, Phases, kernel_shape, phases_of
+from maxkernel.templates.conv_rows import (TAP_GROUPS_SOURCE, RowsConv, per_channel_tail, rows_constants, rows_conv,
+                                            rows_conv_source, rows_geometry, rows_kernel_source, rows_space, served)
 from maxkernel.templates.conv_stats import StatsSplit, split
 from maxkernel.templates.tpu_gemm import HEADER, HIGHEST, W_KN_DIMENSIONS, _epilogue_name, _epilogue_source, _extent, _mxu_source, _passes, _size_statics, _vmem_cap, chosen_passes, ladder_epilogues
 
@@ -98,6 +100,8 @@ class ConvPlan:
     # above (o, taps, padded, out_spatial) then describe that stride-1 convolution of phase-stacked channels.
     phases: Phases | None = None
     tile_tail: bool = False  # decomposed: the tail runs in the kernel on each step's interleaved planes
+    # A channels-last 1-D convolution (any stride): the kernel of :mod:`maxkernel.templates.conv_rows`.
+    rows: RowsConv | None = None
 
     @property
     def finish(self) -> Program:
@@ -130,7 +134,7 @@ def _natural(node: Node) -> str | None:
     dn = p["dimension_numbers"]
     natural = tuple(range(nd + 2))
     if nd not in (2, 3):
-        return f"a {nd}-D convolution (the template serves 2-D and 3-D)"
+        return f"a {nd}-D convolution (the template serves 2-D and 3-D, and 1-D with the channels last)"
     if not (tuple(dn.lhs_spec) == natural and tuple(dn.rhs_spec) == natural and tuple(dn.out_spec) == natural):
         return "a convolution in another layout than NC... / OI... / NC..."
     if tuple(p["window_strides"]) != (1,) * nd or tuple(p["rhs_dilation"]) != (1,) * nd:
@@ -155,25 +159,18 @@ def _per_channel(tail: Program, v: Var, o: int) -> bool:
 
 
 def _erfc_as_erf(tail: Program) -> None:
-    """erfc (exact GELU) has no Mosaic lowering; 1 - erf has. Only this substitution: the cheaper Mish of
-    ``cheaper_activations`` is proven on values up to a size, so it would write the tail differently at
-    ``full`` and at a smaller check size."""
+    """erfc (exact GELU) has no Mosaic lowering; 1 - erf has (in float32 for a narrower float, rounded back
+    once). Only this substitution: the cheaper Mish of ``cheaper_activations`` is proven on values up to a
+    size, so it would write the tail differently at ``full`` and at a smaller check size."""
     for node in list(tail.nodes):
-        if node.prim == "erfc" and isinstance(node.ins[0], Var) and node.out.dtype == np.float32:
-            splice_traced(tail, node, _one_minus_erf)
+        if node.prim == "erfc" and isinstance(node.ins[0], Var) and node.out.dtype in (np.float32, jnp.bfloat16):
+            splice_traced(tail, node, _one_minus_erf if node.out.dtype == np.float32 else _one_minus_erf_in_f32)
 
 
-def match(program: Program) -> ConvPlan | str:
-    """The convolution-then-tail structure of ``program``, or why it has none."""
-    convs = [n for n in program.nodes if n.prim == "conv_general_dilated"]
-    if len(convs) != 1:
-        return f"{len(convs)} convolutions (the template computes exactly one)"
-    if any(n.prim == "dot_general" for n in program.nodes):
-        return "a matmul beside the convolution"
-    conv = convs[0]
-    why = _natural(conv)
-    if why:
-        return why
+def _cut(program: Program, conv: Node) -> tuple[Var, list[Var], Program | None, Program, list[Var]] | str:
+    """The convolution's input, the inputs its kernel is computed from, that computation (None when the
+    kernel is an input), and the reference after the convolution (reading its output ``h``, then the other
+    inputs it reads, listed last); or why the program is not one convolution of an input and a tail."""
     x, rhs = conv.ins
     if x not in program.inputs:
         return "the convolution's input is computed (the template reads it from an input)"
@@ -201,6 +198,41 @@ def match(program: Program) -> ConvPlan | str:
     if upstream:
         prologue = Program(list(weights), [Node(nd.primitive, list(nd.ins), list(nd.outs), dict(nd.params))
                                            for nd in upstream], [rhs], None)
+    return x, weights, prologue, tail, others
+
+
+def _precision_of(conv: Node) -> str:
+    precision = conv.params.get("precision")
+    levels = precision if isinstance(precision, (tuple, list)) else (precision,)
+    names = {str(getattr(q, "name", q)).upper() for q in levels if q is not None}
+    return HIGHEST if HIGHEST in names else "DEFAULT"
+
+
+def match(program: Program) -> ConvPlan | str:
+    """The convolution-then-tail structure of ``program``, or why it has none."""
+    convs = [n for n in program.nodes if n.prim == "conv_general_dilated"]
+    if len(convs) != 1:
+        return f"{len(convs)} convolutions (the template computes exactly one)"
+    if any(n.prim == "dot_general" for n in program.nodes):
+        return "a matmul beside the convolution"
+    conv = convs[0]
+    why = _natural(conv)
+    rows = rows_conv(conv) if why is not None and len(conv.ins[0].shape) == 3 else None
+    if isinstance(rows, str):
+        return rows
+    if why and rows is None:
+        return why
+    found = _cut(program, conv)
+    if isinstance(found, str):
+        return found
+    x, weights, prologue, tail, others = found
+    if rows is not None:
+        o = int(conv.out.shape[2])
+        return ConvPlan(x, weights, prologue, int(x.shape[0]), int(x.shape[2]), o, (rows.taps,),
+                        (int(x.shape[1]) + rows.low + rows.high,), (int(conv.out.shape[1]),),
+                        ((rows.low, rows.high, 0),), np.dtype(x.dtype), _precision_of(conv), tail,
+                        per_channel_tail(tail, others, o, conv.out.shape, program), rows=rows)
+    rhs = conv.ins[1]
     p = conv.params
     o, c = rhs.shape[:2]
     taps = tuple(rhs.shape[2:])
@@ -215,12 +247,9 @@ def match(program: Program) -> ConvPlan | str:
         windows, padded = kernel_shape(tuple(x.shape[2:]), taps, phases)
         o, taps = o * math.prod(phases.strides), windows
         out_spatial = tuple(e - t + 1 for e, t in zip(padded, taps))
-    precision = p.get("precision")
-    levels = precision if isinstance(precision, (tuple, list)) else (precision,)
-    names = {str(getattr(q, "name", q)).upper() for q in levels if q is not None}
     stats = None if tileable or phases is not None else split(tail, o, len(taps))
     return ConvPlan(x, weights, prologue, x.shape[0], c, o, taps, padded, out_spatial, pads,
-                    np.dtype(x.dtype), HIGHEST if HIGHEST in names else "DEFAULT", tail, tileable, stats,
+                    np.dtype(x.dtype), _precision_of(conv), tail, tileable, stats,
                     phases=phases, tile_tail=phases is not None and _plane_local(tail))
 
 
@@ -274,6 +303,9 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
         p = match(trace_program(task, size).dce())
         if isinstance(p, str):
             return p
+        reason = served(p) if p.rows is not None else None
+        if reason is not None:
+            return reason
         for program in (p.tail, p.rhs):
             reason = emittable(program) if program is not None else None
             if reason is not None:
@@ -296,7 +328,7 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
                 or not _plane_probe(probe[1], cpu, static_args(task, "cpu")):  # type: ignore[arg-type]
             for p in found:  # written differently at another size, or reading an extent a step does not hold
                 p.tile_tail = False
-    if len({(p.in_dtype, p.precision, p.tileable, p.tile_tail, p.pads, p.phases, p.rhs is None) for p in found}) != 1:
+    if len({(p.in_dtype, p.precision, p.tileable, p.tile_tail, p.pads, p.phases, p.rows, p.rhs is None) for p in found}) != 1:
         return "a convolution laid out differently at different sizes"
     found[-1].prefix = prefixes.pop() if found[-1].stats is not None else ""
     generic = {_generic(key, text) for key, text in texts.items()}
@@ -336,16 +368,21 @@ def _probe_text(task: "Task", p: ConvPlan) -> str | None:
     shapes = list(input_shapes(task, "cpu"))
     index = arg_names(task).index(p.x.name)
     x = shapes[index]
-    spatial = tuple(e + 1 + 2 * k for k, e in enumerate(x.shape[2:]))
-    out = [e - t + 1 for e, t in zip(spatial, p.taps)]
-    if len(set(out) | {p.n, p.o}) != len(out) + len({p.n, p.o}):
-        return None
-    shapes[index] = jax.ShapeDtypeStruct(x.shape[:2] + spatial, x.dtype)
+    if p.rows is not None:  # channels last: one length, longer by one stride and one
+        shapes[index] = jax.ShapeDtypeStruct((x.shape[0], x.shape[1] + p.rows.stride + 1, x.shape[2]), x.dtype)
+    else:
+        spatial = tuple(e + 1 + 2 * k for k, e in enumerate(x.shape[2:]))
+        out = [e - t + 1 for e, t in zip(spatial, p.taps)]
+        if len(set(out) | {p.n, p.o}) != len(out) + len({p.n, p.o}):
+            return None
+        shapes[index] = jax.ShapeDtypeStruct(x.shape[:2] + spatial, x.dtype)
     try:
         probe = match(trace_program(task, "cpu", shapes).dce())
     except Exception:  # the reference ties its extents together (a norm over a width equal to the channels)
         return None
     if isinstance(probe, str) or (probe.stats is None) != (p.stats is None):
+        return None
+    if p.rows is not None and len({probe.out_spatial[0], p.n, p.o}) != 3:
         return None
     return emit_function(probe.finish, "_epilogue", "The reference after its convolution.", statics=True)
 
@@ -424,6 +461,9 @@ class TpuConvTemplate:
         cap = _vmem_cap(target)
         admitted = _passes(p, task)
         worst = min(admitted)
+        if p.rows is not None:
+            defaults, rows = rows_space(p, cap, admitted)
+            return TemplateSpace(defaults=defaults, space=rows)
         bn_options = [b for b in _legal(p.o, TPU_BLOCKS_N) if b % SUBLANES == 0 or b == p.o]
         if p.phases is not None:  # a step holds every phase of its channels: the products it skips, the interleave
             bn_options = [p.o]
@@ -451,6 +491,8 @@ class TpuConvTemplate:
         if isinstance(p, str):
             raise EmitError(p)
         passes = chosen_passes(p, params, task)
+        if p.rows is not None:
+            return self._render_rows(task, p, params, sizes, passes)
         doc = (f'"""{task.id}: {self.description}.\n\nGenerated by MaxKernel\'s rules brain: {params["block_n"]} '
                f"out-channels x {params['block_d']} output planes a step, {params['block_c']} in-channels a "
                f"reduction step, {passes} MXU pass{'es' if passes > 1 else ''} per product, the epilogue "
@@ -467,6 +509,24 @@ class TpuConvTemplate:
             parts.append(emit_function(p.rhs, "_conv_weight", "The kernel the reference convolves with, from its inputs.")
                          + "\n\n")
         parts += [_conv_source(p), _kernel_source(p, arg_names(task), _size_statics(static_args(task, sizes[0])))]
+        return "\n".join(parts)
+
+
+    def _render_rows(self, task: "Task", p: ConvPlan, params: dict[str, Any], sizes: tuple[str, ...], passes: int) -> str:
+        """A channels-last 1-D convolution: the kernel of :mod:`maxkernel.templates.conv_rows`."""
+        doc = (f'"""{task.id}: a channels-last 1-D convolution as row GEMMs on the MXU (the stride\'s phases side by '
+               f"side on the lanes, each tap a window of rows), the reference's tail "
+               + ("fused" if p.tileable else "left to XLA") + f".\n\nGenerated by MaxKernel's rules brain: "
+               f"{params['block_rows']} output positions x {params['block_n']} output channels a step, {passes} MXU "
+               f"pass{'es' if passes > 1 else ''} per product.\n\"\"\"\n")
+        parts = [doc, HEADER, rows_constants(p, params, passes), rows_geometry(p), FIT_SOURCE, "",
+                 _mxu_source(W_KN_DIMENSIONS, passes), _epilogue_source(p), TAP_GROUPS_SOURCE]  # type: ignore[arg-type]
+        weight = f"_conv_weight({', '.join(v.name for v in p.weights)})" if p.rhs is not None else p.weights[0].name
+        if p.rhs is not None:
+            parts.append(emit_function(p.rhs, "_conv_weight", "The kernel the reference convolves with, from its inputs.")
+                         + "\n\n")
+        parts += [rows_conv_source(p), rows_kernel_source(p, arg_names(task), _size_statics(static_args(task, sizes[0])),
+                                                          weight, _bound_epilogue(p))]
         return "\n".join(parts)
 
 
