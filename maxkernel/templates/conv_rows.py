@@ -280,12 +280,16 @@ def rows_kernel_source(p: "ConvPlan", names: list[str], statics: list[str], weig
         "            vmem_limit_bytes=VMEM_LIMIT_BYTES),",
         f"    )({', '.join(operands)})",
     ]
-    if p.tileable:
-        lines.append("    return h")
-    else:
-        lines.append("    # The tail couples positions or reads more than a bias per channel: XLA runs it on the output.")
-        lines.append(f"    return epilogue(h{''.join(', ' + name for name in others)})")
+    lines += returned(p.tileable, others, "couples positions or reads more than a bias per channel")
     return "\n".join(lines) + "\n"
+
+
+def returned(fused: bool, others: list[str], why: str) -> list[str]:
+    """``kernel``'s last lines: the kernel's output when the tail ran in it, else XLA's tail on it (``why``)."""
+    if fused:
+        return ["    return h"]
+    return [f"    # The tail {why}: XLA runs it on the output.",
+            f"    return epilogue(h{''.join(', ' + name for name in others)})"]
 
 
 def vmem_limit(p: "ConvPlan", params: dict[str, Any], passes: int) -> int:

@@ -56,7 +56,8 @@ from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, emitta
 from maxkernel.templates.base import FIT_SOURCE, TemplateSpace, tpu_target
 from maxkernel.templates.conv_phases import PHASES_SOURCE, Phases, kernel_shape, phases_of
 from maxkernel.templates.conv_rows import (TAP_GROUPS_SOURCE, RowsConv, per_channel_tail, rows_constants, rows_conv,
-                                            rows_conv_source, rows_geometry, rows_kernel_source, rows_space, served)
+                                            rows_conv_source, rows_geometry, rows_kernel_source, rows_space, served,
+                                            returned)
 from maxkernel.templates.conv_stats import StatsSplit, split
 from maxkernel.templates.tpu_gemm import HEADER, HIGHEST, W_KN_DIMENSIONS, _epilogue_name, _epilogue_source, _extent, _mxu_source, _passes, _size_statics, _vmem_cap, chosen_passes, ladder_epilogues
 
@@ -714,11 +715,7 @@ def _phases_kernel_source(p: ConvPlan, names: list[str], statics: list[str]) -> 
         "            vmem_limit_bytes=max(32 << 20, planned + (planned >> 1))),",
         f"    )({', '.join(operands)})",
     ]
-    if p.tile_tail:
-        lines.append("    return h")
-    else:
-        lines.append("    # The tail couples positions across planes or samples: XLA runs it on the output.")
-        lines.append(f"    return epilogue(h{''.join(', ' + name for name in others)})")
+    lines += returned(p.tile_tail, others, "couples positions across planes or samples")
     return "\n".join(lines) + "\n"
 
 
