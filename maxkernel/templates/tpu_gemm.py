@@ -380,6 +380,9 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> GemmPlan | str:
         found.append(p)
     if len(prologues) > 1:
         return "the random draws after the matmul are written differently at different sizes"
+    if rows_keyed and found[-1].placement == "xla" and probe_sizes(task, sizes[0]):
+        return ("the computation after the matmul is written for each row count (its text follows the batch), "
+                "so it could not run at a batch it was not written for")
     if len({(p.x_km, p.w_nk, p.in_dtype, p.precision, p.placement, p.row_blocked) for p in found}) != 1:
         return "a matmul laid out differently at different sizes"
     generic = {text.replace(_epilogue_name(key), "_epilogue").replace(f", for {_extent(key)}.", ".")

@@ -174,15 +174,19 @@ def reference(x, w):
 '''
 
 
-def test_a_top_k_after_the_matmul_runs_in_xla_not_in_the_kernel(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def _router(tmp_path, free: str):  # type: ignore[no-untyped-def]
     folder = tmp_path / "router"
     folder.mkdir()
     (folder / "task.yaml").write_text(
         "id: router\nname: router\ncategory: moe\ndescription: a router.\ndtype: float32\n"
         "tolerance: {atol: 1.0e-3, rtol: 1.0e-3}\nsizes:\n  cpu: {tokens: 256, hidden: 512}\n"
-        "  full: {tokens: 8192, hidden: 4096}\nfree: {tokens: {}}\n")
+        f"  full: {{tokens: 8192, hidden: 4096}}\n{free}")
     (folder / "reference.py").write_text(ROUTER)
-    task = load_task(folder)
+    return load_task(folder)
+
+
+def test_a_top_k_after_the_matmul_runs_in_xla_not_in_the_kernel(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    task = _router(tmp_path, "")  # the token count fixed: the tail is written for the sizes it runs at
     full = plan(task, ("full",))
     assert not isinstance(full, str) and full.placement == "xla"  # its rows are independent, but no kernel holds top_k
     source = TPU_GEMM.render(task, {"block_m": 512, "block_n": 64, "block_k": 512, "passes": 3}, ("cpu", "full"))
@@ -192,6 +196,15 @@ def test_a_top_k_after_the_matmul_runs_in_xla_not_in_the_kernel(tmp_path) -> Non
     offered = [s.name for s in propose_strategies(task, analyze_task(task, "tpu-v6e"), "tpu-v6e")]
     assert "template:rowblock" not in offered  # its row body would hold the top-k: no Mosaic lowering
     assert "template:rowblock" in [s.name for s in propose_strategies(task, analyze_task(task, "cpu"), "cpu")]
+
+
+def test_a_tail_written_for_each_token_count_is_refused_when_the_tokens_are_free(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The scatter's row indices are an iota over the tokens, written with their count: such a kernel could
+    # not run at a batch of tokens it was not written for, which the evaluator draws.
+    task = _router(tmp_path, "free: {tokens: {}}\n")
+    assert TPU_GEMM.applies(task, analyze_task(task, "tpu-v6e")) == (
+        "the computation after the matmul is written for each row count (its text follows the batch), "
+        "so it could not run at a batch it was not written for")
 
 
 # Activations kept feature-major ([features, tokens], as a caller that stores them transposed hands them
