@@ -141,6 +141,20 @@ def test_a_check_size_too_big_for_memory_is_refused(tmp_path: Path) -> None:
     assert "rows=524288: kernel <lambda> (pallas_call 1): block shape of args[0] is (524288, 1024)" in check.refusal
 
 
+# A draw that computes the rows from a table 4096 times larger (as a model region's draw runs its layer up to
+# the region): 16 GiB at full, though the reference itself reads only 16 MiB.
+DRAWN_FROM_A_TABLE = {**RMSNORM_TASK, "reference.py": RMSNORM_TASK["reference.py"].replace(
+    "    x = jax.random.normal(kx, (rows, hidden), jnp.float32)\n",
+    "    x = jnp.sum(jax.random.normal(kx, (4096, rows, hidden), jnp.float32), axis=0)\n")}
+
+
+def test_what_drawing_the_inputs_holds_counts_toward_the_check_sizes_memory(tmp_path: Path) -> None:
+    task = load_task(write_task(tmp_path / "drawn", DRAWN_FROM_A_TABLE))
+    check = _check(rmsnorm_source(4096), task)  # one block of every row: only the full size runs it
+    assert check.values == task.size("full") and (check.reference_bytes or 0) > 16 << 30
+    assert check.refusal is not None and "GiB of memory (limit 3 GiB) to check" in check.refusal
+
+
 # A plain-JAX loop over 256-row chunks: one trip at cpu size (256 rows), sixteen at full size.
 CHUNK_LOOP = '''\
 import jax
