@@ -234,7 +234,8 @@ class TpuSsdTemplate:
         found = analysed_at(task, sizes, analyse, lambda s: (s.in_dtype, s.precision, s.names, s.cut is None))
         passes = chosen_passes(found[0], params)
         if found[0].cut is not None:
-            return render_scan_ssd(task, dict(zip(sizes, found)), int(params["chunk"]), int(params["block_h"]), passes)
+            return render_scan_ssd(task, {**_ladder_cuts(task, found[0]), **dict(zip(sizes, found))},
+                                   int(params["chunk"]), int(params["block_h"]), passes)
         return render_ssd(task, found[0], int(params["chunk"]), int(params["block_h"]), passes)
 
 
@@ -348,6 +349,21 @@ SSD_CALL = '''def _ssd(x, dt, log_decay, b, c, d):
     return heads_first(y)
 
 '''
+
+def _ladder_cuts(task: "Task", first: SsdShape) -> dict[str, SsdShape]:
+    """The scan read at the check ladder's sizes too (its first size parameter's rungs): the code around the
+    scan is written per size where its slices are literals, and without these no size below ``full`` would
+    run the code priced at ``full``, so no check size, for the region alone or for a layer spliced from it."""
+    from maxkernel.targets.check_size import at_ladder
+
+    def at(task_at: "Task", size: str) -> SsdShape | None:
+        found = analyse(task_at, size)
+        same = not isinstance(found, str) and found.cut is not None and \
+            (found.in_dtype, found.precision, found.names) == (first.in_dtype, first.precision, first.names)
+        return found if same else None  # type: ignore[return-value]
+
+    return at_ladder(task, at)
+
 
 def render_scan_ssd(task: "Task", found: dict[str, SsdShape], chunk: int, block_h: int, passes: int) -> str:
     """The reference's code before its scan and after it, by XLA, and the chunked kernel in place of the

@@ -91,6 +91,21 @@ def test_code_every_size_shares_is_written_once_and_passes_the_static_checks(tmp
     assert findings == [], [str(f) for f in findings]
 
 
+def test_the_scan_is_read_at_the_check_ladders_sizes_too(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Code around the scan written per size (a region's literal slices) must also serve the sizes a check is
+    looked for at, or no size below ``full`` (for the region, or a layer spliced from it) runs what is priced:
+    the scan is read at each rung of the first size parameter that shrinks (``seq``: the batch is 2 at both)."""
+    from maxkernel.templates.tpu_ssd import _ladder_cuts, analyse
+
+    task = _task(tmp_path, "scanned", SCANNED)
+    first = analyse(task, "full")
+    assert not isinstance(first, str)
+    cuts = _ladder_cuts(task, first)
+    assert {"seq_2048", "seq_1024", "seq_512", "seq_256"} <= set(cuts) and all(name.startswith("seq_") for name in cuts)
+    for name, found in cuts.items():  # each rung's own cut, its packed input [batch, seq, 2 state] at full width
+        assert found.cut is not None and found.cut.around.before.inputs[0].shape == (2, int(name.removeprefix("seq_")), 128)
+
+
 def test_the_roles_come_from_the_probe(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """B and C have one shape, dt and the decay another: the probe tells which is which (x, dt, the decay,
     B, C among the scan's operands x, B, C, dt, decay)."""
