@@ -214,8 +214,12 @@ ROWS_KERNEL = '''def _conv_kernel(x_ref, w_ref, {refs}o_ref, *, groups, first, l
 
 
 def rows_conv_source(p: "ConvPlan") -> str:
+    from maxkernel.rewrites.emit import dtype_expr
+
     names = [v.name for v in p.tail.inputs[1:]] if p.tileable else []
-    loads = ", ".join(["acc[None]"] + [f"{name}_ref[...].reshape(shapes[{i}])" for i, name in enumerate(names)])
+    h = np.dtype(p.tail.inputs[0].dtype)  # the convolution's output: the tail reads it rounded to its dtype
+    acc = "acc[None]" if h == np.dtype("float32") else f"acc[None].astype({dtype_expr(h)})"
+    loads = ", ".join([acc] + [f"{name}_ref[...].reshape(shapes[{i}])" for i, name in enumerate(names)])
     store = (f"o_ref[...] = epilogue({loads})[0].astype(o_ref.dtype)" if p.tileable
              else "o_ref[...] = acc.astype(o_ref.dtype)")
     tail = ("the reference's tail on the tile before the one write" if p.tileable
