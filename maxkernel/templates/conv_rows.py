@@ -50,6 +50,14 @@ class RowsConv:
     low: int
     high: int
     rhs_spec: tuple[int, int, int]
+    # Where the padding depends on the input's length ("SAME" pads by what the stride leaves over): (low, high)
+    # for each length modulo the stride, read from the reference at one length of every residue. Empty: the
+    # padding is (low, high) at every length.
+    by_residue: tuple[tuple[int, int], ...] = ()
+
+    def paddings(self) -> tuple[tuple[int, int], ...]:
+        """Every padding the convolution may use: one per residue of the length, or its one padding."""
+        return self.by_residue or ((self.low, self.high),)
 
 
 def rows_conv(conv: Node) -> RowsConv | str | None:
@@ -125,10 +133,13 @@ def _round_up(a: int, b: int) -> int:
 
 
 def window_rows(p: "ConvPlan", block_rows: int) -> int:
-    """Rows of a step's window: its output rows and the halo the taps reach, in whole 16-row tiles."""
-    assert p.rows is not None
-    first, last, _ = _tap_groups(p.rows.taps, p.rows.stride, p.rows.dilation, p.rows.low, p.c)
-    return _round_up(block_rows + last - first, 16)
+    """Rows of a step's window: its output rows and the halo the taps reach (the widest over the paddings
+    the length may call for), in whole 16-row tiles."""
+    r = p.rows
+    assert r is not None
+    halo = max(last - first for first, last, _ in (_tap_groups(r.taps, r.stride, r.dilation, low, p.c)
+                                                   for low, _ in r.paddings()))
+    return _round_up(block_rows + halo, 16)
 
 
 def rows_vmem_bytes(p: "ConvPlan", block_rows: int, block_n: int, passes: int) -> int:
@@ -177,10 +188,14 @@ def rows_constants(p: "ConvPlan", params: dict[str, Any], passes: int) -> str:
 def rows_geometry(p: "ConvPlan") -> str:
     assert p.rows is not None
     r = p.rows
-    return "\n".join([
-        f"WIDTH, STRIDE, DILATION = {r.taps}, {r.stride}, {r.dilation}  # the reference's kernel width, stride and dilation",
-        f"PAD_LOW, PAD_HIGH = {r.low}, {r.high}  # the zero padding it convolves with, before and after the input",
-    ]) + "\n"
+    lines = [f"WIDTH, STRIDE, DILATION = {r.taps}, {r.stride}, {r.dilation}  # the reference's kernel width, stride and dilation"]
+    if r.by_residue:
+        lines += ["# The zero padding it convolves with, (before, after) the input, for each input length modulo STRIDE",
+                  "# (the reference pads by what the stride leaves over).",
+                  f"PADDING = {r.by_residue!r}"]
+    else:
+        lines.append(f"PAD_LOW, PAD_HIGH = {r.low}, {r.high}  # the zero padding it convolves with, before and after the input")
+    return "\n".join(lines) + "\n"
 
 
 ROWS_KERNEL = '''def _conv_kernel(x_ref, w_ref, {refs}o_ref, *, groups, first, length, epilogue, shapes):
@@ -238,6 +253,7 @@ def rows_kernel_source(p: "ConvPlan", names: list[str], statics: list[str], weig
     fused = others if p.tileable else []
     out_dtype = dtype_expr(np.dtype(p.out.dtype if p.tileable else p.tail.inputs[0].dtype))
     spec = p.rows.rhs_spec
+    low, high = ("pad_low", "pad_high") if p.rows.by_residue else ("PAD_LOW", "PAD_HIGH")
     extents = "(*h_shape[1:], " + "".join(f"static[{k!r}], " for k in statics).rstrip() + ")"
     in_specs = ["pl.BlockSpec((pl.Element(1), pl.Element(span, (ahead, beyond)), pl.Element(phased.shape[2])), "
                 "lambda j, b, s: (b, s * block_rows + first + ahead, 0))",
@@ -252,14 +268,15 @@ def rows_kernel_source(p: "ConvPlan", names: list[str], statics: list[str], weig
         *([f"    w = jnp.transpose(w, {(spec[2], spec[1], spec[0])!r})  # [width, in-channels, out-channels]"]
           if (spec[2], spec[1], spec[0]) != (0, 1, 2) else []),
         "    o = w.shape[2]",
-        "    out = (length + PAD_LOW + PAD_HIGH - DILATION * (WIDTH - 1) - 1) // STRIDE + 1",
+        *([f"    {low}, {high} = PADDING[length % STRIDE]  # the reference's padding at this length"] if p.rows.by_residue else []),
+        f"    out = (length + {low} + {high} - DILATION * (WIDTH - 1) - 1) // STRIDE + 1",
         "    h_shape = (n, out, o)",
         "    if length % STRIDE:  # whole phase rows: zeros past the end, which the padding reads as zeros anyway",
         f"        {x} = jnp.pad({x}, ((0, 0), (0, STRIDE - length % STRIDE), (0, 0)))",
         "    # The stride's phases side by side on the lanes, a free reshape: tap k reads phase row t + e at lanes",
-        "    # r c ... (r + 1) c, e, r = divmod(k DILATION - PAD_LOW, STRIDE).",
+        f"    # r c ... (r + 1) c, e, r = divmod(k DILATION - {low}, STRIDE).",
         f"    phased = {x}.reshape((n, -1, STRIDE * c))",
-        "    first, last, groups = _tap_groups(WIDTH, STRIDE, DILATION, PAD_LOW, c)",
+        f"    first, last, groups = _tap_groups(WIDTH, STRIDE, DILATION, {low}, c)",
         "    w_rows = w.reshape((WIDTH * c, o))  # each tap's weights, one after another on the contraction",
         "    block_rows, block_n = min(BLOCK_ROWS, out), _fit(BLOCK_N, o)",
         "    steps = -(-out // block_rows)",

@@ -36,6 +36,7 @@ smaller extent, so the body priced at ``full`` is the body checked at a smaller 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -329,6 +330,10 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
                 or not _plane_probe(probe[1], cpu, static_args(task, "cpu")):  # type: ignore[arg-type]
             for p in found:  # written differently at another size, or reading an extent a step does not hold
                 p.tile_tail = False
+    if found[0].rows is not None:
+        reason = _length_padding(task, found)
+        if reason is not None:
+            return reason
     if len({(p.in_dtype, p.precision, p.tileable, p.tile_tail, p.pads, p.phases, p.rows, p.rhs is None) for p in found}) != 1:
         return "a convolution laid out differently at different sizes"
     found[-1].prefix = prefixes.pop() if found[-1].stats is not None else ""
@@ -344,6 +349,48 @@ def plan(task: "Task", sizes: tuple[str, ...]) -> ConvPlan | str:
 
     found[-1].epilogues = ladder_epilogues(task, texts, text_at)
     return found[-1]
+
+
+def _length_padding(task: "Task", found: list[ConvPlan]) -> str | None:
+    """A strided channels-last convolution's padding as the reference chooses it for each input length, set on
+    every plan (None), or why it cannot be read. "SAME" pads by what the stride leaves over, so the padding
+    changes with the length modulo the stride: traced at one length of every residue (and once more, a whole
+    stride on, to see the rule repeat), the kernel picks its padding by the length it is called with."""
+    rows = found[0].rows
+    assert rows is not None
+    paddings = {(p.rows.low, p.rows.high) for p in found if p.rows is not None}
+    table: dict[int, tuple[int, int]] = {}
+    if rows.stride > 1:
+        shapes = list(input_shapes(task, "cpu"))
+        index = arg_names(task).index(found[0].x.name)
+        x = shapes[index]
+        for extra in range(rows.stride + 1):
+            length = int(x.shape[1]) + extra
+            shapes[index] = jax.ShapeDtypeStruct((x.shape[0], length, x.shape[2]), x.dtype)
+            try:
+                probe = match(trace_program(task, "cpu", shapes).dce())
+            except Exception:  # the reference ties the length to another input's extent
+                table = {}
+                break
+            if isinstance(probe, str) or probe.rows is None:
+                table = {}
+                break
+            seen = (probe.rows.low, probe.rows.high)
+            if table.setdefault(length % rows.stride, seen) != seen:
+                return "a 1-D convolution whose padding changes with the length other than by its residue"
+    if not table and len(paddings) > 1:
+        return "a 1-D convolution padded differently at different sizes"
+    for p in found:
+        assert p.rows is not None
+        if table and table[int(p.x.shape[1]) % rows.stride] != (p.rows.low, p.rows.high):
+            return "a 1-D convolution whose padding changes with the length other than by its residue"
+    by_residue = tuple(table[k] for k in range(rows.stride)) if len(set(table.values())) > 1 else ()
+    low, high = by_residue[0] if by_residue else paddings.pop()
+    for p in found:
+        assert p.rows is not None
+        p.rows = dataclasses.replace(p.rows, low=low, high=high, by_residue=by_residue)
+        p.pads = ((low, high, 0),)
+    return None
 
 
 def _epilogue_text(task: "Task", size: str, p: ConvPlan) -> tuple[tuple[int, ...], str]:

@@ -180,6 +180,51 @@ CHANNELS_FIRST = STEM.replace("y = jax.lax.conv_general_dilated(x, w,", "y = jax
     '("NWC", "WIO", "NWC"))', '("NCW", "WIO", "NWC"))')
 
 
+def _interpreted_kernel(source: str):  # type: ignore[no-untyped-def]
+    """The rendered candidate's ``kernel`` with its pallas_call run in interpret mode on this CPU."""
+    import types
+
+    from jax.experimental import pallas as pl
+
+    namespace: dict = {}
+    exec(compile(source, "<candidate>", "exec"), namespace)
+    pallas = types.SimpleNamespace(**{name: getattr(pl, name) for name in dir(pl) if not name.startswith("_")})
+    pallas.pallas_call = lambda *args, **kwargs: pl.pallas_call(*args, interpret=True, **kwargs)
+    namespace["pl"] = pallas
+    return namespace["kernel"]
+
+
+def test_same_padding_is_chosen_by_the_length_the_kernel_is_called_with(tmp_path: Path) -> None:
+    """"SAME" with stride 2 pads (0, 1) an even length and (1, 1) an odd one: a kernel rendered at two even
+    lengths still matches the reference, shape and values, at odd lengths it was never traced at."""
+    import jax
+    import numpy as np
+
+    task = _task(tmp_path, "same", STEM.replace("jnp.bfloat16", "jnp.float32"))
+    p = plan(task, ("cpu", "full"))
+    assert not isinstance(p, str) and p.rows is not None
+    assert p.rows.by_residue == ((0, 1), (1, 1))
+    source = TPU_CONV.render(task, {**TPU_CONV.space(task, analyze_task(task, "tpu-v6e"), "tpu-v6e").defaults,
+                                    "block_rows": 256}, ("cpu", "full"))
+    assert "PADDING = ((0, 1), (1, 1))" in source and "PAD_LOW" not in source
+    kernel = _interpreted_kernel(source)
+    for length in (1001, 999, 1000):
+        (x, w, b), statics = task.module.get_inputs(jax.random.key(length), batch=2, length=length, channels=128)
+        got, want = np.asarray(kernel(x, w, b, **statics)), np.asarray(task.reference(x, w, b, **statics))
+        assert got.shape == want.shape == (2, (length + 1) // 2, 128)
+        np.testing.assert_allclose(got, want, atol=3e-2, rtol=3e-2)
+
+
+# Padding the reference derives from the length by a rule that does not repeat with the stride.
+PADDED_TO_SEVENS = STEM.replace('padding="SAME",', "padding=[(0, 1 + (-x.shape[1]) % 7)],")
+
+
+def test_padding_that_changes_with_the_length_other_than_by_the_stride_is_refused(tmp_path: Path) -> None:
+    task = _task(tmp_path, "sevens", PADDED_TO_SEVENS, dtype="bfloat16", tol="6.0e-2")
+    found = plan(task, ("cpu", "full"))
+    assert found == "a 1-D convolution whose padding changes with the length other than by its residue"
+
+
 @pytest.mark.parametrize("source,reason", [(GROUPED, "a grouped 1-D convolution"),
                                            (CHANNELS_FIRST, "a 1-D convolution (the template serves")])
 def test_near_misses_are_refused_with_their_reason(tmp_path: Path, source: str, reason: str) -> None:
