@@ -310,6 +310,15 @@ def probe_sizes(task: "Task", size: str = "cpu") -> list[tuple["Task", str]]:
     return [(task.with_size(f"{size}_probe", values), f"{size}_probe")]
 
 
+def doubled_sizes(task: "Task") -> dict[str, dict[str, Any]]:
+    """``cpu`` with one integer size parameter doubled, one size per parameter: traced only, so that an extent
+    equal to another at the task's own sizes (``seq`` = ``hidden`` at ``cpu``, a width equal to heads times
+    head_dim) is not written from it."""
+    cpu = task.size("cpu")
+    return {f"probe_{name}": {**cpu, name: 2 * value} for name, value in cpu.items()
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 1}
+
+
 def trace_probes(task: "Task", size: str = "cpu") -> list[Program]:
     """The reference traced at each of :func:`probe_sizes`."""
     return [trace_program(*probe) for probe in probe_sizes(task, size)]

@@ -12,7 +12,7 @@ import jax
 from pydantic import BaseModel, Field
 
 from jaxbench.task import Task, load_task
-from maxkernel.analysis.program import Program, static_args, trace_program
+from maxkernel.analysis.program import Program, doubled_sizes, static_args, trace_program
 from maxkernel.extract.constants import fold_constant_scalars
 from maxkernel.extract.regions import Span, find_regions, merge_routed
 from maxkernel.rewrites.sized import integer_statics
@@ -199,14 +199,6 @@ def _region_at(program: Program, span: Span) -> Program:
     return attention_order(sub) if span.kind == "attention" else sub
 
 
-def probe_sizes(task: Task) -> dict[str, dict[str, Any]]:
-    """``cpu`` with one integer size parameter doubled, one size per parameter: traced only, so that an extent
-    equal to another at the layer's own sizes (``seq`` = ``hidden`` at ``cpu``) is not written from it."""
-    cpu = task.size("cpu")
-    return {f"probe_{name}": {**cpu, name: 2 * value} for name, value in cpu.items()
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 1}
-
-
 def _cut(program: Program, chosen: dict[int, int]) -> list[Span]:
     return merge_routed(_label(program, _merge_integer_only(
         program, _split_attention(program, _fold_norms(find_regions(program)), chosen))))
@@ -247,12 +239,12 @@ def plan_regions(task: Task) -> tuple[dict[str, Program], list[Span], dict[str, 
 
 
 def plan_probes(task: Task, spans: list[Span], chosen: dict[int, int]) -> dict[str, tuple[Program, dict[str, Any]]]:
-    """The layer's program at each of :func:`probe_sizes` that traces and cuts as ``spans`` do (attention
+    """The layer's program at each of :func:`maxkernel.analysis.program.doubled_sizes` that traces and cuts as ``spans`` do (attention
     cores cut where ``chosen`` says), with the size's static arguments; a size the layer does not accept,
     or whose program reads otherwise (a group of one kv head), is left out."""
     want = [(s.start, s.end, s.kind) for s in spans]
     found: dict[str, tuple[Program, dict[str, Any]]] = {}
-    for name, values in probe_sizes(task).items():
+    for name, values in doubled_sizes(task).items():
         probe = task.with_size(name, values)
         try:
             program = _traced(probe, name)

@@ -295,17 +295,21 @@ def emit_sized(program: Program, name: str, doc: str | None, choices: list[Key |
 
 
 def emit_every_size(programs: list[Program], name: str, doc: str | None = None, statics: bool = False,
-                    integers: list[dict[str, int]] | None = None) -> str | None:
+                    integers: list[dict[str, int]] | None = None,
+                    probes: list[tuple[Program, dict[str, int]]] | None = None) -> str | None:
     """One function that is the code of every program (one computation traced at several sizes; the first
     names the dimensions), each extent read from the input axes that give it at all of them; None where
     the programs differ in structure or an extent that changes between them follows no input axis (a
     literal would be right at one size only). ``statics``: literals that are float statics are written as
     their names, keyword-only arguments of the function. ``integers``: each program's integer statics, which
-    an extent may also be written as (by name: the caller puts them in scope)."""
+    an extent may also be written as (by name: the caller puts them in scope). ``probes``: programs at sizes
+    traced only to tell coincidences apart (with their integer statics), which take part in each choice where
+    they write the same site."""
     if len(programs) < 2:
         return None
     records = {str(i): record(program, (integers or [{}] * len(programs))[i], statics) for i, program in enumerate(programs)}
-    choices = choose(records, axes_for_constants=True)
+    seen = {f"probe{i}": record(program, ints, statics) for i, (program, ints) in enumerate(probes or [])}
+    choices = choose(records, seen, axes_for_constants=True)
     if choices is None:
         return None
     try:  # written with the axis names alone, the code is the same text at every size or it is not shared

@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from maxkernel.analysis.program import Program, Var, arg_names, static_args, trace_program
+from maxkernel.analysis.program import Program, Var, arg_names, doubled_sizes, static_args, trace_program
 from maxkernel.analysis.precision import kernel_passes
 from maxkernel.rewrites.emit import EmitError, dtype_expr, emit_function, scalar_text
 from maxkernel.rewrites.numeric import TooLargeToEvaluate
 from maxkernel.templates.base import TPU_VMEM_BUDGET, TemplateSpace, divisors, tpu_target
-from maxkernel.templates.around import Around, around_source
+from maxkernel.rewrites.sized import integer_statics
+from maxkernel.templates.around import Around, around_source, around_with_passes
 from maxkernel.templates.attention_joined import NOT_JOINED, Joined, find_joined, joined_program
 from maxkernel.templates.attention_joined import wrapper_source as joined_wrapper
 from maxkernel.templates.attention_layout import Layout, canonical_program, find_layout, wrapper_source
@@ -430,6 +431,10 @@ def _render_cut(task: "Task", p: FlashPlan, block_q: int, block_k: int, sizes: t
     shapes = [analyse(task, size) for size in sizes]
     arounds = {size: s.around for size, s in zip(sizes, shapes) if not isinstance(s, str) and s.around is not None}
     core = next(s.core for s in shapes if not isinstance(s, str) and s.core is not None)
+    ladder = _ladder_arounds(task, core)
+    arounds = {**{size: around for size, (around, _) in ladder.items()}, **arounds}
+    integers = {**{size: ints for size, (_, ints) in ladder.items()},
+                **{size: integer_statics(static_args(task, size)) for size in sizes}}
     if p.joined is not None:
         names = [f"{'q' if i in {o.arg for o in p.joined.queries} else 'k' if i in {o.arg for o in p.joined.keys} else 'v'}{i}"
                  for i in range(len(core.inputs))]
@@ -442,8 +447,56 @@ def _render_cut(task: "Task", p: FlashPlan, block_q: int, block_k: int, sizes: t
         source = _with_tail(p, render_flash(task, p, block_q, block_k, names=names, entry="_attention" if p.tail else "_core"),
                             names, "_core")
     call = [f"{', '.join(names)}, *kept = _before({', '.join(arg_names(task))})", f"result = _core({', '.join(names)})"]
+    # The reference's float32 products around the core at the passes its tolerance needs (one where it admits
+    # bfloat16 rounding): XLA rounds them to one pass on a TPU otherwise.
+    passes = kernel_passes(task)
+    arounds = {size: around_with_passes(around, passes) for size, around in arounds.items()}
+    probes = [(around_with_passes(around, passes), ints) for around, ints in _probe_arounds(task, core)]
     return source + "\n\n" + around_source(arounds, arg_names(task), call, "the attention core",
-                                            bool(static_args(task, "cpu")))
+                                            bool(static_args(task, "cpu")), integers, probes)
+
+
+def _same_core(found: "AttentionShape | str", operands: list[tuple[int, np.dtype]]) -> bool:
+    """Whether ``found`` is the attention cut with a core of these operands (rank and dtype, in order)."""
+    return not isinstance(found, str) and found.around is not None and found.core is not None and \
+        [(len(v.shape), np.dtype(v.dtype)) for v in found.core.inputs] == operands
+
+
+def _probe_arounds(task: "Task", core: Program) -> list[tuple[Around, dict[str, int]]]:
+    """The code around the core at ``cpu`` with one size parameter doubled at a time (those that trace and
+    cut alike), with their integer statics: where two extents coincide at every rendered size (a width equal
+    to the heads times their dimension), these tell which one the code reads."""
+    operands = [(len(v.shape), np.dtype(v.dtype)) for v in core.inputs]
+    found = []
+    for name, values in doubled_sizes(task).items():
+        task_at = task.with_size(name, values)
+        try:
+            shape = analyse(task_at, name)
+        except Exception:  # the reference does not trace with this parameter doubled (heads that must divide)
+            continue
+        if _same_core(shape, operands):
+            assert not isinstance(shape, str) and shape.around is not None
+            found.append((shape.around, integer_statics(static_args(task_at, name))))
+    return found
+
+
+def _ladder_arounds(task: "Task", core: Program) -> dict[str, tuple[Around, dict[str, int]]]:
+    """The code around the core at the check ladder's sizes too, with each rung's integer statics: they
+    tell which extents follow the arguments and statics, so that one function serves every size; where the
+    code is still written per size, no size below ``full`` would run the code priced at ``full`` without
+    these rungs. A rung whose core takes other operands adds nothing."""
+    from maxkernel.targets.check_size import at_ladder
+
+    operands = [(len(v.shape), np.dtype(v.dtype)) for v in core.inputs]
+
+    def at(task_at: "Task", size: str) -> tuple[Around, dict[str, int]] | None:
+        found = analyse(task_at, size)
+        if not _same_core(found, operands):
+            return None
+        assert not isinstance(found, str) and found.around is not None
+        return found.around, integer_statics(static_args(task_at, size))
+
+    return at_ladder(task, at)
 
 
 TAIL_DOC = "What the reference computes from the attention's result, run by XLA on the kernel's output."

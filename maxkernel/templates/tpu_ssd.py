@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from maxkernel.analysis.program import arg_names, static_args, trace_program
-from maxkernel.templates.around import around_source
+from maxkernel.rewrites.sized import integer_statics
+from maxkernel.analysis.precision import kernel_passes
+from maxkernel.templates.around import around_source, around_with_passes
 from maxkernel.templates.ssd_scan import ScanCut, cut
 from maxkernel.templates.base import FIT_SOURCE, TPU_VMEM_BUDGET, TemplateSpace, analysed_at, tpu_target
 from maxkernel.templates.tpu_gemm import HEADER, W_KN_DIMENSIONS, W_NK_DIMENSIONS, _mxu_source, _passes, chosen_passes
@@ -234,7 +236,9 @@ class TpuSsdTemplate:
         found = analysed_at(task, sizes, analyse, lambda s: (s.in_dtype, s.precision, s.names, s.cut is None))
         passes = chosen_passes(found[0], params)
         if found[0].cut is not None:
-            return render_scan_ssd(task, {**_ladder_cuts(task, found[0]), **dict(zip(sizes, found))},
+            ladder, integers = _ladder_cuts(task, found[0])
+            integers.update({size: integer_statics(static_args(task, size)) for size in sizes})
+            return render_scan_ssd(task, {**ladder, **dict(zip(sizes, found))}, integers,
                                    int(params["chunk"]), int(params["block_h"]), passes)
         return render_ssd(task, found[0], int(params["chunk"]), int(params["block_h"]), passes)
 
@@ -350,25 +354,35 @@ SSD_CALL = '''def _ssd(x, dt, log_decay, b, c, d):
 
 '''
 
-def _ladder_cuts(task: "Task", first: SsdShape) -> dict[str, SsdShape]:
-    """The scan read at the check ladder's sizes too (its first size parameter's rungs): the code around the
-    scan is written per size where its slices are literals, and without these no size below ``full`` would
-    run the code priced at ``full``, so no check size, for the region alone or for a layer spliced from it."""
+def _ladder_cuts(task: "Task", first: SsdShape) -> tuple[dict[str, SsdShape], dict[str, dict[str, int]]]:
+    """The scan read at the check ladder's sizes too (its first size parameter's rungs), with each rung's
+    integer statics: they tell which extents of the code around the scan follow the arguments and statics,
+    so that one function serves every size; where that code is still written per size (its slices are
+    literals), no size below ``full`` would run the code priced at ``full`` without these rungs, so no check
+    size, for the region alone or for a layer spliced from it."""
     from maxkernel.targets.check_size import at_ladder
+
+    integers: dict[str, dict[str, int]] = {}
 
     def at(task_at: "Task", size: str) -> SsdShape | None:
         found = analyse(task_at, size)
         same = not isinstance(found, str) and found.cut is not None and \
             (found.in_dtype, found.precision, found.names) == (first.in_dtype, first.precision, first.names)
+        if same:
+            integers[size] = integer_statics(static_args(task_at, size))
         return found if same else None  # type: ignore[return-value]
 
-    return at_ladder(task, at)
+    return at_ladder(task, at), integers
 
 
-def render_scan_ssd(task: "Task", found: dict[str, SsdShape], chunk: int, block_h: int, passes: int) -> str:
+def render_scan_ssd(task: "Task", found: dict[str, SsdShape], integers: dict[str, dict[str, int]], chunk: int,
+                    block_h: int, passes: int) -> str:
     """The reference's code before its scan and after it, by XLA, and the chunked kernel in place of the
     scan (its operands time-major, as the scan steps them)."""
     cuts = {size: s.cut for size, s in found.items() if s.cut is not None}
+    # The reference's float32 products around the scan at the passes its tolerance needs (one where it admits
+    # bfloat16 rounding): XLA rounds them to one pass on a TPU otherwise.
+    passes = kernel_passes(task)
     first = next(iter(cuts.values()))
     names = arg_names(task)
     decay = "log_decay" if first.log_given else "decay"
@@ -380,8 +394,8 @@ def render_scan_ssd(task: "Task", found: dict[str, SsdShape], chunk: int, block_
     return "\n".join([
         _doc(task, passes, "The reference's code before and after its step-by-step scan runs in XLA around it.\n"),
         ssd_source(chunk, block_h, passes),
-        around_source({size: c.around for size, c in cuts.items()}, names, call, "the scan",
-                      bool(static_args(task, "cpu"))),
+        around_source({size: around_with_passes(c.around, passes) for size, c in cuts.items()}, names, call, "the scan",
+                      bool(static_args(task, "cpu")), {size: integers[size] for size in cuts}),
     ])
 
 

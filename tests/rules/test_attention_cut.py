@@ -74,6 +74,23 @@ def test_the_core_of_a_layer_runs_as_flash_attention_in_tpu_interpret_mode(tmp_p
     assert "template:flash_attention" in strategies
 
 
+def test_the_code_around_the_core_is_one_function_that_reads_the_heads_from_the_statics(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The heads' reshape follows no argument's axis (``wq`` is [width, heads x head_dim]): the code before the
+    core reads ``heads`` and ``kv_heads`` from the reference's statics, one function for every size, so the
+    candidate runs at a size it was never traced at."""
+    task = _task(tmp_path, "layer", LAYER)
+    source = FLASH_ATTENTION.render(task, {"block_q": 128, "block_k": 128}, ("cpu", "full"))
+    assert "def _stages(shapes):" not in source and source.count("def _before(") == 1
+    assert "heads=static['heads']" in source
+    namespace: dict = {}
+    exec(compile(source, "candidate.py", "exec"), namespace)
+    unseen = {"batch": 2, "seq": 384, "width": 192, "heads": 6, "kv_heads": 3, "head_dim": 32}
+    args, static = task.module.get_inputs(jax.random.PRNGKey(5), **unseen)
+    with pltpu.force_tpu_interpret_mode():
+        got = np.asarray(jax.jit(lambda *a: namespace["kernel"](*a, **static))(*args))
+    np.testing.assert_allclose(got, np.asarray(task.reference(*args, **static)), rtol=1e-3, atol=1e-3)
+
+
 def test_two_attentions_are_not_cut(tmp_path) -> None:  # type: ignore[no-untyped-def]
     task = _task(tmp_path, "twice", TWICE)
     found = FLASH_ATTENTION.applies(task, analyze_task(task))

@@ -100,8 +100,9 @@ def test_the_scan_is_read_at_the_check_ladders_sizes_too(tmp_path) -> None:  # t
     task = _task(tmp_path, "scanned", SCANNED)
     first = analyse(task, "full")
     assert not isinstance(first, str)
-    cuts = _ladder_cuts(task, first)
+    cuts, integers = _ladder_cuts(task, first)
     assert {"seq_2048", "seq_1024", "seq_512", "seq_256"} <= set(cuts) and all(name.startswith("seq_") for name in cuts)
+    assert set(integers) == set(cuts)  # each rung's integer statics, for the one function around the scan
     for name, found in cuts.items():  # each rung's own cut, its packed input [batch, seq, 2 state] at full width
         assert found.cut is not None and found.cut.around.before.inputs[0].shape == (2, int(name.removeprefix("seq_")), 128)
 
