@@ -294,6 +294,13 @@ def emit_sized(program: Program, name: str, doc: str | None, choices: list[Key |
     return "\n".join([head, *([f'    """{doc}"""'] if doc else []), *body, f"    return {returns}"]), set(em.used_statics)
 
 
+def keywords(source: str) -> list[str]:
+    """The keyword-only arguments of the function ``source`` begins with: the statics an emitted function
+    reads by name, which its caller passes."""
+    head = source.partition("\n")[0]
+    return [n.strip() for n in head.partition("*,")[2].rstrip("):").split(",") if n.strip()] if "*," in head else []
+
+
 def emit_every_size(programs: list[Program], name: str, doc: str | None = None, statics: bool = False,
                     integers: list[dict[str, int]] | None = None,
                     probes: list[tuple[Program, dict[str, int]]] | None = None) -> str | None:

@@ -34,7 +34,7 @@ from maxkernel.analysis.program import (Program, ProgramBuilder, arg_names, inpu
                                         static_args, trace_program)
 from maxkernel.analysis.unit_axis import drop_unit_axis, has_unit_axis
 from maxkernel.rewrites.emit import EmitError
-from maxkernel.rewrites.sized import emit_every_size, integer_statics
+from maxkernel.rewrites.sized import emit_every_size, integer_statics, keywords
 from maxkernel.sketches.axes import reshape_groups
 
 if TYPE_CHECKING:
@@ -157,8 +157,7 @@ def _edges(task: "Task") -> tuple[str, str, list[str]] | str:
         return f"the reshapes at the edges cannot be written for every size: {exc}"
     if written[0] is None or written[1] is None:
         return "the reshapes at the edges do not read their extents from the arguments and integer statics"
-    names = sorted({n.strip() for w in written for n in w.partition("\n")[0].partition("*,")[2].rstrip("):").split(",")
-                    if n.strip()})
+    names = sorted({n for w in written for n in keywords(w)})
     return written[0], written[1], names
 
 

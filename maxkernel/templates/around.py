@@ -160,12 +160,6 @@ def stage(programs: dict[str, Program], name: str, doc: str, integers: dict[str,
     return "\n\n\n".join(texts), {size: f"{name}_{size}" for size in programs}
 
 
-def keywords(source: str) -> list[str]:
-    """The keyword-only arguments of the function ``source`` begins with (the statics it reads by name)."""
-    head = source.partition("\n")[0]
-    return [n.strip() for n in head.partition("*,")[2].rstrip("):").split(",") if n.strip()] if "*," in head else []
-
-
 def around_source(cuts: dict[str, Around], names: list[str], call: list[str], what: str,
                   statics: bool = False, integers: dict[str, dict[str, int]] | None = None,
                   probes: list[tuple[Around, dict[str, int]]] | None = None) -> str:
@@ -192,6 +186,8 @@ def around_source(cuts: dict[str, Around], names: list[str], call: list[str], wh
         lines += [f"    raise ValueError(f'serves argument shapes {served} only, not {{shapes}}')", "", ""]
 
     def passed(text: str) -> str:  # the statics a shared stage reads, from kernel's own
+        from maxkernel.rewrites.sized import keywords
+
         return "".join(f", {n}=static[{n!r}]" for n in keywords(text)) if shared else ""
 
     plain = f"_before({', '.join(names)})"
